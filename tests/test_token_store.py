@@ -1,0 +1,312 @@
+import json
+import pickle
+
+import grain
+import numpy as np
+import pytest
+import tensorstore as ts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_jax.sources import TokenStore, TokenStoreError, TokenStoreWriter, write_token_store
+
+SMALL = {"chunk_tokens": 1024, "read_chunk_tokens": 256, "flush_tokens": 700}
+
+
+def random_docs(seed: int, n: int, max_len: int = 300, high: int = 50_000) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len, n)
+    lengths[rng.random(n) < 0.1] = 0
+    return [rng.integers(0, high, int(k)) for k in lengths]
+
+
+def assert_store_equals(store: TokenStore, docs: list[np.ndarray]) -> None:
+    assert len(store) == store.num_docs == len(docs)
+    assert store.num_tokens == sum(len(d) for d in docs)
+    np.testing.assert_array_equal(store.doc_lengths, [len(d) for d in docs])
+    for i, doc in enumerate(docs):
+        got = store[i]["tokens"]
+        assert got.dtype == store.dtype and got.ndim == 1
+        np.testing.assert_array_equal(got, doc)
+
+
+def ts_array(path, name: str) -> ts.TensorStore:
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path / name)}}
+    return ts.open(spec, read=True, write=True).result()
+
+
+def edit_meta(path, **changes) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    meta.update(changes)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory) -> tuple[TokenStore, list[np.ndarray]]:
+    docs = random_docs(0, 400)
+    path = tmp_path_factory.mktemp("shared") / "store"
+    return write_token_store(path, docs, **SMALL), docs
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    path = tmp_path / "store"
+    write_token_store(path, random_docs(1, 50), **SMALL)
+    return path
+
+
+def test_roundtrip_with_empty_docs(shared_store):
+    store, docs = shared_store
+    assert any(len(d) == 0 for d in docs)
+    assert store.dtype == np.uint32
+    assert_store_equals(store, docs)
+    assert store.offsets[0] == 0 and store.offsets[-1] == store.num_tokens
+
+
+@pytest.mark.parametrize(("dtype", "low", "high"), [("uint16", 0, 65536), ("int32", -5, 2**31 - 1)])
+def test_roundtrip_dtypes(tmp_path, dtype, low, high):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(low, high, int(k)) for k in rng.integers(0, 100, 30)]
+    store = write_token_store(tmp_path / "s", docs, dtype=dtype)
+    assert store.dtype == np.dtype(dtype)
+    assert_store_equals(store, docs)
+
+
+def test_empty_store(tmp_path):
+    store = write_token_store(tmp_path / "s", [])
+    assert len(store) == 0 and store.num_tokens == 0
+    assert store.__getitems__([]) == []
+    assert store.read_range(0, 0) == []
+    with pytest.raises(IndexError):
+        store[0]
+
+
+def test_getitems_matches_getitem(shared_store):
+    store, _ = shared_store
+    rng = np.random.default_rng(3)
+    indices = list(rng.integers(0, len(store), 200)) + [5, 5, 0, len(store) - 1, 5]
+    batch = store.__getitems__(indices)
+    assert len(batch) == len(indices)
+    for i, item in zip(indices, batch, strict=True):
+        np.testing.assert_array_equal(item["tokens"], store[i]["tokens"])
+    assert (
+        store._getitems(indices[:3])[2]["tokens"].tolist() == store[indices[2]]["tokens"].tolist()
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 399), max_size=64))
+def test_getitems_property(shared_store, indices):
+    store, docs = shared_store
+    batch = store.__getitems__(indices)
+    assert [b["tokens"].tolist() for b in batch] == [docs[i].tolist() for i in indices]
+
+
+def test_getitems_returns_independent_arrays(shared_store):
+    store, docs = shared_store
+    i = next(k for k, d in enumerate(docs) if len(d) > 0)
+    a, b, c = store.__getitems__([i, i, i + 1])
+    a["tokens"][:] = 0
+    np.testing.assert_array_equal(b["tokens"], docs[i])
+    np.testing.assert_array_equal(c["tokens"], docs[i + 1])
+
+
+def test_out_of_range_indices(shared_store):
+    store, _ = shared_store
+    for bad in (-1, len(store)):
+        with pytest.raises(IndexError, match="out of range"):
+            store[bad]
+        with pytest.raises(IndexError, match="out of range"):
+            store.__getitems__([0, bad])
+    with pytest.raises(IndexError, match="out of range"):
+        store.read_range(3, len(store) + 1)
+
+
+def test_read_range(shared_store):
+    store, docs = shared_store
+    got = store.read_range(17, 83)
+    assert [g["tokens"].tolist() for g in got] == [d.tolist() for d in docs[17:83]]
+
+
+def test_fingerprint(tmp_path, store_path):
+    store = TokenStore(store_path)
+    assert store.fingerprint() == TokenStore(store_path).fingerprint()
+    other = write_token_store(tmp_path / "other", random_docs(1, 51), **SMALL)
+    assert other.fingerprint() != store.fingerprint()
+    with TokenStoreWriter(store_path, resume=True) as writer:
+        writer.append([1, 2, 3])
+    assert TokenStore(store_path).fingerprint() != store.fingerprint()
+
+
+def test_resume_after_interrupted_writer(tmp_path):
+    docs = random_docs(4, 120)
+    reference = write_token_store(tmp_path / "ref", docs, **SMALL)
+
+    path = tmp_path / "resumed"
+    writer = TokenStoreWriter(path, attrs={"name": "x"}, **SMALL)
+    writer.extend(docs[:50])
+    assert writer.commit() == 50
+    writer.extend(docs[50:90])
+    writer.extend([[7] * 999] * 3)
+    committed_tokens = sum(len(d) for d in docs[:50])
+    assert ts_array(path, "tokens").shape[0] > committed_tokens  # uncommitted data was flushed
+    del writer
+
+    assert len(TokenStore(path)) == 50
+    with TokenStoreWriter(path, resume=True, **SMALL) as writer:
+        assert (writer.num_docs, writer.num_tokens) == (50, committed_tokens)
+        writer.extend(docs[50:])
+    resumed = TokenStore(path)
+    assert_store_equals(resumed, docs)
+    assert resumed.fingerprint() == reference.fingerprint()
+    assert resumed.attrs == {"name": "x"}
+    for name in ("tokens", "offsets"):
+        assert ts_array(path, name).shape == ts_array(tmp_path / "ref", name).shape
+
+
+def test_resume_on_fresh_path_creates(tmp_path):
+    with TokenStoreWriter(tmp_path / "new", resume=True) as writer:
+        writer.append([1, 2])
+    assert TokenStore(tmp_path / "new")[0]["tokens"].tolist() == [1, 2]
+
+
+def test_exception_in_context_discards_uncommitted(tmp_path):
+    path = tmp_path / "s"
+    with pytest.raises(RuntimeError), TokenStoreWriter(path) as writer:
+        writer.append([1])
+        writer.commit()
+        writer.append([2])
+        raise RuntimeError
+    assert len(TokenStore(path)) == 1
+
+
+def test_pickle_roundtrip(shared_store):
+    store, docs = shared_store
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.__getstate__() == {"path": str(store.path)}
+    assert clone.fingerprint() == store.fingerprint()
+    assert_store_equals(clone, docs)
+
+
+def test_grain_source(shared_store):
+    store, docs = shared_store
+    assert isinstance(store, grain.sources.RandomAccessDataSource)
+    ds = grain.MapDataset.source(store)
+    assert len(ds) == len(docs)
+    np.testing.assert_array_equal(ds[3]["tokens"], docs[3])
+    got = [e["tokens"].tolist() for e in ds.slice(slice(0, 10)).to_iter_dataset()]
+    assert got == [d.tolist() for d in docs[:10]]
+
+
+# Error cases
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(TokenStoreError, match="does not exist.*TokenStoreWriter"):
+        TokenStore(tmp_path / "nope")
+
+
+def test_missing_meta(store_path):
+    (store_path / "meta.json").unlink()
+    with pytest.raises(TokenStoreError, match="meta.json.*missing.*TokenStoreWriter"):
+        TokenStore(store_path)
+
+
+def test_corrupt_meta(store_path):
+    (store_path / "meta.json").write_text("{not json")
+    with pytest.raises(TokenStoreError, match="corrupt meta.json"):
+        TokenStore(store_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"format": "other"}, "format 'other'"),
+        ({"version": 99}, "unsupported TokenStore version 99"),
+        ({"num_docs": "3"}, "'num_docs' is '3'"),
+        ({"dtype": "float32"}, "dtype 'float32'"),
+        ({"dtype": "int32"}, "meta.json says dtype 'int32' but the tokens array is 'uint32'"),
+        ({"num_docs": 10_000}, "offsets array has .* entries"),
+    ],
+)
+def test_bad_meta_fields(store_path, changes, match):
+    edit_meta(store_path, **changes)
+    with pytest.raises(TokenStoreError, match=match):
+        TokenStore(store_path)
+
+
+def test_offsets_not_monotonic(store_path):
+    arr = ts_array(store_path, "offsets")
+    arr[10].write(arr[9].read().result() - 1).result()
+    with pytest.raises(TokenStoreError, match="non-decreasing: first bad index 10"):
+        TokenStore(store_path)
+
+
+def test_offsets_not_starting_at_zero(store_path):
+    ts_array(store_path, "offsets")[0].write(1).result()
+    with pytest.raises(TokenStoreError, match=r"offsets\[0\] is 1, expected 0"):
+        TokenStore(store_path)
+
+
+def test_last_offset_mismatch(store_path):
+    meta = json.loads((store_path / "meta.json").read_text())
+    edit_meta(store_path, num_tokens=meta["num_tokens"] - 1)
+    with pytest.raises(TokenStoreError, match="last offset is .* num_tokens="):
+        TokenStore(store_path)
+
+
+def test_truncated_tokens(store_path):
+    arr = ts_array(store_path, "tokens")
+    arr.resize(exclusive_max=[arr.shape[0] - 5]).result()
+    with pytest.raises(TokenStoreError, match="truncated TokenStore"):
+        TokenStore(store_path)
+
+
+def test_missing_array(store_path):
+    (store_path / "offsets" / "zarr.json").unlink()
+    with pytest.raises(TokenStoreError, match="cannot open the 'offsets' array"):
+        TokenStore(store_path)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "doc", "match"),
+    [
+        ("uint16", [1, 65536], "do not fit the store dtype uint16"),
+        ("uint32", [-1], "do not fit the store dtype uint32"),
+        ("int32", [2**31], "do not fit the store dtype int32"),
+        ("uint32", [[1, 2]], "1-D"),
+        ("uint32", [1.5], "integers"),
+    ],
+)
+def test_append_rejects_bad_docs(tmp_path, dtype, doc, match):
+    with TokenStoreWriter(tmp_path / "s", dtype=dtype) as writer:
+        with pytest.raises(TokenStoreError, match=match):
+            writer.append(doc)
+        assert writer.num_docs == 0
+
+
+def test_unsupported_dtype(tmp_path):
+    with pytest.raises(TokenStoreError, match="unsupported dtype 'float32'"):
+        TokenStoreWriter(tmp_path / "s", dtype="float32")
+
+
+def test_existing_dir_without_resume(store_path, tmp_path):
+    with pytest.raises(TokenStoreError, match="pass resume=True.*or choose another path"):
+        TokenStoreWriter(store_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.txt").write_text("x")
+    with pytest.raises(TokenStoreError, match="holds no TokenStore"):
+        TokenStoreWriter(tmp_path / "other", resume=True)
+    TokenStoreWriter(tmp_path / "empty_dir", resume=False).close()
+
+
+def test_resume_with_wrong_dtype(store_path):
+    with pytest.raises(TokenStoreError, match="pass dtype='uint32'"):
+        TokenStoreWriter(store_path, dtype="uint16", resume=True)
+
+
+def test_closed_writer(tmp_path):
+    writer = TokenStoreWriter(tmp_path / "s")
+    assert writer.close() == 0
+    with pytest.raises(TokenStoreError, match="closed"):
+        writer.append([1])

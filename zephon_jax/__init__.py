@@ -1,0 +1,35 @@
+"""zephon_jax: elastic-deterministic data loading for JAX.
+
+Global batch ``t``, row ``r`` is the same record, bit for bit, whatever the
+number of processes, devices or workers, and across checkpoints restored on
+another topology, also through packing, splitting, shuffle buffers and mixtures.
+"""
+
+from zephon_jax.dataset import BatchedDataset, Dataset
+from zephon_jax.errors import (
+    PipelineError,
+    RecordError,
+    StateError,
+    StateMismatchError,
+    ZephonError,
+)
+from zephon_jax.loader import Loader, LoaderIterator
+from zephon_jax.operators import LineageOperator, Operator
+from zephon_jax.state import merge_states
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchedDataset",
+    "Dataset",
+    "LineageOperator",
+    "Loader",
+    "LoaderIterator",
+    "Operator",
+    "PipelineError",
+    "RecordError",
+    "StateError",
+    "StateMismatchError",
+    "ZephonError",
+    "merge_states",
+]

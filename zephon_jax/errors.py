@@ -1,0 +1,41 @@
+"""Errors raised by zephon_jax. Each message names the cause and the fix."""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error zephon_jax raises on purpose."""
+
+
+class PipelineError(ZephonError, ValueError):
+    """The pipeline definition is invalid (bad argument, operator order, weights)."""
+
+
+class RecordError(ZephonError, RuntimeError):
+    """A record could not be produced: a source or a user function failed on it.
+
+    The message names the lane, the lane-local position, the source and the
+    record index, and the original exception is chained as ``__cause__``.
+    """
+
+
+class StateError(ZephonError, ValueError):
+    """A loader state cannot be used: malformed, from another version, or incomplete."""
+
+
+class StateMismatchError(StateError):
+    """A state was taken from a pipeline that differs from the one restoring it.
+
+    ``field`` names the differing part of the pipeline fingerprint.
+    """
+
+    def __init__(self, field: str, saved: object, current: object):
+        self.field = field
+        self.saved = saved
+        self.current = current
+        super().__init__(
+            f"cannot restore: the state's pipeline {field!r} differs from this pipeline's.\n"
+            f"  state:    {saved!r}\n  pipeline: {current!r}\n"
+            f"Restore into the pipeline the state was taken from (same {field}), "
+            "or start a fresh run without restoring."
+        )

@@ -1,0 +1,191 @@
+"""``pack``: bin packing of variable-length records into fixed-length rows.
+
+``first_fit`` and ``best_fit`` keep ``num_bins`` open rows per lane. A record
+goes into the first (``first_fit``) or the tightest (``best_fit``) open row it
+fits; when it fits none, the fullest row is emitted and the record starts a
+new one there. Records are never cut, so a record longer than ``seq_len``
+raises (put ``split(seq_len)`` before ``pack``).
+
+Output follows Grain's packers: every 1-D field ``f`` becomes a row of
+``seq_len`` (zero padded) plus ``f_segment_ids`` (1-based, 0 = padding) and
+``f_positions`` (0-based within each segment), int32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zephon_jax.element import Element, root_position
+from zephon_jax.errors import PipelineError
+from zephon_jax.operators.base import LineageOperator, Rebuild
+
+DEFAULT_NUM_BINS = 32
+
+
+def record_fields(data, seq_len: int, op: str) -> tuple[tuple[str, ...], int]:
+    """Validates a record for packing; returns its field names and length."""
+    if not isinstance(data, dict) or not data:
+        raise PipelineError(
+            f"{op} needs records that are dicts of 1-D arrays (e.g. {{'tokens': array}}); "
+            f"got {type(data).__name__}"
+        )
+    n = -1
+    for f, v in data.items():
+        if not isinstance(v, np.ndarray) or v.ndim != 1:
+            raise PipelineError(
+                f"{op} needs every field to be a 1-D numpy array; field {f!r} is "
+                f"{type(v).__name__} with shape {np.shape(v)}; drop or convert it with a map"
+            )
+        if n >= 0 and len(v) != n:
+            raise PipelineError(
+                f"{op} needs all fields of a record to have the same length; got {n} and "
+                f"{len(v)} (field {f!r}); pack fields of different lengths in separate pipelines"
+            )
+        n = len(v)
+    return tuple(data), n
+
+
+def too_long(n: int, seq_len: int, op: str, lineage) -> PipelineError:
+    return PipelineError(
+        f"a record of {n} items (lane-local position {root_position(lineage)}) reached "
+        f"{op} with seq_len={seq_len}; records must fit a row: add .split({seq_len}) before "
+        f".pack(...), or raise seq_len"
+    )
+
+
+class RowBuffers:
+    """``rows`` zero-padded rows of ``seq_len`` per field, with segment ids and positions."""
+
+    __slots__ = ("fields", "values", "segment_ids", "positions", "used", "segments")
+
+    def __init__(self, data: dict, rows: int, seq_len: int):
+        self.fields = tuple(data)
+        self.values = {f: np.zeros((rows, seq_len), dtype=data[f].dtype) for f in self.fields}
+        self.segment_ids = np.zeros((rows, seq_len), dtype=np.int32)
+        self.positions = np.zeros((rows, seq_len), dtype=np.int32)
+        self.used = np.zeros(rows, dtype=np.int64)
+        self.segments: list[list] = [[] for _ in range(rows)]
+
+    def place(self, i: int, data: dict, start: int, stop: int, segment, arange: np.ndarray):
+        """Appends ``data[f][start:stop]`` for every field to row ``i``."""
+        off = int(self.used[i])
+        end = off + stop - start
+        for f in self.fields:
+            self.values[f][i, off:end] = data[f][start:stop]
+        self.segments[i].append(segment)
+        self.segment_ids[i, off:end] = len(self.segments[i])
+        self.positions[i, off:end] = arange[: stop - start]
+        self.used[i] = end
+
+    def emit(self, i: int, lineage) -> Element:
+        """Returns row ``i`` as a packed element and clears it."""
+        out = {}
+        end = int(self.used[i])
+        for f in self.fields:
+            out[f] = self.values[f][i].copy()
+            out[f + "_segment_ids"] = self.segment_ids[i].copy()
+            out[f + "_positions"] = self.positions[i].copy()
+            self.values[f][i, :end] = 0
+        self.segment_ids[i, :end] = 0
+        self.positions[i, :end] = 0
+        self.used[i] = 0
+        self.segments[i] = []
+        return Element(out, lineage)
+
+
+class BinPackOperator(LineageOperator):
+    """First-fit or best-fit packing over ``num_bins`` open rows per lane.
+
+    Carry: at most ``num_bins`` open rows; for a state, only the lineages of the
+    records in them (one pointer per record). A packed row's lineage is the tuple
+    of its records' lineages.
+    """
+
+    name = "pack"
+
+    def __init__(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None):
+        if method not in ("first_fit", "best_fit"):
+            raise PipelineError(f"unknown pack method {method!r}")
+        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+            raise PipelineError(f"pack(seq_len) needs a positive int; got {seq_len!r}")
+        num_bins = DEFAULT_NUM_BINS if num_bins is None else num_bins
+        if not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+            raise PipelineError(f"pack(num_bins) needs a positive int; got {num_bins!r}")
+        self.seq_len = int(seq_len)
+        self.method = method
+        self.num_bins = int(num_bins)
+        self._arange = np.arange(self.seq_len, dtype=np.int32)
+
+    def _new_bins(self, data) -> RowBuffers:
+        return RowBuffers(data, self.num_bins, self.seq_len)
+
+    def step(self, carry: RowBuffers | None, element):
+        data = element.data
+        fields, n = record_fields(data, self.seq_len, "pack")
+        if n > self.seq_len:
+            raise too_long(n, self.seq_len, f"pack(method={self.method!r})", element.lineage)
+        if n == 0:
+            return carry, []
+        if carry is None:
+            carry = self._new_bins(data)
+        elif fields != carry.fields:
+            raise PipelineError(
+                f"pack got records with fields {list(fields)} after records with fields "
+                f"{list(carry.fields)}; every record must have the same fields"
+            )
+        free = self.seq_len - carry.used
+        fits = free >= n
+        if self.method == "first_fit":
+            i = int(fits.argmax())
+        else:
+            i = int(np.where(fits, free, self.seq_len + 1).argmin())
+        out = []
+        if not fits[i]:
+            i = int(free.argmin())
+            out.append(carry.emit(i, tuple(carry.segments[i])))
+        carry.place(i, data, 0, n, element.lineage, self._arange)
+        return carry, out
+
+    def flush(self, carry: RowBuffers | None):
+        if carry is None:
+            return carry, []
+        out = [carry.emit(i, tuple(carry.segments[i])) for i in np.flatnonzero(carry.used)]
+        return carry, out
+
+    def carry_to_plain(self, carry: RowBuffers | None):
+        if carry is None:
+            return None
+        return tuple(tuple(segments) for segments in carry.segments)
+
+    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
+        if plain is None:
+            return None
+        carry = None
+        for i, segments in enumerate(plain):
+            for lineage in segments:
+                data = rebuild(lineage).data
+                if carry is None:
+                    carry = self._new_bins(data)
+                carry.place(i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange)
+        return carry
+
+    def carry_lineages(self, plain):
+        return [lineage for segments in plain for lineage in segments]
+
+    def parents(self, lineage):
+        return lineage
+
+    def regenerate(self, lineage, rebuild: Rebuild):
+        rows = None
+        for segment in lineage:
+            data = rebuild(segment).data
+            if rows is None:
+                rows = RowBuffers(data, 1, self.seq_len)
+            rows.place(0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange)
+        return rows.emit(0, lineage).data
+
+    def carry_bound(self) -> str:
+        return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
+
+    def describe(self) -> str:
+        return f"pack(seq_len={self.seq_len}, method={self.method!r}, num_bins={self.num_bins})"

@@ -1,0 +1,77 @@
+"""``split``: cuts records longer than ``max_len`` into pieces of at most ``max_len``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zephon_jax.element import Element
+from zephon_jax.errors import PipelineError
+from zephon_jax.operators.base import LineageOperator, Rebuild
+
+
+def _length(data: Any, key: str) -> int:
+    try:
+        value = data[key]
+    except (KeyError, TypeError, IndexError) as e:
+        raise PipelineError(
+            f"split(key={key!r}) needs records that are dicts with a {key!r} field; got "
+            f"{type(data).__name__} {_keys(data)}; pass key= naming the sequence field"
+        ) from e
+    if np.ndim(value) != 1:
+        raise PipelineError(f"split(key={key!r}) needs a 1-D {key!r}; got shape {np.shape(value)}")
+    return len(value)
+
+
+def _keys(data: Any) -> str:
+    return f"with fields {sorted(data)}" if isinstance(data, dict) else ""
+
+
+class SplitOperator(LineageOperator):
+    """Splits each record into consecutive pieces of at most ``max_len`` items.
+
+    Every 1-D array field as long as ``data[key]`` is cut at the same places;
+    other fields are copied into each piece. Piece ``j`` has lineage
+    ``(parent_lineage, j)``. Carry: none. A record of ``n`` items emits
+    ``ceil(n / max_len)`` pieces at once (an empty record emits none).
+    """
+
+    name = "split"
+
+    def __init__(self, max_len: int, key: str = "tokens"):
+        if not isinstance(max_len, (int, np.integer)) or max_len < 1:
+            raise PipelineError(f"split(max_len) needs a positive int; got {max_len!r}")
+        self.max_len = int(max_len)
+        self.key = key
+
+    def _piece(self, data: dict, n: int, j: int) -> dict:
+        start, stop = j * self.max_len, min(n, (j + 1) * self.max_len)
+        return {
+            f: (v[start:stop] if isinstance(v, np.ndarray) and v.ndim == 1 and len(v) == n else v)
+            for f, v in data.items()
+        }
+
+    def step(self, carry, element):
+        n = _length(element.data, self.key)
+        if n <= self.max_len:
+            return carry, ([Element(element.data, (element.lineage, 0))] if n else [])
+        pieces = -(-n // self.max_len)
+        return carry, [
+            Element(self._piece(element.data, n, j), (element.lineage, j)) for j in range(pieces)
+        ]
+
+    def parents(self, lineage):
+        return (lineage[0],)
+
+    def regenerate(self, lineage, rebuild: Rebuild):
+        parent, j = lineage
+        data = rebuild(parent).data
+        n = _length(data, self.key)
+        return data if n <= self.max_len else self._piece(data, n, j)
+
+    def carry_bound(self) -> str:
+        return "none (pieces are emitted at once)"
+
+    def describe(self) -> str:
+        return f"split(max_len={self.max_len}, key={self.key!r})"

@@ -1,0 +1,86 @@
+"""``window_shuffle``: a shuffle buffer of ``window`` elements per lane."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.sampler.permutation import derive_key, hash_u64
+
+_BLOCK = 256
+
+
+class _Window:
+    __slots__ = ("buffer", "count", "key", "_draws", "_draws_block")
+
+    def __init__(self, key: int, buffer: list, count: int):
+        self.key = key
+        self.buffer = buffer
+        self.count = count
+        self._draws = None
+        self._draws_block = -1
+
+    def draw(self, window: int) -> int:
+        block = self.count // _BLOCK
+        if block != self._draws_block:
+            positions = np.arange(block * _BLOCK, (block + 1) * _BLOCK, dtype=np.uint64)
+            self._draws = (hash_u64(positions, self.key) % np.uint64(window)).tolist()
+            self._draws_block = block
+        return self._draws[self.count - block * _BLOCK]
+
+
+class WindowShuffleOperator(LineageOperator):
+    """Holds ``window`` elements; each new one evicts a pseudorandom held one.
+
+    The evicted slot for the ``c``-th element of a lane is a keyed hash of
+    ``(seed, lane, c)``: no topology input. Carry: at most ``window`` element
+    lineages and a counter. Lineages pass through unchanged.
+    """
+
+    name = "window_shuffle"
+
+    def __init__(self, window: int, seed: int):
+        from zephon_jax.errors import PipelineError
+
+        if not isinstance(window, (int, np.integer)) or window < 1:
+            raise PipelineError(f"window_shuffle(window) needs a positive int; got {window!r}")
+        self.window = int(window)
+        self.seed = int(seed)
+
+    def init(self, lane):
+        return _Window(derive_key(self.seed, lane), [], 0)
+
+    def step(self, carry: _Window, element):
+        if len(carry.buffer) < self.window:
+            carry.buffer.append(element)
+            return carry, []
+        slot = carry.draw(self.window)
+        carry.count += 1
+        out = carry.buffer[slot]
+        carry.buffer[slot] = element
+        return carry, [out]
+
+    def flush(self, carry: _Window):
+        from zephon_jax.sampler.permutation import permute
+
+        n = len(carry.buffer)
+        order = permute(np.arange(n), n, derive_key(carry.key, carry.count)).tolist()
+        out = [carry.buffer[i] for i in order]
+        carry.buffer = []
+        return carry, out
+
+    def carry_to_plain(self, carry: _Window):
+        return (carry.count, tuple(e.lineage for e in carry.buffer))
+
+    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
+        count, lineages = plain
+        return _Window(derive_key(self.seed, lane), [rebuild(lin) for lin in lineages], count)
+
+    def carry_lineages(self, plain):
+        return plain[1]
+
+    def carry_bound(self) -> str:
+        return f"{self.window} element pointers"
+
+    def describe(self) -> str:
+        return f"window_shuffle(window={self.window}, seed={self.seed})"

@@ -1,0 +1,112 @@
+"""Weighted mixtures with exact long-run proportions and no lane resonance.
+
+Each lane draws its own mixture schedule: a binary tree of two-way splits,
+each a Bresenham sequence ``left_count(k) = (k * a + phase) >> 32`` in exact
+integer arithmetic, with ``a`` the left share in units of ``2**-32`` and a
+per-lane phase. Every lane therefore receives each component in proportion
+(to within one draw per split), whatever the lane count, and the sub-index a
+component sees is a bijection onto ``0, 1, 2, ...``. With ``order_seed`` the
+schedule is also permuted inside lane-local blocks of ``BLOCK`` draws, which
+keeps the per-block counts exact while making the order pseudorandom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from zephon_jax.errors import PipelineError
+from zephon_jax.sampler.permutation import derive_key, permute
+
+_ONE = 1 << 32
+BLOCK = 1024
+MAX_DRAWS = _ONE
+
+
+def normalize_weights(weights) -> tuple[float, ...]:
+    """Validates mixture weights and returns them normalized to sum to one."""
+    try:
+        values = [float(w) for w in weights]
+    except (TypeError, ValueError) as e:
+        raise PipelineError(f"mixture weights must be numbers; got {weights!r}") from e
+    if not values:
+        raise PipelineError("Dataset.mix needs at least one dataset and one weight")
+    for i, w in enumerate(values):
+        if math.isnan(w) or math.isinf(w) or w <= 0:
+            raise PipelineError(
+                f"mixture weight {i} is {w!r}; every weight must be a finite number > 0 "
+                "(drop a component instead of giving it weight 0)"
+            )
+    total = sum(values)
+    return tuple(w / total for w in values)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureNode:
+    """Mixes child sampler nodes with the given (normalized) weights."""
+
+    children: tuple
+    weights: tuple[float, ...]
+    order_seed: int | None = None
+    transforms: tuple = ()
+    node_key: int = 0
+
+    def __post_init__(self):
+        if len(self.children) != len(self.weights):
+            raise PipelineError(
+                f"Dataset.mix got {len(self.children)} datasets but {len(self.weights)} weights; "
+                "give one weight per dataset"
+            )
+
+    def split(self, lane: int, draws: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Routes lane-local draws to children: [(mask, child_draws)] per child."""
+        draws = draws.astype(np.int64)
+        if draws.size and int(draws.max()) >= MAX_DRAWS:
+            raise PipelineError("a lane drew more than 2**32 records from one mixture")
+        if self.order_seed is not None:
+            block = draws // BLOCK
+            offset = draws - block * BLOCK
+            order = np.empty_like(draws)
+            for b in np.unique(block):
+                sel = block == b
+                key = derive_key(self.order_seed, self.node_key, lane, int(b))
+                order[sel] = permute(offset[sel], BLOCK, key)
+            draws = block * BLOCK + order
+        comp = np.zeros(draws.shape, dtype=np.int64)
+        sub = draws.copy()
+        self._route(lane, 0, len(self.weights), sub, comp, np.ones(draws.shape, dtype=bool))
+        return [(comp == i, sub[comp == i]) for i in range(len(self.children))]
+
+    def _route(self, lane, lo, hi, sub, comp, mask) -> None:
+        if hi - lo == 1:
+            comp[mask] = lo
+            return
+        mid = (lo + hi) // 2
+        left_w = sum(self.weights[lo:mid])
+        share = min(_ONE - 1, max(1, round(left_w / sum(self.weights[lo:hi]) * _ONE)))
+        phase = derive_key(self.node_key, lane, lo, hi) % _ONE
+        k = sub[mask].astype(np.uint64)
+        a, p = np.uint64(share), np.uint64(phase)
+        before = (k * a + p) >> np.uint64(32)
+        after = ((k + np.uint64(1)) * a + p) >> np.uint64(32)
+        is_left = after > before
+        left_sub = before.astype(np.int64)
+        right_sub = (k - before).astype(np.int64)
+        idx = np.flatnonzero(mask)
+        sub[idx] = np.where(is_left, left_sub, right_sub)
+        left_mask = np.zeros_like(mask)
+        left_mask[idx[is_left]] = True
+        right_mask = np.zeros_like(mask)
+        right_mask[idx[~is_left]] = True
+        self._route(lane, lo, mid, sub, comp, left_mask)
+        self._route(lane, mid, hi, sub, comp, right_mask)
+
+    def describe(self) -> dict:
+        return {
+            "mix": [c.describe() for c in self.children],
+            "weights": [round(w, 12) for w in self.weights],
+            "order_seed": self.order_seed,
+            "transforms": [t.describe() for t in self.transforms],
+        }

@@ -1,0 +1,62 @@
+"""Resolves lane-local positions to (leaf, record, epoch) through the sampler tree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from zephon_jax.sampler.mixture import MixtureNode
+from zephon_jax.sampler.source import SourceNode
+
+
+@dataclasses.dataclass
+class Resolution:
+    """Where each lane-local position reads from; ``valid`` is False past the last epoch."""
+
+    leaf: np.ndarray
+    record: np.ndarray
+    epoch: np.ndarray
+    valid: np.ndarray
+
+
+def leaves(node) -> list[SourceNode]:
+    """The sampler's leaves in a fixed depth-first order (their ids)."""
+    if isinstance(node, SourceNode):
+        return [node]
+    return [leaf for child in node.children for leaf in leaves(child)]
+
+
+def leaf_paths(node) -> list[tuple]:
+    """For each leaf, the transforms applied to its records: leaf first, root last."""
+    if isinstance(node, SourceNode):
+        return [tuple(node.transforms)]
+    return [path + tuple(node.transforms) for c in node.children for path in leaf_paths(c)]
+
+
+def resolve(node, lane: int, positions: np.ndarray, num_lanes: int) -> Resolution:
+    """Pure map from lane-local positions of ``lane`` to records; no topology input."""
+    positions = np.asarray(positions, dtype=np.int64)
+    out = Resolution(
+        leaf=np.zeros(positions.shape, np.int64),
+        record=np.zeros(positions.shape, np.int64),
+        epoch=np.zeros(positions.shape, np.int64),
+        valid=np.zeros(positions.shape, bool),
+    )
+    _resolve(node, lane, positions, num_lanes, np.arange(positions.size), 0, out)
+    return out
+
+
+def _resolve(node, lane, draws, num_lanes, where, leaf_base, out) -> int:
+    if isinstance(node, SourceNode):
+        records, epochs, valid = node.locate(lane, draws, num_lanes)
+        out.leaf[where] = leaf_base
+        out.record[where] = records
+        out.epoch[where] = epochs
+        out.valid[where] = valid
+        return leaf_base + 1
+    assert isinstance(node, MixtureNode)
+    base = leaf_base
+    for child, (mask, child_draws) in zip(node.children, node.split(lane, draws)):
+        base = _resolve(child, lane, child_draws, num_lanes, where[mask], base, out)
+    return base

@@ -1,0 +1,74 @@
+"""A leaf of the sampler: one random-access source, optionally shuffled and repeated."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from zephon_jax.errors import PipelineError
+from zephon_jax.sampler.permutation import derive_key, permute
+
+
+def describe_source(source: Any) -> str:
+    """A stable description of a source for the pipeline fingerprint."""
+    fingerprint = getattr(source, "fingerprint", None)
+    if callable(fingerprint):
+        return f"{type(source).__name__}({fingerprint()})"
+    return f"{type(source).__name__}(len={len(source)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceNode:
+    """A random-access source (``__len__`` and ``__getitem__``) as a sampler leaf.
+
+    Lane ``l`` reads the source's global stream at indices ``g = j * num_lanes + l``
+    for its leaf-local draws ``j = 0, 1, ...``; ``g // len(source)`` is the epoch and,
+    when shuffled, each epoch applies its own keyed permutation.
+    """
+
+    source: Any
+    shuffle_seed: int | None = None
+    num_epochs: int | None = None
+    transforms: tuple = ()
+
+    def __post_init__(self):
+        if not hasattr(self.source, "__len__") or not hasattr(self.source, "__getitem__"):
+            raise PipelineError(
+                f"Dataset.source needs a random-access source with __len__ and __getitem__ "
+                f"(a list, grain.sources.ArrayRecordDataSource, TokenStore); got "
+                f"{type(self.source).__name__}"
+            )
+        if len(self.source) == 0:
+            raise PipelineError(
+                f"the source {describe_source(self.source)} is empty; every source needs at "
+                "least one record"
+            )
+
+    @property
+    def size(self) -> int:
+        return len(self.source)
+
+    def locate(self, lane: int, draws: np.ndarray, num_lanes: int):
+        """Returns (record_indices, epochs, valid) for leaf-local draws of ``lane``."""
+        n = self.size
+        g = draws.astype(np.int64) * num_lanes + lane
+        epochs = g // n
+        records = g - epochs * n
+        if self.shuffle_seed is not None:
+            for epoch in np.unique(epochs):
+                sel = epochs == epoch
+                records[sel] = permute(records[sel], n, derive_key(self.shuffle_seed, int(epoch)))
+        valid = (
+            np.ones(g.shape, dtype=bool) if self.num_epochs is None else epochs < self.num_epochs
+        )
+        return records, epochs, valid
+
+    def describe(self) -> dict:
+        return {
+            "source": describe_source(self.source),
+            "shuffle_seed": self.shuffle_seed,
+            "num_epochs": self.num_epochs,
+            "transforms": [t.describe() for t in self.transforms],
+        }

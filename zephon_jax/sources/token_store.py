@@ -1,0 +1,669 @@
+"""Jagged token store on TensorStore (zarr v3).
+
+Layout of a store directory::
+
+    tokens/     zarr v3 1-D array: every document's tokens, concatenated
+    offsets/    zarr v3 int64 1-D array: doc i is tokens[offsets[i]:offsets[i + 1]]
+    meta.json   commit record: {"format", "version", "num_docs", "num_tokens", "dtype", "attrs"}
+
+``meta.json`` is written last and atomically. The arrays may hold more data than
+``meta.json`` records (a writer that died before committing); readers only ever see
+the committed prefix, and a resuming writer overwrites the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+__all__ = ["TokenStore", "TokenStoreError", "TokenStoreWriter", "write_token_store"]
+
+FORMAT = "zephon_jax.TokenStore"
+VERSION = 1
+META_FILE = "meta.json"
+TOKENS_DIR = "tokens"
+OFFSETS_DIR = "offsets"
+SUPPORTED_DTYPES = ("uint16", "uint32", "int32")
+DEFAULT_CHUNK_TOKENS = 1 << 20
+DEFAULT_READ_CHUNK_TOKENS = 1 << 13
+OFFSETS_CHUNK = 1 << 17
+_HINT = "was it written with TokenStoreWriter / `zephon-jax prepare`?"
+
+
+class TokenStoreError(ValueError):
+    """A TokenStore is missing, corrupt, or used inconsistently."""
+
+
+_context_lock = threading.Lock()
+_context: tuple[int, ts.Context] | None = None
+
+
+def _ts_context() -> ts.Context:
+    """One TensorStore context per process, recreated after a fork."""
+    global _context
+    with _context_lock:
+        if _context is None or _context[0] != os.getpid():
+            _context = (os.getpid(), ts.Context())
+        return _context[1]
+
+
+def _check_dtype(dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TokenStoreError(f"unsupported dtype {dtype!r}; use one of {SUPPORTED_DTYPES}") from e
+    if dt.name not in SUPPORTED_DTYPES:
+        raise TokenStoreError(f"unsupported dtype {dt.name!r}; use one of {SUPPORTED_DTYPES}")
+    return dt
+
+
+def _bytes_codec() -> dict[str, Any]:
+    return {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def _compression_codec(dtype: np.dtype) -> dict[str, Any]:
+    return {
+        "name": "blosc",
+        "configuration": {
+            "cname": "zstd",
+            "clevel": 3,
+            "shuffle": "shuffle",
+            "typesize": dtype.itemsize,
+        },
+    }
+
+
+def _array_spec(path: Path) -> dict[str, Any]:
+    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+
+
+def _tokens_create_spec(
+    path: Path, dtype: np.dtype, chunk_tokens: int, read_chunk_tokens: int
+) -> dict[str, Any]:
+    sharding = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": [read_chunk_tokens],
+            "codecs": [_bytes_codec(), _compression_codec(dtype)],
+            "index_codecs": [_bytes_codec(), {"name": "crc32c"}],
+        },
+    }
+    metadata = {
+        "shape": [0],
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk_tokens]}},
+        "codecs": [sharding],
+    }
+    return {**_array_spec(path / TOKENS_DIR), "metadata": metadata}
+
+
+def _offsets_create_spec(path: Path) -> dict[str, Any]:
+    metadata = {
+        "shape": [1],
+        "data_type": "int64",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [OFFSETS_CHUNK]}},
+        "codecs": [_bytes_codec(), _compression_codec(np.dtype(np.int64))],
+    }
+    return {**_array_spec(path / OFFSETS_DIR), "metadata": metadata}
+
+
+def _open_array(path: Path, name: str, *, write: bool = False) -> ts.TensorStore:
+    try:
+        return ts.open(
+            _array_spec(path / name), read=True, write=write, context=_ts_context()
+        ).result()
+    except ValueError as e:
+        raise TokenStoreError(
+            f"cannot open the {name!r} array of TokenStore {str(path)!r} ({e}); the store is "
+            f"incomplete or corrupt: rewrite it with TokenStoreWriter"
+        ) from e
+
+
+def _write_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Atomically replace ``path/meta.json`` (temp file, fsync, os.replace)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{META_FILE}.", suffix=".tmp", dir=path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path / META_FILE)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """Load and validate ``meta.json``; raise TokenStoreError naming the problem."""
+    if not path.is_dir():
+        raise TokenStoreError(f"not a TokenStore: directory {str(path)!r} does not exist; {_HINT}")
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        raise TokenStoreError(
+            f"not a TokenStore: {str(meta_path)!r} is missing (no committed data); {_HINT}"
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenStoreError(
+            f"corrupt meta.json in {str(path)!r}: {e}; rewrite the store with TokenStoreWriter"
+        ) from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise TokenStoreError(
+            f"not a TokenStore: {str(meta_path)!r} has format {got!r}, expected {FORMAT!r}; {_HINT}"
+        )
+    if meta.get("version") != VERSION:
+        raise TokenStoreError(
+            f"unsupported TokenStore version {meta.get('version')!r} in {str(meta_path)!r}; this "
+            f"zephon_jax reads version {VERSION}: rewrite the store or upgrade zephon_jax"
+        )
+    for key in ("num_docs", "num_tokens"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TokenStoreError(
+                f"corrupt meta.json in {str(path)!r}: {key!r} is {value!r}, expected an int >= 0; "
+                f"rewrite the store with TokenStoreWriter"
+            )
+    if meta.get("dtype") not in SUPPORTED_DTYPES:
+        raise TokenStoreError(
+            f"corrupt meta.json in {str(path)!r}: dtype {meta.get('dtype')!r} is not one of "
+            f"{SUPPORTED_DTYPES}; rewrite the store with TokenStoreWriter"
+        )
+    if not isinstance(meta.get("attrs", {}), dict):
+        raise TokenStoreError(f"corrupt meta.json in {str(path)!r}: 'attrs' must be an object")
+    return meta
+
+
+def _validate_offsets(path: Path, offsets: np.ndarray, num_tokens: int) -> None:
+    if offsets[0] != 0:
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: offsets[0] is {int(offsets[0])}, expected 0; "
+            f"rewrite the store with TokenStoreWriter"
+        )
+    bad = np.flatnonzero(np.diff(offsets) < 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: offsets are not non-decreasing: first bad index "
+            f"{i} (offsets[{i - 1}]={int(offsets[i - 1])} > offsets[{i}]={int(offsets[i])}); "
+            f"rewrite the store with TokenStoreWriter"
+        )
+    if offsets[-1] != num_tokens:
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: last offset is {int(offsets[-1])} but meta.json "
+            f"says num_tokens={num_tokens}; rewrite the store with TokenStoreWriter"
+        )
+
+
+@dataclass(frozen=True)
+class _Opened:
+    pid: int
+    meta: dict[str, Any]
+    tokens: ts.TensorStore
+    offsets: np.ndarray
+    dtype: np.dtype
+    coalesce_gap: int
+
+
+def _open_store(path: Path) -> _Opened:
+    """Open and fully validate the committed part of a store."""
+    meta = _read_meta(path)
+    num_docs, num_tokens = meta["num_docs"], meta["num_tokens"]
+    dtype = np.dtype(meta["dtype"])
+    tokens = _open_array(path, TOKENS_DIR)
+    offsets_arr = _open_array(path, OFFSETS_DIR)
+    if tokens.rank != 1 or offsets_arr.rank != 1:
+        raise TokenStoreError(f"corrupt TokenStore {str(path)!r}: arrays must be 1-D")
+    if tokens.dtype.numpy_dtype != dtype:
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: meta.json says dtype {dtype.name!r} but the tokens "
+            f"array is {tokens.dtype.numpy_dtype.name!r}; rewrite the store with TokenStoreWriter"
+        )
+    if offsets_arr.dtype.numpy_dtype != np.int64:
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: offsets array is "
+            f"{offsets_arr.dtype.numpy_dtype.name!r}, expected int64; rewrite the store"
+        )
+    if offsets_arr.shape[0] < num_docs + 1:
+        raise TokenStoreError(
+            f"corrupt TokenStore {str(path)!r}: offsets array has {offsets_arr.shape[0]} entries "
+            f"but meta.json says num_docs={num_docs} (needs num_docs+1={num_docs + 1}); the "
+            f"store is truncated: rewrite it with TokenStoreWriter"
+        )
+    if tokens.shape[0] < num_tokens:
+        raise TokenStoreError(
+            f"truncated TokenStore {str(path)!r}: tokens array has {tokens.shape[0]} tokens but "
+            f"meta.json says num_tokens={num_tokens}; rewrite the store with TokenStoreWriter"
+        )
+    offsets = np.asarray(offsets_arr[: num_docs + 1].read().result(), dtype=np.int64)
+    _validate_offsets(path, offsets, num_tokens)
+    offsets.setflags(write=False)
+    gap = int(tokens.chunk_layout.read_chunk.shape[0] or DEFAULT_READ_CHUNK_TOKENS)
+    return _Opened(os.getpid(), meta, tokens, offsets, dtype, gap)
+
+
+class TokenStore:
+    """Read-only random-access view of the committed part of a TokenStore.
+
+    Implements Grain's ``RandomAccessDataSource`` (``__len__``, ``__getitem__``) and its
+    batched-read extension (``__getitems__``, also exposed as ``_getitems``). Element ``i`` is
+    ``{"tokens": np.ndarray}``, a fresh 1-D array of the store's dtype. Thread-safe; picklable
+    (only the path is pickled, the store is reopened lazily in the receiving process).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Open and validate the store at ``path``; raise TokenStoreError if it is not valid."""
+        self._path = Path(path)
+        self._lock = threading.Lock()
+        self._opened: _Opened | None = _open_store(self._path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": str(self._path)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._path = Path(state["path"])
+        self._lock = threading.Lock()
+        self._opened = None
+
+    @property
+    def _s(self) -> _Opened:
+        opened = self._opened
+        if opened is not None and opened.pid == os.getpid():
+            return opened
+        with self._lock:
+            if self._opened is None or self._opened.pid != os.getpid():
+                self._opened = _open_store(self._path)
+            return self._opened
+
+    @property
+    def path(self) -> Path:
+        """The store directory."""
+        return self._path
+
+    @property
+    def num_docs(self) -> int:
+        """Number of committed documents."""
+        return self._s.meta["num_docs"]
+
+    @property
+    def num_tokens(self) -> int:
+        """Total number of committed tokens."""
+        return self._s.meta["num_tokens"]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Token dtype (uint16, uint32 or int32)."""
+        return self._s.dtype
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """User attributes recorded in meta.json (a copy)."""
+        return dict(self._s.meta.get("attrs", {}))
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Read-only int64 array of length num_docs+1; doc i spans offsets[i]:offsets[i+1]."""
+        return self._s.offsets
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        """int64 array of the num_docs document lengths."""
+        return np.diff(self._s.offsets)
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def __repr__(self) -> str:
+        return f"TokenStore({str(self._path)!r})"
+
+    def fingerprint(self) -> str:
+        """Short stable identity of the committed content's shape.
+
+        Combines format version, num_docs, num_tokens, dtype and a hash of the offsets; it
+        changes when documents are appended or re-segmented (token values are not hashed).
+        """
+        s = self._s
+        digest = hashlib.blake2b(s.offsets.astype("<i8").tobytes(), digest_size=8).hexdigest()
+        return f"ts{VERSION}-{s.meta['num_docs']}-{s.meta['num_tokens']}-{s.dtype.name}-{digest}"
+
+    def _check_index(self, index: Any) -> int:
+        i = operator.index(index)
+        n = self.num_docs
+        if not 0 <= i < n:
+            raise IndexError(
+                f"TokenStore index {i} out of range: valid indices are 0..{n - 1} "
+                f"(negative indices are not supported)"
+            )
+        return i
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        """Return ``{"tokens": tokens of document index}``; IndexError unless 0 <= index < len."""
+        i = self._check_index(index)
+        s = self._s
+        return {"tokens": self._read(s, int(s.offsets[i]), int(s.offsets[i + 1])).result()}
+
+    @staticmethod
+    def _read(s: _Opened, start: int, stop: int) -> Any:
+        if start == stop:
+            return _Ready(np.empty(0, dtype=s.dtype))
+        return s.tokens[start:stop].read()
+
+    def _as_indices(self, indices: Sequence[int]) -> np.ndarray:
+        idx = np.asarray(indices)
+        if idx.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise TypeError(f"indices must be a 1-D sequence of ints, got {idx.dtype} {idx.shape}")
+        idx = idx.astype(np.int64)
+        bad = np.flatnonzero((idx < 0) | (idx >= self.num_docs))
+        if bad.size:
+            self._check_index(int(idx[bad[0]]))
+        return idx
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Batched ``[self[i] for i in indices]``, in order, duplicates allowed.
+
+        Reads the requested documents with concurrent TensorStore reads; documents whose token
+        ranges lie within one read chunk of each other are fetched with a single covering read.
+        Every returned array is independent (no shared memory between elements).
+        """
+        idx = self._as_indices(indices)
+        if idx.size == 0:
+            return []
+        s = self._s
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        starts, stops = s.offsets[uniq], s.offsets[uniq + 1]
+        new_group = np.empty(uniq.size, dtype=bool)
+        new_group[0] = True
+        new_group[1:] = starts[1:] - stops[:-1] > s.coalesce_gap
+        group_of = np.cumsum(new_group) - 1
+        first = np.flatnonzero(new_group)
+        last = np.append(first[1:], uniq.size) - 1
+        g_start, g_stop = starts[first], stops[last]
+        futures = [self._read(s, int(a), int(b)) for a, b in zip(g_start, g_stop, strict=True)]
+        spans = [f.result() for f in futures]
+        single = (last - first == 0)[group_of]
+        docs: list[np.ndarray] = []
+        for u, g in enumerate(group_of):
+            if single[u]:
+                docs.append(spans[g])
+            else:
+                base = g_start[g]
+                docs.append(spans[g][starts[u] - base : stops[u] - base].copy())
+        seen = np.zeros(uniq.size, dtype=bool)
+        out: list[dict[str, np.ndarray]] = []
+        for u in inverse.reshape(-1):
+            out.append({"tokens": docs[u].copy() if seen[u] else docs[u]})
+            seen[u] = True
+        return out
+
+    _getitems = __getitems__
+
+    def read_range(self, start_doc: int, stop_doc: int) -> list[dict[str, np.ndarray]]:
+        """Documents ``start_doc..stop_doc-1`` with one contiguous read (for sequential scans).
+
+        Requires ``0 <= start_doc <= stop_doc <= len(self)``. Returned arrays are
+        non-overlapping views into one buffer.
+        """
+        start, stop = operator.index(start_doc), operator.index(stop_doc)
+        if not 0 <= start <= stop <= self.num_docs:
+            raise IndexError(
+                f"read_range({start}, {stop}) out of range: need 0 <= start <= stop <= "
+                f"{self.num_docs}"
+            )
+        s = self._s
+        offs = s.offsets[start : stop + 1]
+        span = self._read(s, int(offs[0]), int(offs[-1])).result()
+        rel = offs - offs[0]
+        return [{"tokens": span[rel[k] : rel[k + 1]]} for k in range(stop - start)]
+
+
+class _Ready:
+    """A completed future holding ``value``."""
+
+    def __init__(self, value: np.ndarray) -> None:
+        self._value = value
+
+    def result(self) -> np.ndarray:
+        return self._value
+
+
+def _owned_entries(path: Path) -> bool:
+    """Whether ``path`` holds only entries a TokenStoreWriter creates."""
+    for entry in path.iterdir():
+        name = entry.name
+        if name not in (TOKENS_DIR, OFFSETS_DIR, META_FILE) and not name.startswith(
+            f".{META_FILE}."
+        ):
+            return False
+    return True
+
+
+class TokenStoreWriter:
+    """Appends documents to a TokenStore; ``commit()`` makes them visible to readers.
+
+    Tokens are buffered in memory and written in large blocks. ``commit()`` flushes the
+    buffer, then atomically rewrites meta.json; a store is valid only up to its last commit.
+    ``resume=True`` continues after the last committed document of an existing store
+    (uncommitted data is discarded and overwritten); ``resume=False`` requires ``path`` to be
+    absent or an empty directory. As a context manager, a normal exit commits and closes; an
+    exception closes without committing the documents appended since the last commit.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dtype: str | np.dtype = "uint32",
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        resume: bool = False,
+        attrs: dict[str, Any] | None = None,
+        *,
+        read_chunk_tokens: int = DEFAULT_READ_CHUNK_TOKENS,
+        flush_tokens: int | None = None,
+    ) -> None:
+        """Create (or with ``resume=True`` reopen) the store at ``path``.
+
+        ``chunk_tokens`` is the token count per stored file (a zarr shard);
+        ``read_chunk_tokens`` (which must divide it) is the independently compressed unit a
+        random read decodes. ``flush_tokens`` (default ``8 * chunk_tokens``) bounds buffering.
+        """
+        self._path = Path(path)
+        self._dtype = _check_dtype(dtype)
+        self._check_layout(chunk_tokens, read_chunk_tokens)
+        self._flush_tokens = int(flush_tokens or 8 * chunk_tokens)
+        self._buffer: list[np.ndarray] = []
+        self._buffer_lengths: list[int] = []
+        self._buffered_tokens = 0
+        self._closed = False
+        meta = self._existing_meta(resume)
+        if meta is None:
+            self._create(chunk_tokens, read_chunk_tokens, attrs or {})
+        else:
+            self._reopen(meta, attrs)
+
+    @staticmethod
+    def _check_layout(chunk_tokens: int, read_chunk_tokens: int) -> None:
+        if chunk_tokens <= 0 or read_chunk_tokens <= 0 or chunk_tokens % read_chunk_tokens:
+            raise TokenStoreError(
+                f"chunk_tokens ({chunk_tokens}) must be a positive multiple of "
+                f"read_chunk_tokens ({read_chunk_tokens})"
+            )
+
+    def _existing_meta(self, resume: bool) -> dict[str, Any] | None:
+        path = self._path
+        if path.exists() and not path.is_dir():
+            raise TokenStoreError(f"cannot write a TokenStore at {str(path)!r}: it is a file")
+        if not path.is_dir() or not any(path.iterdir()):
+            return None
+        if not resume:
+            raise TokenStoreError(
+                f"{str(path)!r} already exists and is not empty; pass resume=True to append to "
+                f"the TokenStore there, or choose another path"
+            )
+        if (path / META_FILE).exists():
+            return _read_meta(path)
+        if _owned_entries(path):
+            return None
+        raise TokenStoreError(
+            f"cannot resume at {str(path)!r}: it is not empty and holds no TokenStore "
+            f"(no meta.json); choose another path"
+        )
+
+    def _create(self, chunk_tokens: int, read_chunk_tokens: int, attrs: dict[str, Any]) -> None:
+        self._path.mkdir(parents=True, exist_ok=True)
+        ctx = _ts_context()
+        spec = _tokens_create_spec(self._path, self._dtype, chunk_tokens, read_chunk_tokens)
+        self._tokens = ts.open(spec, create=True, delete_existing=True, context=ctx).result()
+        self._offsets = ts.open(
+            _offsets_create_spec(self._path), create=True, delete_existing=True, context=ctx
+        ).result()
+        self._offsets[0:1].write(np.zeros(1, dtype=np.int64)).result()
+        self._attrs = dict(attrs)
+        self._flushed_docs = self._flushed_tokens = 0
+        self.commit()
+
+    def _reopen(self, meta: dict[str, Any], attrs: dict[str, Any] | None) -> None:
+        if meta["dtype"] != self._dtype.name:
+            raise TokenStoreError(
+                f"cannot resume {str(self._path)!r} with dtype {self._dtype.name!r}: the store "
+                f"holds {meta['dtype']!r}; pass dtype={meta['dtype']!r}"
+            )
+        _open_store(self._path)
+        self._flushed_docs, self._flushed_tokens = meta["num_docs"], meta["num_tokens"]
+        tokens = _open_array(self._path, TOKENS_DIR, write=True)
+        offsets = _open_array(self._path, OFFSETS_DIR, write=True)
+        self._tokens = tokens.resize(exclusive_max=[self._flushed_tokens]).result()
+        self._offsets = offsets.resize(exclusive_max=[self._flushed_docs + 1]).result()
+        self._attrs = dict(meta.get("attrs", {}) if attrs is None else attrs)
+
+    @property
+    def path(self) -> Path:
+        """The store directory."""
+        return self._path
+
+    @property
+    def num_docs(self) -> int:
+        """Documents appended so far, committed or not."""
+        return self._flushed_docs + len(self._buffer_lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens appended so far, committed or not."""
+        return self._flushed_tokens + self._buffered_tokens
+
+    def _as_tokens(self, tokens: Any) -> np.ndarray:
+        arr = np.asarray(tokens)
+        if arr.ndim != 1:
+            raise TokenStoreError(f"a document must be a 1-D array of ints, got shape {arr.shape}")
+        if arr.size == 0:
+            return np.empty(0, dtype=self._dtype)
+        if arr.dtype.kind not in "iu":
+            raise TokenStoreError(f"a document must hold integers, got dtype {arr.dtype}")
+        if arr.dtype != self._dtype:
+            info = np.iinfo(self._dtype)
+            lo, hi = arr.min(), arr.max()
+            if lo < info.min or hi > info.max:
+                raise TokenStoreError(
+                    f"token values [{lo}, {hi}] do not fit the store dtype {self._dtype.name} "
+                    f"(range [{info.min}, {info.max}]); write the store with a wider dtype"
+                )
+            arr = arr.astype(self._dtype)
+        return arr
+
+    def append(self, tokens: Any) -> int:
+        """Buffer one document (1-D ints fitting the dtype); return its document index."""
+        if self._closed:
+            raise TokenStoreError(f"TokenStoreWriter for {str(self._path)!r} is closed")
+        arr = self._as_tokens(tokens)
+        self._buffer.append(arr)
+        self._buffer_lengths.append(arr.size)
+        self._buffered_tokens += arr.size
+        if self._buffered_tokens >= self._flush_tokens:
+            self._flush()
+        return self.num_docs - 1
+
+    def extend(self, docs: Iterable[Any]) -> int:
+        """Append every document of ``docs``; return num_docs."""
+        for doc in docs:
+            self.append(doc)
+        return self.num_docs
+
+    def _flush(self) -> None:
+        """Write buffered documents to the arrays (not yet visible to readers)."""
+        if not self._buffer_lengths:
+            return
+        lengths = np.asarray(self._buffer_lengths, dtype=np.int64)
+        new_offsets = self._flushed_tokens + np.cumsum(lengths)
+        t0, t1 = self._flushed_tokens, int(new_offsets[-1])
+        d0, d1 = self._flushed_docs, self._flushed_docs + lengths.size
+        self._tokens = self._tokens.resize(exclusive_max=[t1]).result()
+        self._offsets = self._offsets.resize(exclusive_max=[d1 + 1]).result()
+        writes = [self._offsets[d0 + 1 : d1 + 1].write(new_offsets)]
+        if t1 > t0:
+            writes.append(self._tokens[t0:t1].write(np.concatenate(self._buffer)))
+        for w in writes:
+            w.result()
+        self._flushed_tokens, self._flushed_docs = t1, d1
+        self._buffer, self._buffer_lengths, self._buffered_tokens = [], [], 0
+
+    def commit(self) -> int:
+        """Flush buffered documents, then atomically rewrite meta.json; return num_docs."""
+        if self._closed:
+            raise TokenStoreError(f"TokenStoreWriter for {str(self._path)!r} is closed")
+        self._flush()
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "num_docs": self._flushed_docs,
+            "num_tokens": self._flushed_tokens,
+            "dtype": self._dtype.name,
+            "attrs": self._attrs,
+        }
+        _write_meta(self._path, meta)
+        return self._flushed_docs
+
+    def close(self) -> int:
+        """Commit and close; idempotent. Return num_docs."""
+        if not self._closed:
+            self.commit()
+            self._closed = True
+        return self._flushed_docs
+
+    def __enter__(self) -> TokenStoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._closed = True
+
+
+def write_token_store(
+    path: str | os.PathLike[str],
+    docs: Iterable[Any],
+    dtype: str | np.dtype = "uint32",
+    **writer_kwargs: Any,
+) -> TokenStore:
+    """Write ``docs`` to a new TokenStore at ``path`` and return a reader for it."""
+    with TokenStoreWriter(path, dtype=dtype, **writer_kwargs) as writer:
+        writer.extend(docs)
+    return TokenStore(path)

@@ -1,0 +1,26 @@
+"""``filter``: keeps the records for which a pure predicate holds."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class FilterTransform:
+    """Wraps ``pred(record) -> bool`` or a Grain ``Filter`` (its ``.filter``)."""
+
+    DROP = object()
+
+    def __init__(self, pred: Callable[[Any], bool] | Any):
+        from zephon_jax.transforms import callable_name
+
+        grain_filter = getattr(pred, "filter", None)
+        self._pred = grain_filter if callable(grain_filter) and not callable(pred) else pred
+        if not callable(self._pred):
+            raise TypeError(f"filter needs a callable or a grain Filter; got {pred!r}")
+        self.name = callable_name(pred)
+
+    def apply(self, record: Any, rng_key: tuple) -> Any:
+        return record if self._pred(record) else FilterTransform.DROP
+
+    def describe(self) -> str:
+        return f"filter({self.name})"

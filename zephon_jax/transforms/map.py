@@ -1,0 +1,28 @@
+"""``map``: applies a pure function to every record."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class MapTransform:
+    """Wraps ``fn(record) -> record`` or a Grain ``MapTransform`` (its ``.map``).
+
+    Contract: ``fn`` is pure (the same record gives the same output), which is
+    what lets a carry hold record pointers instead of data.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any] | Any):
+        from zephon_jax.transforms import callable_name
+
+        grain_map = getattr(fn, "map", None)
+        self._fn = grain_map if callable(grain_map) and not callable(fn) else fn
+        if not callable(self._fn):
+            raise TypeError(f"map needs a callable or a grain MapTransform; got {fn!r}")
+        self.name = callable_name(fn)
+
+    def apply(self, record: Any, rng_key: tuple) -> Any:
+        return self._fn(record)
+
+    def describe(self) -> str:
+        return f"map({self.name})"
