@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.errors import PipelineError
+from zephon_jax.errors import PipelineError, RecordError
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.state import lane_bytes
 
@@ -28,7 +28,7 @@ def stack_rows(rows: Sequence[Any]) -> Any:
 
 def _stack_field(name: str, values: list) -> np.ndarray:
     try:
-        return np.stack(values)
+        batch = np.stack(values)
     except ValueError as e:
         shapes = sorted({np.shape(v) for v in values})
         raise PipelineError(
@@ -36,6 +36,14 @@ def _stack_field(name: str, values: list) -> np.ndarray:
             "needs equal shapes: add .pack(seq_len) for token sequences, or a map that pads "
             "or crops to a fixed length"
         ) from e
+    if batch.dtype == object:
+        types = sorted({type(v).__name__ for v in values})
+        raise PipelineError(
+            f"cannot batch field {name!r}: its values are {types} (e.g. {values[0]!r:.60}), not "
+            "numbers or numeric arrays; a source or map returned the wrong type: convert records "
+            "to numpy arrays with a map (e.g. decode bytes with np.frombuffer)"
+        )
+    return batch
 
 
 class RowProducer:
@@ -57,26 +65,57 @@ class RowProducer:
         self.lane_ids = needed if lanes is None else sorted(set(lanes) | set(needed))
         self.lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
         self._picks = [(r // per_lane, r % per_lane) for r in self.rows]
+        # The error that interrupted a batch: the lanes are then part-way through it.
+        self._failure: BaseException | None = None
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise RecordError(
+                f"this loader failed while producing a batch ({self._failure!r}) and its lanes "
+                "stopped part-way through it: continuing or taking its state would skip or "
+                "repeat records. Restore a state taken before the failure with "
+                "set_state(state), or start a new iterator"
+            ) from self._failure
 
     def next_rows(self) -> list[Any] | None:
-        """The data of this producer's rows of the next global batch (None at the end)."""
+        """The data of this producer's rows of the next global batch (None at the end).
+
+        After an error the producer refuses to continue until :meth:`restore`.
+        """
+        self._check_usable()
         per_lane = self.batched.rows_per_lane
         taken = {}
-        for l, lane in self.lanes.items():
-            elements = lane.take(per_lane)
-            if elements is None:
-                return None
-            taken[l] = elements
+        try:
+            for l, lane in self.lanes.items():
+                elements = lane.take(per_lane)
+                if elements is None:
+                    return None
+                taken[l] = elements
+        except BaseException as e:
+            self._failure = e
+            raise
         return [taken[l][i].data for l, i in self._picks]
 
     def next_batch(self) -> Any:
         rows = self.next_rows()
-        return None if rows is None else stack_rows(rows)
+        if rows is None:
+            return None
+        try:
+            return stack_rows(rows)
+        except BaseException as e:
+            self._failure = e
+            raise
 
     def lane_states(self) -> dict[int, bytes]:
+        self._check_usable()
         return {l: lane.get_state() for l, lane in self.lanes.items()}
 
     def restore(self, state: Mapping[str, Any]) -> None:
+        """Restores every lane from ``state``; on any error the producer is unchanged."""
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
+        lanes = {}
         for l, blob in blobs.items():
-            self.lanes[l].set_state(blob)
+            lanes[l] = Lane(self.plan, l)
+            lanes[l].set_state(blob)
+        self.lanes = lanes
+        self._failure = None

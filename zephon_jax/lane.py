@@ -9,19 +9,21 @@ read per source) and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+import zlib
 from typing import Any
 
 import numpy as np
 
 from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
-from zephon_jax.errors import RecordError, StateError, ZephonError
+from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.sampler.resolve import leaf_paths, leaves, resolve
-from zephon_jax.sampler.source import describe_source
+from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
 
 _END = object()
-LANE_FORMAT = 1
+# 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
+LANE_FORMAT = 2
 _MAX_AHEAD = 256
 
 
@@ -37,13 +39,42 @@ class LanePlan:
         self.post_transforms = [stage.transforms for stage in batched.stages]
 
 
+class _TransformFailed(Exception):
+    """A user transform raised; ``name`` says which (the cause is chained)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
 def apply_transforms(transforms, data, lane: int, stage: int, lineage) -> Any:
-    """Applies per-record transforms in order; returns ``DROP`` if a filter drops it."""
+    """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
+
+    A transform that raises is reported as ``_TransformFailed`` naming it, with
+    the original exception chained.
+    """
     for transform in transforms:
-        data = transform.apply(data, (lane, stage, lineage))
+        try:
+            data = transform.apply(data, (lane, stage, lineage))
+        except ZephonError:
+            raise
+        except Exception as e:
+            raise _TransformFailed(transform.describe()) from e
         if data is DROP:
             return DROP
     return data
+
+
+def _user_error(what: str, where: str, e: BaseException) -> RecordError:
+    """A RecordError for a failed user function, chaining the original exception."""
+    cause = e.__cause__ if isinstance(e, _TransformFailed) else e
+    error = RecordError(
+        f"{what} raised {cause!r} on {where}. The original traceback is chained above "
+        "(__cause__); fix the function or the record, then restore the state taken "
+        "before the failure to continue"
+    )
+    error.__cause__ = cause
+    return error
 
 
 class Lane:
@@ -75,24 +106,47 @@ class Lane:
                 datas = getitems(records) if getitems else [source[r] for r in records]
             except Exception as e:
                 raise RecordError(
-                    f"lane {self.lane}: reading records {records[:8]}{'...' if len(records) > 8 else ''} "
-                    f"from source {describe_source(source)} failed: {e!r}"
+                    f"lane {self.lane}: reading records {records[:8]}"
+                    f"{'...' if len(records) > 8 else ''} (lane-local positions "
+                    f"{positions[where[:8]].tolist()}) from source {source_label(source)} "
+                    f"failed: {e!r}. Check that the source's files exist, are readable and "
+                    "intact (the original error is chained as __cause__)"
                 ) from e
+            if len(datas) != len(records):
+                raise RecordError(
+                    f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
+                    f"records for {len(records)} indices from __getitems__; it must return one "
+                    "record per index, in order"
+                )
             transforms = plan.leaf_transforms[leaf_id]
             for i, record, data in zip(where.tolist(), records, datas):
                 position = int(positions[i])
                 if transforms:
                     try:
                         data = apply_transforms(transforms, data, self.lane, 0, position)
-                    except ZephonError:
-                        raise
-                    except Exception as e:
-                        raise RecordError(
-                            f"a transform failed on lane {self.lane}, lane-local position "
-                            f"{position}, source {describe_source(source)}, record {record}: {e!r}"
-                        ) from e
+                    except _TransformFailed as e:
+                        raise _user_error(
+                            e.name,
+                            f"lane {self.lane}, lane-local position {position}, source "
+                            f"{source_label(source)}, record {record}",
+                            e,
+                        ) from e.__cause__
                 out[i] = data if data is DROP else Element(data, position)
         return out
+
+    def where(self, lineage) -> str:
+        """Where an element comes from: lane, lane-local position, source and record."""
+        position = root_position(lineage)
+        text = f"lane {self.lane}, element {lineage!r}"
+        if position is None:
+            return text + " (an output of a user operator)"
+        plan = self.plan
+        res = resolve(plan.sampler, self.lane, np.array([position], np.int64), plan.num_lanes)
+        source = plan.leaves[int(res.leaf[0])].source
+        return (
+            f"{text} (from lane-local position {position}: source {source_label(source)}, "
+            f"record {int(res.record[0])}, epoch {int(res.epoch[0])})"
+        )
 
     def _next_root(self):
         if not self._ahead:
@@ -116,13 +170,12 @@ class Lane:
         for element in elements:
             try:
                 carry, outputs = op.step(self.carries[stage], element)
+            except PipelineError as e:
+                raise PipelineError(f"{e}\n  (at {self.where(element.lineage)})") from e
             except ZephonError:
                 raise
             except Exception as e:
-                raise RecordError(
-                    f"{op.describe()} failed on lane {self.lane}, element {element.lineage!r} "
-                    f"(from lane-local position {root_position(element.lineage)}): {e!r}"
-                ) from e
+                raise _user_error(op.describe(), self.where(element.lineage), e) from e
             self.carries[stage] = carry
             if outputs:
                 self._push(stage + 1, self._post(stage, post, outputs))
@@ -134,13 +187,12 @@ class Lane:
         for element in outputs:
             try:
                 data = apply_transforms(post, element.data, self.lane, stage + 1, element.lineage)
-            except ZephonError:
-                raise
-            except Exception as e:
-                raise RecordError(
-                    f"a transform after {self.plan.operators[stage].describe()} failed on lane "
-                    f"{self.lane}, element {element.lineage!r}: {e!r}"
-                ) from e
+            except _TransformFailed as e:
+                raise _user_error(
+                    f"{e.name} after {self.plan.operators[stage].describe()}",
+                    self.where(element.lineage),
+                    e,
+                ) from e.__cause__
             if data is not DROP:
                 kept.append(Element(data, element.lineage))
         return kept
@@ -148,7 +200,12 @@ class Lane:
     def _finish_input(self) -> None:
         self.input_done = True
         for stage, op in enumerate(self.plan.operators):
-            carry, outputs = op.flush(self.carries[stage])
+            try:
+                carry, outputs = op.flush(self.carries[stage])
+            except ZephonError:
+                raise
+            except Exception as e:
+                raise _user_error(f"{op.describe()}.flush", f"lane {self.lane}", e) from e
             self.carries[stage] = carry
             if outputs:
                 self._push(stage + 1, self._post(stage, self.plan.post_transforms[stage], outputs))
@@ -171,19 +228,25 @@ class Lane:
         """This lane's position, carries and unbatched rows, as compact bytes."""
         carries = [op.carry_to_plain(c) for op, c in zip(self.plan.operators, self.carries)]
         pending = tuple(e.lineage for e in self.pending)
-        return codec.encode(
+        data = codec.encode(
             (LANE_FORMAT, self.next_position, self.input_done, tuple(carries), pending)
         )
+        return data + zlib.crc32(data).to_bytes(4, "little")
 
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to)."""
-        value = codec.decode(data)
-        if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
+        data = bytes(data)
+        body, checksum = data[:-4], data[-4:]
+        if len(data) < 5 or zlib.crc32(body).to_bytes(4, "little") != checksum:
+            _check_lane_format(self.lane, data)
             raise StateError(
-                f"lane {self.lane}: unrecognized lane state (format "
-                f"{value[0] if isinstance(value, tuple) and value else value!r}, expected "
-                f"{LANE_FORMAT}); it was written by another zephon_jax version"
+                f"lane {self.lane}: corrupt state bytes (checksum mismatch over "
+                f"{len(data)} bytes); the state was truncated or altered after it was taken: "
+                "restore from an intact checkpoint"
             )
+        value = codec.decode(body)
+        if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
+            raise _format_error(self.lane, value)
         _, next_position, input_done, carries, pending = value
         if len(carries) != len(self.plan.operators):
             raise StateError(
@@ -202,6 +265,25 @@ class Lane:
         self.pending = collections.deque(rebuild.at(final)(lin) for lin in pending)
         self._ahead.clear()
         self._ahead_size = 8
+
+
+def _format_error(lane: int, value) -> StateError:
+    found = value[0] if isinstance(value, tuple) and value else value
+    return StateError(
+        f"lane {lane}: unrecognized lane state (lane format {found!r}, this zephon_jax reads "
+        f"{LANE_FORMAT}); it was written by another zephon_jax version: restore it with the "
+        "release that wrote it"
+    )
+
+
+def _check_lane_format(lane: int, data: bytes) -> None:
+    """Raises a version error if ``data`` is an intact lane state of another format."""
+    try:
+        value = codec.decode(data)
+    except StateError:
+        return
+    if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] != LANE_FORMAT:
+        raise _format_error(lane, value)
 
 
 class _Rebuilder:
@@ -256,9 +338,18 @@ class _Rebuilder:
             element = item
         else:
             op = lane.plan.operators[stage - 1]
-            data = op.regenerate(lineage, self.at(stage - 1))
             post = lane.plan.post_transforms[stage - 1]
-            data = apply_transforms(post, data, lane.lane, stage, lineage)
+            try:
+                data = op.regenerate(lineage, self.at(stage - 1))
+                data = apply_transforms(post, data, lane.lane, stage, lineage)
+            except ZephonError:
+                raise
+            except Exception as e:
+                raise _user_error(
+                    f"regenerating {op.describe()} output (restoring a state)",
+                    lane.where(lineage),
+                    e,
+                ) from (e.__cause__ if isinstance(e, _TransformFailed) else e)
             if data is DROP:
                 raise StateError(
                     f"lane {lane.lane}: element {lineage!r} is now dropped by a filter after "

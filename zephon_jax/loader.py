@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from zephon_jax.batching import RowProducer
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
-from zephon_jax.state import check_state, make_state
+from zephon_jax.state import check_state, lane_bytes, make_state
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
@@ -31,18 +31,35 @@ def process_rows(global_batch_size: int, process_index: int, process_count: int)
 class Loader:
     """Iterates the batches of a :class:`~zephon_jax.dataset.BatchedDataset`.
 
-    With ``process_index=i, process_count=n`` each batch is a dict of numpy
-    arrays holding rows ``[i*B/n, (i+1)*B/n)`` of the global batch of ``B`` rows:
-    the processes' batches concatenated in process order are the global batch,
-    and row ``r`` of global batch ``t`` is the same on every topology.
+    Without ``sharding``, with ``process_index=i, process_count=n``, each batch
+    is a dict of numpy arrays holding rows ``[i*B/n, (i+1)*B/n)`` of the global
+    batch of ``B`` rows: the processes' batches concatenated in process order are
+    the global batch, and row ``r`` of global batch ``t`` is the same on every
+    topology.
+
+    With ``sharding`` (a ``jax.sharding.NamedSharding``, a pytree of them
+    matching the batch fields, or a ``(Mesh, PartitionSpec)`` pair), each batch
+    is a dict of global ``jax.Array``s of ``B`` rows. The process and its
+    devices come from jax; the process computes exactly the rows its devices
+    hold (each once, even if several devices hold it) and the state covers the
+    lanes behind those rows. ``device_prefetch`` batches are kept on the devices
+    ahead of the one in use, built by a background thread (0: none); it never
+    changes what :meth:`LoaderIterator.get_state` says was consumed.
+
+    ``num_workers`` worker processes split this process's lanes between them;
+    the batches do not depend on it.
     """
 
     def __init__(
         self,
         dataset: BatchedDataset,
         *,
-        process_index: int = 0,
-        process_count: int = 1,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        num_workers: int = 0,
+        worker_prefetch: int = 2,
+        sharding: Any = None,
+        device_prefetch: int = 2,
     ):
         if not isinstance(dataset, BatchedDataset):
             raise PipelineError(
@@ -50,9 +67,85 @@ class Loader:
                 "pipeline with .batch(global_batch_size)"
             )
         self.dataset = dataset
-        self.process_index = process_index
-        self.process_count = process_count
-        self.rows = process_rows(dataset.global_batch_size, process_index, process_count)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise PipelineError(f"num_workers must be an int >= 0; got {num_workers!r}")
+        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 0:
+            raise PipelineError(f"device_prefetch must be an int >= 0; got {device_prefetch!r}")
+        self.num_workers = num_workers
+        self.worker_prefetch = worker_prefetch
+        self.device_prefetch = device_prefetch
+        self.sharding = None
+        if sharding is None:
+            self.process_index = 0 if process_index is None else process_index
+            self.process_count = 1 if process_count is None else process_count
+            self.rows: Sequence[int] = process_rows(
+                dataset.global_batch_size, self.process_index, self.process_count
+            )
+        else:
+            self._init_sharded(sharding, process_index, process_count)
+
+    def _init_sharded(self, sharding: Any, process_index: int | None, process_count: int | None) -> None:
+        import jax
+
+        from zephon_jax.sharding import BatchSharding
+
+        self.process_index = jax.process_index()
+        self.process_count = jax.process_count()
+        for name, given, actual in (
+            ("process_index", process_index, self.process_index),
+            ("process_count", process_count, self.process_count),
+        ):
+            if given is not None and given != actual:
+                raise PipelineError(
+                    f"{name}={given} was given with sharding, but jax says {actual}; with "
+                    f"sharding the process comes from jax: drop {name}"
+                )
+        self.sharding = BatchSharding(sharding, self.dataset.global_batch_size)
+        self.rows = self.sharding.process_rows(self.process_index)
+        if not self.rows:
+            raise PipelineError(
+                f"the devices of process {self.process_index} hold no rows of the batch sharding; "
+                "build the mesh over the devices of every process (e.g. jax.make_mesh)"
+            )
+
+    # ----- which process holds what ---------------------------------------------------
+    def rows_of_process(self, process_index: int) -> Sequence[int]:
+        """The global rows process ``process_index`` loads, in the order of its batch rows."""
+        if self.sharding is not None:
+            return self.sharding.process_rows(process_index)
+        return process_rows(self.dataset.global_batch_size, process_index, self.process_count)
+
+    def _lanes_of(self, rows: Sequence[int]) -> list[int]:
+        per_lane = self.dataset.rows_per_lane
+        return sorted({r // per_lane for r in rows})
+
+    @property
+    def lanes(self) -> list[int]:
+        """The lanes this process runs (those behind its rows); its state covers them."""
+        return self._lanes_of(self.rows)
+
+    def lanes_to_save(self) -> list[int]:
+        """The lanes this process writes in a checkpoint.
+
+        Every lane is written exactly once: by the lowest-index process running it.
+        """
+        if self.sharding is not None:
+            lower = [p for p in self.sharding.process_indices() if p < self.process_index]
+        else:
+            lower = range(self.process_index)
+        taken: set[int] = set()
+        for p in lower:
+            taken.update(self._lanes_of(self.rows_of_process(p)))
+        return [lane for lane in self.lanes if lane not in taken]
+
+    # ----- iteration ------------------------------------------------------------------
+    def make_producer(self):
+        """The row producer for this loader: in-process, or split over worker processes."""
+        if self.num_workers == 0:
+            return RowProducer(self.dataset, self.rows)
+        from zephon_jax.workers import WorkerRowProducer
+
+        return WorkerRowProducer(self.dataset, self.rows, self.num_workers, self.worker_prefetch)
 
     def __iter__(self) -> LoaderIterator:
         return LoaderIterator(self)
@@ -64,28 +157,88 @@ class LoaderIterator(Iterator[Any]):
     def __init__(self, loader: Loader):
         self.loader = loader
         self._fingerprint = loader.dataset.fingerprint()
-        self._producer = RowProducer(loader.dataset, loader.rows)
+        self._producer = loader.make_producer()
         self.step = 0
+        self._prefetcher = None
+        # Lane states after the last batch handed out, while the producer runs ahead.
+        self._delivered: Mapping[int, bytes] | None = None
 
     def __next__(self) -> Any:
-        batch = self._producer.next_batch()
-        if batch is None:
+        sharding = self.loader.sharding
+        if sharding is None or self.loader.device_prefetch == 0:
+            batch = self._producer.next_batch()
+            if batch is None:
+                raise StopIteration
+            if sharding is not None:
+                batch = sharding.make_global(self.loader.rows, batch)
+            self.step += 1
+            return batch
+        if self._prefetcher is None:
+            self._start_prefetch()
+        item = self._prefetcher.get()
+        if item is None:
             raise StopIteration
+        batch, self._delivered = item
         self.step += 1
         return batch
 
+    def _start_prefetch(self) -> None:
+        from zephon_jax.sharding import DevicePrefetcher
+
+        producer, sharding, rows = self._producer, self.loader.sharding, self.loader.rows
+
+        # A closure, not a method: the thread must not keep this iterator alive.
+        def produce():
+            batch = producer.next_batch()
+            if batch is None:
+                return None
+            lanes = producer.lane_states()
+            return sharding.make_global(rows, batch), lanes
+
+        self._delivered = producer.lane_states()
+        self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
     def get_state(self) -> dict[str, Any]:
         """The state after the last batch returned; plain data covering this process's lanes."""
-        return make_state(self._fingerprint, self.step, self._producer.lane_states())
+        lanes = self._delivered if self._prefetcher is not None else self._producer.lane_states()
+        return make_state(self._fingerprint, self.step, lanes)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from any topology, if it covers this process's lanes).
 
         Raises :class:`~zephon_jax.errors.StateMismatchError` naming the field if
-        the state comes from a different pipeline.
+        the state comes from a different pipeline, and
+        :class:`~zephon_jax.errors.StateError` if it misses a lane this process
+        runs; the iterator is then unchanged.
         """
         check_state(state, self._fingerprint)
-        producer = RowProducer(self.loader.dataset, self.loader.rows)
-        producer.restore(state)
-        self._producer = producer
+        if self._prefetcher is None:
+            self._producer.restore(state)
+        else:
+            for lane in self.loader.lanes:
+                lane_bytes(state, lane)  # raises before anything changes
+            delivered = make_state(self._fingerprint, self.step, self._delivered)
+            self._stop_prefetch()
+            try:
+                self._producer.restore(state)
+            except BaseException:
+                self._producer.restore(delivered)
+                raise
         self.step = int(state["step"])
+
+    def close(self) -> None:
+        """Stops device prefetch and worker processes; the iterator cannot continue after."""
+        self._stop_prefetch()
+        close = getattr(self._producer, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            prefetcher.close()

@@ -19,6 +19,18 @@ def describe_source(source: Any) -> str:
     return f"{type(source).__name__}(len={len(source)})"
 
 
+def source_label(source: Any) -> str:
+    """A description of a source for error messages: its fingerprint plus its file paths."""
+    label = describe_source(source)
+    paths = getattr(source, "paths", None)
+    if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+        paths = [paths]
+    if isinstance(paths, (list, tuple)) and paths:
+        shown = ", ".join(str(p) for p in paths[:3])
+        label += f" [files: {shown}{', ...' if len(paths) > 3 else ''}]"
+    return label
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceNode:
     """A random-access source (``__len__`` and ``__getitem__``) as a sampler leaf.

@@ -1,0 +1,179 @@
+"""Orbax integration: save and restore a loader iterator inside a ``CheckpointManager``.
+
+Use it as one item of a composite checkpoint::
+
+    mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(params), data=zephon_jax.checkpoint.Save(it)))
+    mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), data=zephon_jax.checkpoint.Restore(it)))
+
+The item directory holds one file per lane, ``lane_00017.bin`` (the encoded
+lane state, written by the lowest-index process running that lane), and
+``meta.json`` (format, pipeline fingerprint, step, lane count, written by the
+primary process). Nothing in it names a process or a device, so a checkpoint
+restores onto any number of processes, devices and workers: each process reads
+the lane files it needs. Orbax creates, synchronizes and finalizes the
+directory; saving works with synchronous and asynchronous checkpointing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, List, Optional
+
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint._src.futures import future
+
+from zephon_jax.errors import StateError
+from zephon_jax.loader import LoaderIterator
+from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
+
+CHECKPOINT_FORMAT = "zephon_jax.checkpoint"
+CHECKPOINT_VERSION = 1
+META_FILE = "meta.json"
+
+
+def lane_file(lane: int) -> str:
+    """The name of lane ``lane``'s file in a checkpoint item directory."""
+    return f"lane_{lane:05d}.bin"
+
+
+def _check_iterator(iterator: Any, what: str) -> LoaderIterator:
+    if not isinstance(iterator, LoaderIterator):
+        raise TypeError(
+            f"zephon_jax.checkpoint.{what} takes the iterator of a zephon_jax.Loader "
+            f"(iter(loader)); got {type(iterator).__name__}"
+        )
+    return iterator
+
+
+class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
+    """Saves the lanes a process owns and restores the lanes it runs; see the module doc.
+
+    The state is taken when the save is requested; files are written in the
+    background with asynchronous checkpointing, while training goes on.
+    """
+
+    def __init__(
+        self,
+        *,
+        multiprocessing_options: ocp.options.MultiprocessingOptions = ocp.options.MultiprocessingOptions(),
+    ):
+        self._primary_host = multiprocessing_options.primary_host
+
+    async def async_save(
+        self, directory: epath.Path, args: Save
+    ) -> Optional[List[future.Future]]:
+        """Takes the iterator's state now and returns the future that writes it."""
+        iterator = _check_iterator(args.iterator, "Save")
+        state = iterator.get_state()
+        lanes = {lane: state["lanes"][str(lane)].tobytes() for lane in iterator.loader.lanes_to_save()}
+        meta = None
+        if ocp.multihost.is_primary_host(self._primary_host):
+            meta = {
+                "format": CHECKPOINT_FORMAT,
+                "version": CHECKPOINT_VERSION,
+                "state_format": state["format"],
+                "state_version": state["version"],
+                "fingerprint": state["fingerprint"],
+                "step": state["step"],
+                "num_lanes": iterator.loader.dataset.num_lanes,
+            }
+
+        async def write() -> None:
+            for lane, data in lanes.items():
+                (directory / lane_file(lane)).write_bytes(data)
+            if meta is not None:
+                (directory / META_FILE).write_text(json.dumps(meta, indent=1))
+
+        return [future.CommitFutureAwaitingContractedSignals(write(), name="zephon_jax_save")]
+
+    def save(self, directory: epath.Path, args: Save) -> None:
+        async def run() -> None:
+            for commit in await self.async_save(directory, args) or ():
+                commit.result()
+
+        ocp.asyncio_utils.run_sync(run()) if hasattr(ocp, "asyncio_utils") else _run_sync(run())
+
+    def restore(self, directory: epath.Path, args: Restore) -> LoaderIterator:
+        """Restores ``args.iterator`` in place from the lane files it needs; returns it.
+
+        Raises :class:`~zephon_jax.errors.StateMismatchError` naming the field if
+        the checkpoint comes from another pipeline, :class:`StateError` if it is
+        incomplete.
+        """
+        iterator = _check_iterator(args.iterator, "Restore")
+        directory = epath.Path(directory)
+        meta_path = directory / META_FILE
+        if not meta_path.exists():
+            raise StateError(
+                f"{meta_path} is missing: the checkpoint item was not written by "
+                "zephon_jax.checkpoint.Save or is incomplete"
+            )
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise StateError(f"{meta_path} is not a zephon_jax checkpoint (format {meta.get('format')!r})")
+        if int(meta.get("version", -1)) != CHECKPOINT_VERSION:
+            raise StateError(
+                f"{meta_path} has checkpoint version {meta.get('version')!r}; this zephon_jax reads "
+                f"version {CHECKPOINT_VERSION}: restore it with the zephon_jax release that wrote it"
+            )
+        state = {
+            "format": meta.get("state_format", STATE_FORMAT),
+            "version": meta.get("state_version", STATE_VERSION),
+            "fingerprint": meta["fingerprint"],
+            "step": int(meta["step"]),
+            "lanes": {},
+        }
+        check_state(state, iterator.loader.dataset.fingerprint())  # before reading any lane
+        needed = iterator.loader.lanes
+        missing = [lane for lane in needed if not (directory / lane_file(lane)).exists()]
+        if missing:
+            raise StateError(
+                f"the checkpoint in {directory} has no file for lanes {missing[:16]}"
+                f"{'...' if len(missing) > 16 else ''} of the {meta['num_lanes']} lanes this "
+                "pipeline runs; it is incomplete (a process failed while saving, or files were "
+                "removed): restore an earlier checkpoint step"
+            )
+        import numpy as np
+
+        state["lanes"] = {
+            str(lane): np.frombuffer((directory / lane_file(lane)).read_bytes(), dtype=np.uint8)
+            for lane in needed
+        }
+        iterator.set_state(state)
+        return iterator
+
+    def metadata(self, directory: epath.Path) -> Optional[Any]:
+        path = epath.Path(directory) / META_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def finalize(self, directory: epath.Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _run_sync(coro) -> None:
+    import asyncio
+
+    asyncio.run(coro)
+
+
+@ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class Save(ocp.args.CheckpointArgs):
+    """Saves a loader iterator's position (``iterator = iter(zephon_jax.Loader(...))``)."""
+
+    iterator: LoaderIterator
+
+
+@ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class Restore(ocp.args.CheckpointArgs):
+    """Restores a loader iterator in place (it must iterate the same pipeline)."""
+
+    iterator: LoaderIterator

@@ -1,0 +1,214 @@
+"""Global ``jax.Array`` batches: which rows a process holds, building arrays, device prefetch.
+
+Only the first axis of a batch (its rows) decides what a process computes: a
+process asks the batch sharding which rows its addressable devices hold and
+loads exactly those, once each, even when several of its devices hold the same
+rows (axes the batch is replicated over, such as tensor parallelism). This
+module imports ``jax`` itself, so ``import zephon_jax`` stays free of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from zephon_jax.errors import PipelineError
+
+
+def as_named_sharding(sharding: Any, what: str = "sharding") -> NamedSharding:
+    """A ``NamedSharding``, given one or a ``(mesh, PartitionSpec)`` pair."""
+    if isinstance(sharding, NamedSharding):
+        return sharding
+    if (
+        isinstance(sharding, tuple)
+        and len(sharding) == 2
+        and isinstance(sharding[0], Mesh)
+        and isinstance(sharding[1], PartitionSpec)
+    ):
+        return NamedSharding(sharding[0], sharding[1])
+    raise PipelineError(
+        f"{what} must be a jax.sharding.NamedSharding or a (Mesh, PartitionSpec) pair; got "
+        f"{type(sharding).__name__}: build one with NamedSharding(mesh, PartitionSpec('data'))"
+    )
+
+
+def _is_sharding_leaf(x: Any) -> bool:
+    return isinstance(x, NamedSharding) or (
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], Mesh)
+    )
+
+
+class BatchSharding:
+    """How a global batch of ``global_batch_size`` rows lies on the devices.
+
+    ``sharding`` is one ``NamedSharding`` for every field, a pytree of them
+    matching the batch (e.g. ``{"tokens": s1, "mask": s2}``), or a
+    ``(Mesh, PartitionSpec)`` pair in place of any ``NamedSharding``. The batch's
+    first axis is its rows; trailing axes may be sharded too.
+    """
+
+    def __init__(self, sharding: Any, global_batch_size: int):
+        self.global_batch_size = global_batch_size
+        leaves, self.treedef = jax.tree.flatten(sharding, is_leaf=_is_sharding_leaf)
+        if not leaves:
+            raise PipelineError("sharding is empty; give a NamedSharding for the batch")
+        self.leaves = [as_named_sharding(s) for s in leaves]
+        self.single = self.treedef.num_leaves == 1 and _is_sharding_leaf(sharding)
+        self._row_owners = [self._row_map(s) for s in self.leaves]
+
+    def _row_map(self, sharding: NamedSharding) -> dict[Any, range]:
+        """Device -> the global rows it holds, from the first entry of the spec."""
+        spec = sharding.spec
+        first = spec[0] if len(spec) else None
+        axes = () if first is None else (first if isinstance(first, tuple) else (first,))
+        shards = int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
+        if self.global_batch_size % shards:
+            raise PipelineError(
+                f"the batch sharding {spec} splits rows into {shards} shards (mesh axes "
+                f"{list(axes)}), which does not divide global_batch_size={self.global_batch_size}; "
+                "choose a batch size that is a multiple of the number of batch shards"
+            )
+        rows_only = NamedSharding(sharding.mesh, PartitionSpec(first))
+        indices = rows_only.devices_indices_map((self.global_batch_size,))
+        return {d: range(self.global_batch_size)[index[0]] for d, index in indices.items()}
+
+    def process_rows(self, process_index: int) -> list[int]:
+        """The sorted global rows the devices of process ``process_index`` hold (any field)."""
+        rows: set[int] = set()
+        for owners in self._row_owners:
+            for device, held in owners.items():
+                if device.process_index == process_index:
+                    rows.update(held)
+        return sorted(rows)
+
+    def process_indices(self) -> list[int]:
+        """Every process holding part of the batch."""
+        return sorted({d.process_index for owners in self._row_owners for d in owners})
+
+    def shardings_for(self, batch: Any) -> Any:
+        """The batch's pytree of ``NamedSharding``s (one sharding is used for every field)."""
+        if self.single:
+            return jax.tree.map(lambda _: self.leaves[0], batch)
+        batch_def = jax.tree.structure(batch)
+        if batch_def != self.treedef:
+            raise PipelineError(
+                f"the sharding pytree {self.treedef} does not match the batch {batch_def}; give "
+                "one NamedSharding per batch field (same keys), or a single NamedSharding for all"
+            )
+        return jax.tree.unflatten(self.treedef, self.leaves)
+
+    def make_global(self, rows: list[int], local: Any) -> Any:
+        """Global ``jax.Array``s from ``local``, whose first axis holds global ``rows``.
+
+        All processes must produce the same trailing shape for a field; rows a
+        device holds are copied from ``local``, never recomputed.
+        """
+        position = np.full(self.global_batch_size, -1, dtype=np.int64)
+        position[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
+        shardings = self.shardings_for(local)
+        return jax.tree.map(
+            lambda x, s: _global_array(np.asarray(x), s, position, self.global_batch_size),
+            local,
+            shardings,
+        )
+
+
+def _global_array(local: np.ndarray, sharding: NamedSharding, position: np.ndarray, batch: int):
+    if local.ndim < max(1, len(sharding.spec)):
+        raise PipelineError(
+            f"a batch field of shape {local.shape[1:]} per row cannot take the sharding "
+            f"{sharding.spec}, which names {len(sharding.spec)} axes; give that field a "
+            "PartitionSpec with at most as many entries as it has axes"
+        )
+    global_shape = (batch,) + local.shape[1:]
+
+    def shard(index: tuple) -> np.ndarray:
+        held = position[index[0]]
+        if held.size and held[0] >= 0 and np.array_equal(held, np.arange(held[0], held[0] + held.size)):
+            part = local[held[0] : held[0] + held.size]
+        else:
+            if held.size and held.min() < 0:  # pragma: no cover - rows come from the same sharding
+                raise PipelineError("a device asked for rows this process did not load")
+            part = local[held]
+        return part[(slice(None),) + tuple(index[1:])]
+
+    return jax.make_array_from_callback(global_shape, sharding, shard)
+
+
+_END = object()
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+class DevicePrefetcher:
+    """A background thread keeping up to ``depth`` batches already placed on devices.
+
+    ``produce()`` returns ``(batch, lane_states)`` or ``None`` at the end; each
+    batch keeps the lane states taken right after it was produced, so a loader
+    reports the state of the last batch it *handed out*, never of prefetched ones.
+    """
+
+    def __init__(self, produce: Callable[[], tuple[Any, Mapping[int, bytes]] | None], depth: int):
+        self._produce = produce
+        self._slots = threading.Semaphore(depth)
+        self._ready: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, name="zephon_jax-device-prefetch", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._slots.acquire(timeout=0.05):
+                    continue
+                if self._stop.is_set():
+                    return
+                item = self._produce()
+                if item is None:
+                    self._ready.put(_END)
+                    return
+                self._ready.put(item)
+        except BaseException as e:  # handed to the consumer, raised from next()
+            self._ready.put(e)
+
+    def get(self) -> tuple[Any, Mapping[int, bytes]] | None:
+        """The next ``(batch, lane_states)``; ``None`` at the end; re-raises producer errors."""
+        while True:
+            try:
+                item = self._ready.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._ready.empty():
+                    raise RuntimeError("the device prefetch thread stopped unexpectedly") from None
+        if item is _END:
+            self._ready.put(_END)  # stays at the end
+            return None
+        if isinstance(item, BaseException):
+            self._ready.put(item)
+            raise item
+        self._slots.release()
+        return item
+
+    def close(self) -> None:
+        """Stops the thread (after the batch it is producing) and drops prefetched batches."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        while not self._ready.empty():
+            self._ready.get_nowait()
+
+
+@atexit.register
+def _close_all() -> None:
+    # A prefetch thread still placing arrays while the interpreter exits can crash it.
+    for prefetcher in list(_LIVE):
+        prefetcher.close()
