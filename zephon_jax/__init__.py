@@ -19,6 +19,18 @@ from zephon_jax.state import merge_states
 
 __version__ = "0.1.0"
 
+# Imported on first use, so that ``import zephon_jax`` does not start jax or orbax.
+_LAZY_SUBMODULES = ("checkpoint", "sharding")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"zephon_jax.{name}")
+    raise AttributeError(f"module 'zephon_jax' has no attribute {name!r}")
+
+
 __all__ = [
     "BatchedDataset",
     "Dataset",
@@ -33,3 +45,6 @@ __all__ = [
     "ZephonError",
     "merge_states",
 ]
+
+# Command-line tools and interop, also imported on first use (zephon_jax.prepare, ...).
+_LAZY_SUBMODULES += ("corpus", "demo", "grain_interop", "inspect_plan", "prepare", "verify")

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, List, Optional
+from typing import Any
 
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint._src.futures import future
 
 from zephon_jax.errors import StateError
 from zephon_jax.loader import LoaderIterator
@@ -57,19 +57,18 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
     """
 
     def __init__(
-        self,
-        *,
-        multiprocessing_options: ocp.options.MultiprocessingOptions = ocp.options.MultiprocessingOptions(),
+        self, *, multiprocessing_options: ocp.options.MultiprocessingOptions | None = None
     ):
-        self._primary_host = multiprocessing_options.primary_host
+        options = multiprocessing_options or ocp.options.MultiprocessingOptions()
+        self._primary_host = options.primary_host
 
-    async def async_save(
-        self, directory: epath.Path, args: Save
-    ) -> Optional[List[future.Future]]:
-        """Takes the iterator's state now and returns the future that writes it."""
+    def _take(self, args: Save) -> tuple[dict[int, bytes], dict[str, Any] | None]:
+        """The lane files this process writes and, on the primary process, the meta."""
         iterator = _check_iterator(args.iterator, "Save")
         state = iterator.get_state()
-        lanes = {lane: state["lanes"][str(lane)].tobytes() for lane in iterator.loader.lanes_to_save()}
+        lanes = {
+            lane: state["lanes"][str(lane)].tobytes() for lane in iterator.loader.lanes_to_save()
+        }
         meta = None
         if ocp.multihost.is_primary_host(self._primary_host):
             meta = {
@@ -81,21 +80,27 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
                 "step": state["step"],
                 "num_lanes": iterator.loader.dataset.num_lanes,
             }
+        return lanes, meta
+
+    @staticmethod
+    def _write(directory: epath.Path, lanes: dict[int, bytes], meta: dict[str, Any] | None) -> None:
+        for lane, data in lanes.items():
+            (directory / lane_file(lane)).write_bytes(data)
+        if meta is not None:
+            (directory / META_FILE).write_text(json.dumps(meta, indent=1))
+
+    async def async_save(self, directory: epath.Path, args: Save) -> list[ocp.future.Future] | None:
+        """Takes the iterator's state now; returns the future that writes it."""
+        lanes, meta = self._take(args)
 
         async def write() -> None:
-            for lane, data in lanes.items():
-                (directory / lane_file(lane)).write_bytes(data)
-            if meta is not None:
-                (directory / META_FILE).write_text(json.dumps(meta, indent=1))
+            self._write(directory, lanes, meta)
 
-        return [future.CommitFutureAwaitingContractedSignals(write(), name="zephon_jax_save")]
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="zephon_jax_save")]
 
     def save(self, directory: epath.Path, args: Save) -> None:
-        async def run() -> None:
-            for commit in await self.async_save(directory, args) or ():
-                commit.result()
-
-        ocp.asyncio_utils.run_sync(run()) if hasattr(ocp, "asyncio_utils") else _run_sync(run())
+        """Writes the iterator's state now."""
+        self._write(epath.Path(directory), *self._take(args))
 
     def restore(self, directory: epath.Path, args: Restore) -> LoaderIterator:
         """Restores ``args.iterator`` in place from the lane files it needs; returns it.
@@ -114,7 +119,9 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
             )
         meta = json.loads(meta_path.read_text())
         if meta.get("format") != CHECKPOINT_FORMAT:
-            raise StateError(f"{meta_path} is not a zephon_jax checkpoint (format {meta.get('format')!r})")
+            raise StateError(
+                f"{meta_path} is not a zephon_jax checkpoint (format {meta.get('format')!r})"
+            )
         if int(meta.get("version", -1)) != CHECKPOINT_VERSION:
             raise StateError(
                 f"{meta_path} has checkpoint version {meta.get('version')!r}; this zephon_jax reads "
@@ -137,8 +144,6 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
                 "pipeline runs; it is incomplete (a process failed while saving, or files were "
                 "removed): restore an earlier checkpoint step"
             )
-        import numpy as np
-
         state["lanes"] = {
             str(lane): np.frombuffer((directory / lane_file(lane)).read_bytes(), dtype=np.uint8)
             for lane in needed
@@ -146,7 +151,7 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         iterator.set_state(state)
         return iterator
 
-    def metadata(self, directory: epath.Path) -> Optional[Any]:
+    def metadata(self, directory: epath.Path) -> Any | None:
         path = epath.Path(directory) / META_FILE
         return json.loads(path.read_text()) if path.exists() else None
 
@@ -155,12 +160,6 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
 
     def close(self) -> None:
         pass
-
-
-def _run_sync(coro) -> None:
-    import asyncio
-
-    asyncio.run(coro)
 
 
 @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)

@@ -15,9 +15,7 @@ def process_rows(global_batch_size: int, process_index: int, process_count: int)
     if isinstance(process_count, bool) or not isinstance(process_count, int) or process_count < 1:
         raise PipelineError(f"process_count must be a positive int; got {process_count!r}")
     if not isinstance(process_index, int) or not 0 <= process_index < process_count:
-        raise PipelineError(
-            f"process_index must be in [0, {process_count}); got {process_index!r}"
-        )
+        raise PipelineError(f"process_index must be in [0, {process_count}); got {process_index!r}")
     if global_batch_size % process_count:
         raise PipelineError(
             f"process_count={process_count} cannot hold global_batch_size={global_batch_size} "
@@ -69,7 +67,11 @@ class Loader:
         self.dataset = dataset
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise PipelineError(f"num_workers must be an int >= 0; got {num_workers!r}")
-        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or device_prefetch < 0:
+        if (
+            isinstance(device_prefetch, bool)
+            or not isinstance(device_prefetch, int)
+            or device_prefetch < 0
+        ):
             raise PipelineError(f"device_prefetch must be an int >= 0; got {device_prefetch!r}")
         self.num_workers = num_workers
         self.worker_prefetch = worker_prefetch
@@ -84,7 +86,9 @@ class Loader:
         else:
             self._init_sharded(sharding, process_index, process_count)
 
-    def _init_sharded(self, sharding: Any, process_index: int | None, process_count: int | None) -> None:
+    def _init_sharded(
+        self, sharding: Any, process_index: int | None, process_count: int | None
+    ) -> None:
         import jax
 
         from zephon_jax.sharding import BatchSharding

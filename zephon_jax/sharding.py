@@ -131,7 +131,11 @@ def _global_array(local: np.ndarray, sharding: NamedSharding, position: np.ndarr
 
     def shard(index: tuple) -> np.ndarray:
         held = position[index[0]]
-        if held.size and held[0] >= 0 and np.array_equal(held, np.arange(held[0], held[0] + held.size)):
+        if (
+            held.size
+            and held[0] >= 0
+            and np.array_equal(held, np.arange(held[0], held[0] + held.size))
+        ):
             part = local[held[0] : held[0] + held.size]
         else:
             if held.size and held.min() < 0:  # pragma: no cover - rows come from the same sharding
@@ -159,7 +163,9 @@ class DevicePrefetcher:
         self._slots = threading.Semaphore(depth)
         self._ready: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fill, name="zephon_jax-device-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._fill, name="zephon_jax-device-prefetch", daemon=True
+        )
         _LIVE.add(self)
         self._thread.start()
 
@@ -196,13 +202,13 @@ class DevicePrefetcher:
         self._slots.release()
         return item
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stops the thread (after the batch it is producing) and drops prefetched batches."""
         if self._stop.is_set():
             return
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
         while not self._ready.empty():
             self._ready.get_nowait()
 
@@ -211,4 +217,4 @@ class DevicePrefetcher:
 def _close_all() -> None:
     # A prefetch thread still placing arrays while the interpreter exits can crash it.
     for prefetcher in list(_LIVE):
-        prefetcher.close()
+        prefetcher.close(timeout=5.0)

@@ -1,0 +1,206 @@
+"""Orbax integration: ``zephon_jax.checkpoint.Save`` / ``Restore`` in a ``CheckpointManager``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import zephon_jax as zj
+import zephon_jax.checkpoint as zc
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+_spec = importlib.util.spec_from_file_location("zephon_mp_worker", HERE / "mp_worker.py")
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return worker.make_pipeline()
+
+
+@pytest.fixture(scope="module")
+def reference(dataset):
+    it = iter(zj.Loader(dataset))
+    return [next(it) for _ in range(STEPS)]
+
+
+@pytest.fixture(scope="module")
+def sharding():
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    return NamedSharding(mesh, P("data"))
+
+
+def assert_batch_equal(got, want) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert np.asarray(got[name]).tobytes() == want[name].tobytes(), name
+
+
+def manager(path, async_save: bool) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save)
+    return ocp.CheckpointManager(path, options=options)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_save_and_restore_with_model_state(tmp_path, dataset, reference, sharding, async_save):
+    params = {"w": jnp.arange(6.0), "b": jnp.ones((2, 3))}
+    it = iter(zj.Loader(dataset, sharding=sharding, device_prefetch=2))
+    with manager(tmp_path / "ckpt", async_save) as mngr:
+        for _ in range(4):
+            next(it)
+        mngr.save(4, args=ocp.args.Composite(state=ocp.args.StandardSave(params), data=zc.Save(it)))
+        for _ in range(3):  # training goes on while an async save writes
+            next(it)
+        mngr.wait_until_finished()
+        item = tmp_path / "ckpt" / "4" / "data"
+        lanes = sorted(p.name for p in item.glob("lane_*.bin"))
+        assert lanes == [zc.lane_file(lane) for lane in range(worker.GLOBAL_BATCH)]
+        meta = json.loads((item / "meta.json").read_text())
+        assert meta["step"] == 4 and meta["fingerprint"] == dataset.fingerprint()
+
+        restored_it = iter(zj.Loader(dataset, sharding=sharding))
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+        restored = mngr.restore(
+            4,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), data=zc.Restore(restored_it)
+            ),
+        )
+    assert restored["data"] is restored_it and restored_it.step == 4
+    assert all(np.array_equal(restored["state"][k], params[k]) for k in params)
+    for want in reference[4:]:
+        assert_batch_equal(next(restored_it), want)
+
+
+def test_each_process_writes_its_own_lanes_and_any_count_restores(tmp_path, dataset, reference):
+    """Two processes write their lanes into one item; one and four processes restore it."""
+    directory = tmp_path / "item"
+    directory.mkdir()
+    handler = zc.LoaderCheckpointHandler()
+    for process in range(2):
+        it = iter(zj.Loader(dataset, process_index=process, process_count=2))
+        for _ in range(3):
+            next(it)
+        assert it.loader.lanes_to_save() == list(range(8 * process, 8 * process + 8))
+        handler.save(directory, args=zc.Save(it))
+    assert len(list(directory.glob("lane_*.bin"))) == worker.GLOBAL_BATCH
+
+    whole = handler.restore(directory, args=zc.Restore(iter(zj.Loader(dataset))))
+    assert_batch_equal(next(whole), reference[3])
+    parts = []
+    for process in range(4):
+        it = iter(zj.Loader(dataset, process_index=process, process_count=4))
+        parts.append(next(handler.restore(directory, args=zc.Restore(it))))
+    joined = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+    assert_batch_equal(joined, reference[3])
+
+
+def test_restore_checks_the_pipeline_and_completeness(tmp_path, dataset):
+    directory = tmp_path / "item"
+    directory.mkdir()
+    handler = zc.LoaderCheckpointHandler()
+    it = iter(zj.Loader(dataset))
+    next(it)
+    handler.save(directory, args=zc.Save(it))
+
+    reseeded = worker.make_pipeline().dataset.window_shuffle(5, seed=4).batch(worker.GLOBAL_BATCH)
+    with pytest.raises(zj.StateMismatchError) as e:
+        handler.restore(directory, args=zc.Restore(iter(zj.Loader(reseeded))))
+    assert e.value.field == "operators"
+    rebatched = worker.make_pipeline().dataset.batch(worker.GLOBAL_BATCH, num_lanes=8)
+    with pytest.raises(zj.StateMismatchError) as e:
+        handler.restore(directory, args=zc.Restore(iter(zj.Loader(rebatched))))
+    assert e.value.field == "num_lanes"
+
+    (directory / zc.lane_file(5)).unlink()
+    target = iter(zj.Loader(dataset))
+    with pytest.raises(zj.StateError, match=r"no file for lanes \[5\]"):
+        handler.restore(directory, args=zc.Restore(target))
+    assert target.step == 0
+    (directory / "meta.json").unlink()
+    with pytest.raises(zj.StateError, match="meta.json"):
+        handler.restore(directory, args=zc.Restore(target))
+    with pytest.raises(TypeError, match="iterator of a zephon_jax.Loader"):
+        handler.save(directory, args=zc.Save([1, 2]))
+
+
+def test_manager_restore_reports_mismatch(tmp_path, dataset, sharding):
+    it = iter(zj.Loader(dataset, sharding=sharding))
+    next(it)
+    with manager(tmp_path / "ckpt", async_save=True) as mngr:
+        mngr.save(1, args=ocp.args.Composite(data=zc.Save(it)))
+        mngr.wait_until_finished()
+        other = zj.Dataset.source([{"tokens": np.arange(5, dtype=np.int32)}] * 3).pack(24).batch(16)
+        with pytest.raises(zj.StateMismatchError, match="sources"):
+            mngr.restore(1, args=ocp.args.Composite(data=zc.Restore(iter(zj.Loader(other)))))
+
+
+def run_example(workdir: Path, steps: int, devices: int) -> list[dict]:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_loop.py"),
+            f"--workdir={workdir}",
+            f"--steps={steps}",
+            "--save-every=3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_example_train_loop_resumes_on_another_device_count(tmp_path):
+    """Six steps on 4 devices, then on to step 8 on 2 devices: the uninterrupted batches."""
+    spec = importlib.util.spec_from_file_location("train_loop", ROOT / "examples" / "train_loop.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = example.init_params(jax.random.key(0), 32)
+    expected = []
+    for batch in zj.Loader(example.make_dataset(8, 64)):
+        params, loss = example.train_step(params, batch)
+        expected.append({"batch": example.batch_digest(batch), "loss": float(loss)})
+        if len(expected) == 8:
+            break
+
+    first = run_example(tmp_path, steps=6, devices=4)
+    assert [r["step"] for r in first] == list(range(1, 7))
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [3, 6]
+    resumed = run_example(tmp_path, steps=8, devices=2)
+    assert [r["step"] for r in resumed] == [7, 8]
+    runs = first + resumed
+    assert [r["batch"] for r in runs] == [e["batch"] for e in expected]
+    np.testing.assert_allclose([r["loss"] for r in runs], [e["loss"] for e in expected], rtol=1e-4)
+
+
+def test_distributed_page_examples_run():
+    """The runnable examples of docs/distributed.md run as written, in order."""
+    text = (ROOT / "docs" / "distributed.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict = {"__name__": "docs_example"}
+    for block in blocks:
+        exec(compile(block, "distributed.md", "exec"), namespace)
+    assert namespace["it"].step == namespace["step"] == 3

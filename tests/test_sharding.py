@@ -1,0 +1,216 @@
+"""``Loader(sharding=...)``: global jax.Arrays, device prefetch and the state it reports.
+
+Tests here run on whatever devices this process has (one CPU device usually);
+the 8-device meshes run in one subprocess (``mesh_checks.py``), because the
+device count is fixed when jax starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import zephon_jax as zj
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("zephon_mp_worker", HERE / "mp_worker.py")
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return worker.make_pipeline()
+
+
+@pytest.fixture(scope="module")
+def reference(dataset):
+    it = iter(zj.Loader(dataset))
+    batches, states = [], [it.get_state()]
+    for _ in range(STEPS):
+        batches.append(next(it))
+        states.append(it.get_state())
+    return batches, states
+
+
+@pytest.fixture(scope="module")
+def sharding():
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    return NamedSharding(mesh, P("data"))
+
+
+def assert_batch_equal(got, want) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        value = np.asarray(got[name])
+        assert value.dtype == want[name].dtype and value.tobytes() == want[name].tobytes(), name
+
+
+def assert_same_state(got, want) -> None:
+    assert got["step"] == want["step"] and got["fingerprint"] == want["fingerprint"]
+    assert sorted(got["lanes"]) == sorted(want["lanes"])
+    for lane in want["lanes"]:
+        assert np.array_equal(got["lanes"][lane], want["lanes"][lane]), lane
+
+
+def test_import_does_not_start_jax():
+    code = "import sys, zephon_jax; assert 'jax' not in sys.modules and 'orbax' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_global_arrays_equal_numpy_loader(dataset, reference, sharding, prefetch):
+    it = iter(zj.Loader(dataset, sharding=sharding, device_prefetch=prefetch))
+    for want in reference[0]:
+        batch = next(it)
+        assert all(isinstance(v, jax.Array) and v.sharding == sharding for v in batch.values())
+        assert_batch_equal(batch, want)
+    it.close()
+
+
+def test_state_describes_handed_out_batches_not_prefetched(dataset, reference, sharding):
+    batches, states = reference
+    it = iter(zj.Loader(dataset, sharding=sharding, device_prefetch=3))
+    assert_same_state(it.get_state(), states[0])
+    for step in range(1, 7):
+        next(it)
+        # the thread has produced up to three batches more than were handed out
+        assert_same_state(it.get_state(), states[step])
+    it.close()
+
+
+def test_set_state_rewinds_while_prefetching(dataset, reference, sharding):
+    batches, states = reference
+    it = iter(zj.Loader(dataset, sharding=sharding, device_prefetch=2))
+    for _ in range(6):
+        next(it)
+    it.set_state(states[2])
+    assert it.step == 2
+    assert_same_state(it.get_state(), states[2])
+    for want in batches[2:]:
+        assert_batch_equal(next(it), want)
+    it.close()
+
+
+def test_rejected_state_leaves_iterator_unchanged(dataset, reference, sharding):
+    batches, states = reference
+    it = iter(zj.Loader(dataset, sharding=sharding))
+    for _ in range(3):
+        next(it)
+    other = zj.Dataset.source([{"tokens": np.arange(5, dtype=np.int32)}] * 4).pack(24).batch(16)
+    with pytest.raises(zj.StateMismatchError) as e:
+        it.set_state(iter(zj.Loader(other)).get_state())
+    assert e.value.field == "sources"
+    partial = dict(states[5], lanes={k: v for k, v in states[5]["lanes"].items() if k != "3"})
+    with pytest.raises(zj.StateError, match="lane 3"):
+        it.set_state(partial)
+    assert_same_state(it.get_state(), states[3])
+    for want in batches[3:]:
+        assert_batch_equal(next(it), want)
+
+
+def test_end_of_data_and_errors_reach_the_caller(sharding):
+    docs = [{"tokens": np.arange(i % 15 + 1, dtype=np.int32) + 100 * i} for i in range(60)]
+    finite = zj.Dataset.source(docs).repeat(1).pack(16, num_bins=2).batch(4)
+    expected = list(zj.Loader(finite))
+    got = list(zj.Loader(finite, sharding=sharding, device_prefetch=2))
+    assert len(got) == len(expected) > 0
+    for g, e in zip(got, expected):
+        assert_batch_equal(g, e)
+
+    def fail_late(record):
+        if record["tokens"][0] == 100 * 45:
+            raise ValueError("bad record")
+        return record
+
+    failing = zj.Dataset.source(docs).repeat(1).map(fail_late).pack(16, num_bins=2).batch(4)
+    it = iter(zj.Loader(failing, sharding=sharding, device_prefetch=2))
+    delivered = 0
+    with pytest.raises(zj.RecordError, match="bad record"):
+        while True:
+            next(it)
+            delivered += 1
+    assert delivered > 0 and it.get_state()["step"] == delivered
+    with pytest.raises(zj.RecordError):
+        next(it)
+    it.close()
+
+
+def test_sharding_arguments_are_checked(dataset, sharding):
+    with pytest.raises(zj.PipelineError, match="NamedSharding"):
+        zj.Loader(dataset, sharding="data")
+    with pytest.raises(zj.PipelineError, match="process_index=1"):
+        zj.Loader(dataset, sharding=sharding, process_index=1)
+    with pytest.raises(zj.PipelineError, match="device_prefetch"):
+        zj.Loader(dataset, sharding=sharding, device_prefetch=-1)
+    it = iter(zj.Loader(dataset, sharding={"tokens": sharding}))
+    with pytest.raises(zj.PipelineError, match="does not match the batch"):
+        next(it)
+
+
+def test_pair_and_pytree_forms_equal_named_sharding(dataset, reference, sharding):
+    fields = sorted(reference[0][0])
+    forms = [(sharding.mesh, sharding.spec), {f: sharding for f in fields}]
+    for form in forms:
+        it = iter(zj.Loader(dataset, sharding=form, device_prefetch=0))
+        for want in reference[0][:3]:
+            assert_batch_equal(next(it), want)
+
+
+@pytest.fixture(scope="module")
+def eight_device_results(tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("mesh") / "results.json"
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "mesh_checks.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+MESH_CHECKS = [
+    "data_tensor_mesh",
+    "three_axis_mesh_pair_form",
+    "per_field_shardings",
+    "state_from_mesh_restores_on_one_device",
+    "batch_not_divisible_by_shards",
+]
+
+
+@pytest.mark.parametrize("name", MESH_CHECKS)
+def test_eight_device_mesh(eight_device_results, name):
+    assert set(eight_device_results) == set(MESH_CHECKS)
+    assert eight_device_results[name] == "ok", eight_device_results[name]
+
+
+def test_loader_workers_feed_the_device_ring(dataset, reference, sharding):
+    """Worker processes behind a sharded loader: same arrays, same states."""
+    pytest.importorskip("zephon_jax.workers")
+    batches, states = reference
+    it = iter(zj.Loader(dataset, sharding=sharding, num_workers=2, device_prefetch=2))
+    try:
+        for step in range(1, 5):
+            assert_batch_equal(next(it), batches[step - 1])
+        assert_same_state(it.get_state(), states[4])
+        it.set_state(states[2])
+        for want in batches[2:6]:
+            assert_batch_equal(next(it), want)
+    finally:
+        it.close()
