@@ -25,6 +25,7 @@ complete commit and produces the same documents as an uninterrupted run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -63,7 +64,6 @@ _EXTENSIONS = {
     ".md": "text",
     ".py": "text",
 }
-_MAX_REPORTED_BAD = 20
 
 
 class PrepareError(ZephonError):
@@ -117,9 +117,14 @@ def load_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
+def is_byte_tokenizer(spec: str | None) -> bool:
+    """Whether ``spec`` names the built-in byte-level tokenizer (None, "" or "bytes")."""
+    return spec in (None, "", "bytes")
+
+
 def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
     """The tokenizer ``spec`` names (``module:function``, ``str -> list[int]``); None: bytes."""
-    return byte_tokenize if spec in (None, "", "bytes") else load_callable(spec)
+    return byte_tokenize if is_byte_tokenizer(spec) else load_callable(spec)
 
 
 # ----- options and inputs ------------------------------------------------------------
@@ -127,7 +132,16 @@ def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
 
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
-    """What ``prepare`` does; everything except the performance knobs is checked on resume."""
+    """What ``prepare`` does (the ``zephon-jax prepare`` flags of the same names).
+
+    ``to``: ``"store"``, ``"array_record"`` or ``"both"``; ``input_format``: force
+    ``"jsonl"``/``"text"``/``"parquet"`` (default: from each extension);
+    ``lines``: one document per line of a text file; ``tokenizer``:
+    ``module:function`` (default: bytes); ``dtype``: default uint16 for bytes,
+    uint32 otherwise; ``workers``: tokenizer processes (None: all cores, 0: in
+    this process). A resume must use the same inputs and the same options, except
+    ``workers``, ``chunk_records``, ``commit_every`` and ``max_reported_bad``.
+    """
 
     inputs: tuple[str, ...]
     output: str
@@ -143,16 +157,14 @@ class PrepareOptions:
     chunk_records: int = 256
     commit_every: int = 16
     overwrite: bool = False
+    max_reported_bad: int = 20
 
     @property
     def out_dtype(self) -> np.dtype:
+        """The token dtype written."""
         if self.dtype is not None:
             return np.dtype(self.dtype)
-        return np.dtype(np.uint16 if load_tokenizer_is_bytes(self.tokenizer) else np.uint32)
-
-
-def load_tokenizer_is_bytes(spec: str | None) -> bool:
-    return spec in (None, "", "bytes")
+        return np.dtype(np.uint16 if is_byte_tokenizer(self.tokenizer) else np.uint32)
 
 
 def detect_format(path: str) -> str:
@@ -246,7 +258,9 @@ def _read_chunks(
                 raw = Path(item.path).read_bytes()
                 yield _Chunk(fi, "text", 0, 1, [(0, raw)], float(item.size), True)
         else:
-            yield from _line_chunks(fi, item, skip, n, "lines" if item.format == "text" else "jsonl")
+            yield from _line_chunks(
+                fi, item, skip, n, "lines" if item.format == "text" else "jsonl"
+            )
 
 
 def _line_chunks(fi: int, item: _Input, skip: int, n: int, fmt: str) -> Iterator[_Chunk]:
@@ -345,17 +359,588 @@ def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[tuple[int, str
             bad.append((index, f"the tokenizer failed: {e!r}"))
             continue
         if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
-            bad.append((index, f"the tokenizer returned {tokens.dtype} {tokens.shape}, not 1-D ints"))
+            bad.append(
+                (index, f"the tokenizer returned {tokens.dtype} {tokens.shape}, not 1-D ints")
+            )
             continue
         if tokens.size and (tokens.min() < info.min or tokens.max() > info.max):
             raise PrepareError(
                 f"token ids [{tokens.min()}, {tokens.max()}] do not fit dtype {dtype.name}; "
                 "pass a wider --dtype (uint32 or int32)"
             )
-        if eos:
-            tokens = np.append(tokens, EOS_ID)
         if tokens.size == 0:
             empty += 1
             continue
+        if eos:
+            tokens = np.append(tokens, EOS_ID)
         docs.append(tokens.astype(dtype, copy=False))
     return docs, bad, empty
+
+
+# ----- the job record ---------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, value: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _job_identity(opts: PrepareOptions, inputs: list[_Input]) -> dict[str, Any]:
+    """The options a resume must match (performance knobs such as workers excluded)."""
+    return {
+        "inputs": [[os.path.abspath(i.path), i.format, i.size] for i in inputs],
+        "to": opts.to,
+        "text_field": opts.text_field,
+        "lines": opts.lines,
+        "tokenizer": opts.tokenizer or "bytes",
+        "dtype": opts.out_dtype.name,
+        "append_eos": opts.append_eos,
+    }
+
+
+@dataclasses.dataclass
+class _Position:
+    file: int = 0
+    record: int = 0
+    docs: int = 0
+    tokens: int = 0
+    bad: int = 0
+    empty: int = 0
+    shards: int = 0
+    input_bytes: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Outputs:
+    """The TokenStore and ArrayRecord writers of one job, and its commit protocol."""
+
+    def __init__(self, opts: PrepareOptions, identity: dict[str, Any]):
+        self.opts = opts
+        self.out = Path(opts.output)
+        self.identity = identity
+        self.dtype = opts.out_dtype
+        self.manifest_path = self.out / MANIFEST
+        self.records_dir = self.out / ARRAY_RECORD_DIR
+        self.want_store = opts.to in ("store", "both")
+        self.want_records = opts.to in ("array_record", "both")
+        self.store = None
+        self.shard_writer = None
+        self.position = _Position()
+        self.complete = False
+        self.resumed = False
+        self._open()
+
+    # -- opening / resuming
+    def _open(self) -> None:
+        from zephon_jax.sources.token_store import TokenStore, TokenStoreWriter
+
+        out = self.out
+        if out.exists() and self.opts.overwrite:
+            shutil.rmtree(out)
+        manifest = self._load_manifest()
+        if manifest is None and _only_an_empty_start(out):
+            shutil.rmtree(out)  # a job stopped before its first record: start again
+        if manifest is None and out.exists() and any(out.iterdir()):
+            raise PrepareError(
+                f"output {out} exists and is not a prepare output (no {MANIFEST}); choose an "
+                "empty or new directory, or pass --overwrite to replace it"
+            )
+        if manifest is None:
+            if self.want_store:
+                self.store = TokenStoreWriter(out, dtype=self.dtype.name)
+            out.mkdir(parents=True, exist_ok=True)
+            self._write_manifest(self.position, None)
+        else:
+            self.resumed = True
+            self.complete = bool(manifest.get("complete"))
+            committed = _Position(**manifest["committed"])
+            pending = manifest.get("pending")
+            pending = _Position(**pending) if pending else None
+            if self.want_store:
+                have = TokenStore(out).num_docs
+                if have == committed.docs:
+                    chosen = committed
+                elif pending is not None and have == pending.docs:
+                    chosen = pending
+                else:
+                    raise PrepareError(
+                        f"output {out} is inconsistent: the TokenStore holds {have} documents but "
+                        f"{MANIFEST} records {committed.docs}; pass --overwrite to start again"
+                    )
+            else:
+                chosen = committed
+                if pending is not None and self._shard_path(pending.shards - 1).exists():
+                    chosen = pending
+            self.position = chosen
+            if self.want_store and not self.complete:
+                self.store = TokenStoreWriter(out, dtype=self.dtype.name, resume=True)
+            self._write_manifest(chosen, None, complete=self.complete)
+        if self.want_records:
+            self.records_dir.mkdir(parents=True, exist_ok=True)
+            for f in self.records_dir.iterdir():  # drop shards of an uncommitted interval
+                if f.name.endswith(".tmp") or _shard_index(f.name) >= self.position.shards:
+                    f.unlink()
+
+    def _load_manifest(self) -> dict[str, Any] | None:
+        if not self.manifest_path.is_file():
+            return None
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError) as e:
+            raise PrepareError(f"{self.manifest_path} is unreadable ({e}); pass --overwrite") from e
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
+            raise PrepareError(f"{self.manifest_path} is not a zephon_jax prepare record")
+        saved = manifest.get("job", {})
+        for key, value in self.identity.items():
+            if saved.get(key) != value:
+                raise PrepareError(
+                    f"output {self.out} was prepared with a different {key!r} ({saved.get(key)!r}, "
+                    f"now {value!r}); rerun with the same inputs and options to resume, or pass "
+                    "--overwrite to start again"
+                )
+        return manifest
+
+    def _write_manifest(self, committed: _Position, pending: _Position | None, complete=False):
+        _write_json_atomic(
+            self.manifest_path,
+            {
+                "format": MANIFEST_FORMAT,
+                "version": MANIFEST_VERSION,
+                "job": self.identity,
+                "committed": committed.to_json(),
+                "pending": None if pending is None else pending.to_json(),
+                "complete": complete,
+            },
+        )
+
+    # -- writing
+    def _shard_path(self, index: int) -> Path:
+        return self.records_dir / f"part-{index:05d}.array_record"
+
+    def append(self, docs: list[np.ndarray]) -> None:
+        if self.store is not None:
+            for doc in docs:
+                self.store.append(doc)
+        if self.want_records and docs:
+            if self.shard_writer is None:
+                from array_record.python.array_record_module import ArrayRecordWriter
+
+                tmp = str(self._shard_path(self.position.shards)) + ".tmp"
+                self.shard_writer = ArrayRecordWriter(tmp, "group_size:1")
+            le = self.dtype.newbyteorder("<")
+            for doc in docs:
+                self.shard_writer.write(doc.astype(le, copy=False).tobytes())
+
+    def commit(self, position: _Position, complete: bool = False) -> None:
+        """Makes everything appended up to ``position`` durable, in the documented order."""
+        if self.shard_writer is not None:
+            self.shard_writer.close()
+            self.shard_writer = None
+            final = self._shard_path(position.shards)
+            os.replace(str(final) + ".tmp", final)
+            position.shards += 1
+        self._write_manifest(self.position, position)
+        if self.store is not None:
+            self.store.commit()
+        self._write_manifest(position, None, complete=complete)
+        self.position = dataclasses.replace(position)
+        self.complete = complete
+
+    def abandon(self) -> None:
+        """Drops what was appended since the last commit (the next run redoes it)."""
+        if self.shard_writer is not None:
+            self.shard_writer.close()
+            self.shard_writer = None
+
+
+def _only_an_empty_start(out: Path) -> bool:
+    """Whether ``out`` holds only what a job creates before its first commit, and no data."""
+    if not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir()}
+    if not names or not names <= {"tokens", "offsets", "meta.json", ARRAY_RECORD_DIR}:
+        return False
+    try:
+        return json.loads((out / "meta.json").read_text()).get("num_docs") == 0
+    except (OSError, ValueError):
+        return "meta.json" not in names and not any((out / ARRAY_RECORD_DIR).glob("*"))
+
+
+def _shard_index(name: str) -> int:
+    try:
+        return int(name.split("-")[1].split(".")[0])
+    except (IndexError, ValueError):
+        return 1 << 62
+
+
+# ----- progress and summary -----------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on a text stream: records, tokens, MB/s, ETA."""
+
+    def __init__(self, stream: TextIO | None, total_bytes: float, interval: float = 0.25):
+        self.stream = stream
+        self.total = max(total_bytes, 1.0)
+        self.interval = interval
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.width = 0
+
+    def update(self, pos: _Position, run_bytes: float, force: bool = False) -> None:
+        if self.stream is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = run_bytes / elapsed
+        frac = min(pos.input_bytes / self.total, 1.0)
+        eta = (self.total - pos.input_bytes) / rate if rate > 0 else float("inf")
+        eta_s = "--:--" if eta == float("inf") else _hms(eta)
+        line = (
+            f"prepare {frac * 100:5.1f}%  {pos.docs:,} docs  {_human(pos.tokens)} tokens  "
+            f"{rate / 1e6:.1f} MB/s  ETA {eta_s}" + (f"  bad {pos.bad}" if pos.bad else "")
+        )
+        self.width = max(self.width, len(line))
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """Prints a line above the bar (nothing without a stream)."""
+        if self.stream is not None:
+            self.stream.write("\r" + text.ljust(self.width) + "\n")
+            self.stream.flush()
+            self.last = 0.0
+
+    def done(self) -> None:
+        if self.stream is not None and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _human(n: float) -> str:
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1000:
+            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}P"
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@dataclasses.dataclass
+class PrepareSummary:
+    """What a prepare job produced (the committed output, over all its runs)."""
+
+    output: str
+    documents: int
+    tokens: int
+    bad_records: int
+    empty_records: int
+    length_percentiles: dict[str, int]
+    seconds: float
+    input_mb: float
+    resumed: bool
+    complete: bool
+
+    def format(self) -> str:
+        p = self.length_percentiles
+        lines = [
+            f"{'prepared' if self.complete else 'partially prepared'} {self.output}"
+            + (" (resumed)" if self.resumed else ""),
+            f"  documents  {self.documents:,}",
+            f"  tokens     {self.tokens:,}",
+            f"  skipped    {self.bad_records:,} bad, {self.empty_records:,} empty",
+            "  doc length " + "  ".join(f"{k} {v:,}" for k, v in p.items()),
+        ]
+        if self.seconds > 0:
+            lines.append(
+                f"  this run   {self.seconds:.2f} s, {self.input_mb / self.seconds:.1f} MB/s of input"
+            )
+        return "\n".join(lines)
+
+
+def length_percentiles(lengths: np.ndarray) -> dict[str, int]:
+    """p50/p90/p99/max of document lengths (zeros for no documents)."""
+    if lengths.size == 0:
+        return {"p50": 0, "p90": 0, "p99": 0, "max": 0}
+    q = np.percentile(lengths, [50, 90, 99], method="lower")
+    return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(lengths.max())}
+
+
+# ----- the job ----------------------------------------------------------------------
+
+
+def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> PrepareSummary:
+    """Runs (or resumes) a prepare job; progress, bad records and notes go to ``stream``.
+
+    Raises :class:`PrepareError` on bad options or, with ``strict``, on the first
+    bad record (the records before it are committed), and
+    :class:`PrepareInterrupted` on Ctrl-C or SIGTERM after committing every
+    chunk finished so far (a second signal stops at once, keeping the last commit).
+    """
+    if stream == "stderr":
+        stream = sys.stderr
+    if opts.to not in TARGETS:
+        raise PrepareError(f"--to {opts.to!r} is unknown; use one of {TARGETS}")
+    if opts.chunk_records < 1 or opts.commit_every < 1:
+        raise PrepareError("chunk_records and commit_every must be >= 1")
+    try:
+        np.iinfo(opts.out_dtype)
+    except ValueError as e:
+        raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
+    load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
+    inputs = _describe_inputs(opts)
+    outputs = _Outputs(opts, _job_identity(opts, inputs))
+    if outputs.complete:
+        return _summary(outputs, 0.0, 0.0)
+    if outputs.resumed and stream is not None:
+        at = outputs.position
+        where = "the end" if at.file >= len(inputs) else _where(inputs[at.file], "jsonl", at.record)
+        if at.file < len(inputs) and inputs[at.file].format == "parquet":
+            where = _where(inputs[at.file], "parquet", at.record)
+        print(
+            f"resuming {opts.output}: {at.docs:,} documents committed, continuing at {where}",
+            file=stream,
+        )
+    workers = (os.cpu_count() or 1) if opts.workers is None else opts.workers
+    total_bytes = float(sum(i.size for i in inputs))
+    progress = Progress(stream, total_bytes)
+    pos = dataclasses.replace(outputs.position)
+    args = (opts.tokenizer, opts.text_field, opts.dtype or opts.out_dtype.name, opts.append_eos)
+    pool = None
+    if workers > 0:
+        import multiprocessing
+
+        # fork is fastest, but forking a process that runs jax's threads can deadlock.
+        method = "forkserver" if "jax" in sys.modules else "fork"
+        pool = multiprocessing.get_context(method).Pool(workers, _init_worker, args)
+    else:
+        _setup_worker(*args)
+    start, run_bytes, reported, since_commit = time.perf_counter(), 0.0, 0, 0
+    chunks = _read_chunks(inputs, opts, pos.file, pos.record)
+    in_flight: deque = deque()
+    stop = _StopRequests()
+    try:
+        with stop:
+            while not stop.requested:
+                while pool is not None and len(in_flight) < 2 * workers + 2:
+                    chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    in_flight.append((chunk, pool.apply_async(_process_chunk, (chunk,))))
+                if pool is None:
+                    chunk = next(chunks, None)
+                    if chunk is not None:
+                        in_flight.append((chunk, None))
+                if not in_flight:
+                    break
+                chunk, result = in_flight.popleft()
+                docs, bad, empty = result.get() if result is not None else _process_chunk(chunk)
+                for index, reason in bad:
+                    where = _where(inputs[chunk.file], chunk.format, index)
+                    if opts.strict:
+                        outputs.commit(pos)
+                        raise PrepareError(
+                            f"{where}: {reason} (--strict: stopped; the {pos.docs:,} documents "
+                            "before it are committed)"
+                        )
+                    if reported < opts.max_reported_bad:
+                        progress.note(f"skipped {where}: {reason}")
+                    elif reported == opts.max_reported_bad > 0:
+                        progress.note("more bad records are skipped and counted without a report")
+                    reported += 1
+                outputs.append(docs)
+                pos.docs += len(docs)
+                pos.tokens += int(sum(d.size for d in docs))
+                pos.bad += len(bad)
+                pos.empty += empty
+                pos.input_bytes += chunk.nbytes
+                run_bytes += chunk.nbytes
+                last = chunk.last_in_file
+                pos.file, pos.record = (chunk.file + 1, 0) if last else (chunk.file, chunk.end)
+                since_commit += 1
+                if since_commit >= opts.commit_every:
+                    outputs.commit(pos)
+                    pos = dataclasses.replace(outputs.position)
+                    since_commit = 0
+                progress.update(pos, run_bytes)
+            if stop.requested:
+                # Everything appended is whole chunks, in input order: keep it.
+                outputs.commit(pos)
+            else:
+                outputs.commit(pos, complete=True)
+        progress.update(outputs.position, run_bytes, force=True)
+    except BaseException:
+        outputs.abandon()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+        progress.done()
+    if stop.requested:
+        raise PrepareInterrupted(
+            f"interrupted ({stop.requested}): {outputs.position.docs:,} documents committed to "
+            f"{opts.output}; run the same command again to resume"
+        )
+    return _summary(outputs, time.perf_counter() - start, run_bytes)
+
+
+class _StopRequests:
+    """Turns SIGINT/SIGTERM into a request to stop at the next chunk boundary.
+
+    A second signal interrupts at once (nothing after the last commit is kept).
+    Only active in the main thread.
+    """
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._saved: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved.clear()
+
+
+def _where(item: _Input, fmt: str, index: int) -> str:
+    if fmt in ("jsonl", "lines"):
+        return f"{item.path}:{index + 1}"
+    if fmt == "parquet":
+        return f"{item.path}: row {index}"
+    return item.path
+
+
+def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSummary:
+    pos = outputs.position
+    if outputs.want_store:
+        from zephon_jax.sources.token_store import TokenStore
+
+        lengths = TokenStore(outputs.out).doc_lengths
+    else:
+        lengths = ArrayRecordTokens(outputs.out).lengths()
+    return PrepareSummary(
+        output=str(outputs.out),
+        documents=pos.docs,
+        tokens=pos.tokens,
+        bad_records=pos.bad,
+        empty_records=pos.empty,
+        length_percentiles=length_percentiles(np.asarray(lengths)),
+        seconds=seconds,
+        input_mb=run_bytes / 1e6,
+        resumed=outputs.resumed,
+        complete=outputs.complete,
+    )
+
+
+# ----- reading ArrayRecord output -----------------------------------------------------
+
+
+class ArrayRecordTokens:
+    """A random-access source over ArrayRecord files written by ``prepare``.
+
+    ``path`` is a prepare output directory (dtype and shards come from its
+    ``prepare.json``, only committed shards are read) or a list of
+    ``.array_record`` files with an explicit ``dtype``. Record ``i`` is
+    ``{"tokens": 1-D array}``, like :class:`zephon_jax.sources.TokenStore`.
+    """
+
+    def __init__(self, path: str | os.PathLike | Sequence[str], dtype: str | None = None):
+        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+            manifest = json.loads((Path(path) / MANIFEST).read_text())
+            shards = int(manifest["committed"]["shards"])
+            files = [
+                str(Path(path) / ARRAY_RECORD_DIR / f"part-{i:05d}.array_record")
+                for i in range(shards)
+            ]
+            dtype = dtype or manifest["job"]["dtype"]
+        else:
+            files = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
+        if dtype is None:
+            raise PrepareError(
+                "ArrayRecordTokens needs dtype= when given files, not a prepare output"
+            )
+        self.files = files
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self._source = None
+
+    @property
+    def source(self):
+        if self._source is None:
+            import grain
+
+            self._source = grain.sources.ArrayRecordDataSource(self.files) if self.files else []
+        return self._source
+
+    def __getstate__(self):
+        return {"files": self.files, "dtype": self.dtype.str}
+
+    def __setstate__(self, state):
+        self.files, self.dtype, self._source = state["files"], np.dtype(state["dtype"]), None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _decode(self, record: bytes) -> dict[str, np.ndarray]:
+        return {
+            "tokens": np.frombuffer(record, dtype=self.dtype).astype(self.dtype.newbyteorder("="))
+        }
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self._decode(self.source[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self._decode(r) for r in self.source.__getitems__(list(indices))]
+
+    def lengths(self) -> np.ndarray:
+        """Every record's length in tokens (reads every record)."""
+        n = len(self)
+        out = np.empty(n, dtype=np.int64)
+        for start in range(0, n, 4096):
+            stop = min(n, start + 4096)
+            for i, r in enumerate(self.source.__getitems__(list(range(start, stop)))):
+                out[start + i] = len(r) // self.dtype.itemsize
+        return out
+
+    def fingerprint(self) -> str:
+        """Stable identity: file names, record count and dtype."""
+        names = ",".join(Path(f).name for f in self.files)
+        return f"ar-{len(self)}-{self.dtype.name}-{len(self.files)}:{_hash_text(names)}"
+
+    def __repr__(self) -> str:
+        return f"ArrayRecordTokens({len(self.files)} files, dtype={self.dtype.name})"
+
+
+def _hash_text(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()

@@ -68,7 +68,8 @@ class UserOperator(LineageOperator):
         return lineage.data
 
     def carry_bound(self) -> str:
-        return str(getattr(self.op, "carry_bound", "user-defined (stored by value)"))
+        bound = getattr(self.op, "carry_bound", "user-defined (stored by value)")
+        return str(bound() if callable(bound) else bound)
 
     def describe(self) -> str:
         describe = getattr(self.op, "describe", None)

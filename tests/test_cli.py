@@ -1,0 +1,243 @@
+"""The ``zephon-jax`` command: help, prepare, inspect, verify and the demo."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zephon_jax.cli import build_parser, main
+
+PIPELINES = '''
+import itertools
+import random
+
+import numpy as np
+
+import zephon_jax as zj
+
+
+def docs():
+    rng = np.random.default_rng(0)
+    return [
+        {"tokens": rng.integers(2, 250, int(rng.integers(1, 70))).astype(np.int32)}
+        for _ in range(300)
+    ]
+
+
+def double(record):
+    return {"tokens": record["tokens"] * 2}
+
+
+def pure():
+    d = docs()
+    a = zj.Dataset.source(d[:200]).map(double)
+    b = zj.Dataset.source(d[200:])
+    return (
+        zj.Dataset.mix([a, b], [0.75, 0.25]).shuffle(7).split(24)
+        .pack(24, method="first_fit", num_bins=3).window_shuffle(4, 9).batch(8, num_lanes=4)
+    )
+
+
+class CoinFlip(zj.Operator):
+    """Not deterministic: draws from the global random module."""
+
+    def init(self):
+        return 0
+
+    def step(self, carry, record):
+        tokens = record["tokens"].copy()
+        if random.random() < 0.2:
+            tokens[0] += 1
+        return carry, [{"tokens": tokens}]
+
+
+def coin_flip():
+    return zj.Dataset.source(docs()).shuffle(1).apply(CoinFlip()).split(24).pack(24).batch(8)
+
+
+_counter = itertools.count()
+
+
+def stamp(record):
+    return {"tokens": record["tokens"] + next(_counter) % 2}
+
+
+def counter():
+    return zj.Dataset.source(docs()).map(stamp).split(24).pack(24).batch(4)
+
+
+def unbatched():
+    return zj.Dataset.source(docs())
+'''
+
+
+@pytest.fixture
+def pipelines(tmp_path, monkeypatch):
+    (tmp_path / "user_pipelines.py").write_text(PIPELINES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("user_pipelines", None)
+    yield "user_pipelines"
+    sys.modules.pop("user_pipelines", None)
+
+
+def test_help_is_complete(capsys):
+    out = subprocess.run(
+        ["zephon-jax", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for command in ("demo", "prepare", "inspect", "verify"):
+        assert command in out
+    expected = {
+        "demo": ["--steps", "--quick", "--devices", "--devices-per-host", "--resume-at"],
+        "prepare": [
+            "--to",
+            "--text-field",
+            "--lines",
+            "--tokenizer",
+            "--strict",
+            "--workers",
+            "--overwrite",
+            "resume",
+        ],
+        "inspect": ["MODULE:FUNCTION", "--steps", "carry bounds"],
+        "verify": ["--topologies", "--resume-at", "--steps", "Exit status"],
+    }
+    for command, words in expected.items():
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        for word in words:
+            assert word in text, (command, word)
+    assert main([]) == 2
+    assert set(build_parser()._subparsers._group_actions[0].choices) == {
+        "demo",
+        "prepare",
+        "inspect",
+        "verify",
+    }
+
+
+def test_prepare_command(tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "hello"}\n{"text": 3}\n{"text": "world!"}\n')
+    out = tmp_path / "out"
+    assert main(["prepare", str(src), "-o", str(out), "--workers", "0", "--to", "both"]) == 0
+    captured = capsys.readouterr()
+    assert f"{src}:2: field 'text' is int, not a string" in captured.err
+    assert re.search(r"documents\s+2\b", captured.out)
+    assert re.search(r"tokens\s+11\b", captured.out)
+    assert "1 bad" in captured.out and "p50 5" in captured.out and "max 6" in captured.out
+    assert main(["prepare", str(src), "-o", str(out), "--strict", "--overwrite"]) == 1
+    assert "docs.jsonl:2" in capsys.readouterr().err
+
+
+def test_inspect_prints_the_plan_and_timing(pipelines, capsys):
+    from zephon_jax.inspect_plan import load_pipeline, short_fingerprint
+
+    assert main(["inspect", f"{pipelines}:pure", "--steps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "weight 0.750" in out and "weight 0.250" in out and "list(len=200)" in out
+    assert "then map(user_pipelines.double)" in out
+    for i, (op, bound) in enumerate(
+        [
+            ("split(max_len=24, key='tokens')", "none (pieces are emitted at once)"),
+            ("pack(seq_len=24, method='first_fit', num_bins=3)", "3 open rows of 24"),
+            ("window_shuffle(window=4, seed=9)", "4 element pointers"),
+        ],
+        1,
+    ):
+        assert f"{i}. {op}" in out
+        assert f"carry bound: {bound}" in out
+    assert "8 rows per global batch, 4 lanes, 2 row(s) per lane" in out
+    assert f"fingerprint: {short_fingerprint(load_pipeline(pipelines + ':pure'))}" in out
+    assert "timing over 5 global batches" in out
+    timing = out[out.index("timing over") :]
+    for stage in (
+        "read list(len=200)",
+        "1. split",
+        "2. pack",
+        "3. window_shuffle",
+        "batch assembly",
+    ):
+        assert stage in timing
+    assert "real tokens/s" in timing
+    assert main(["inspect", f"{pipelines}:unbatched"]) == 1
+    assert "without a batch size" in capsys.readouterr().err
+
+
+def test_verify_passes_a_pure_pipeline(pipelines, capsys):
+    code = main(
+        [
+            "verify",
+            f"{pipelines}:pure",
+            "--topologies",
+            "1x0,2x0,4x1",
+            "--steps",
+            "8",
+            "--resume-at",
+            "3",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("identical") >= 6
+    assert "2x0 @3 -> 4x1" in out and "4x1 @3 -> 1x0" in out
+
+
+@pytest.mark.parametrize("pipeline", ["coin_flip", "counter"])
+def test_verify_catches_a_non_deterministic_function(pipelines, capsys, pipeline):
+    code = main(["verify", f"{pipelines}:{pipeline}", "--topologies", "1x0,2x0", "--steps", "10"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert re.search(r"DIFFERS at step \d+, row \d+, field 'tokens'", out)
+    assert "not a pure function" in out
+
+
+def test_verify_reports_the_first_differing_row():
+    from zephon_jax.verify import compare_batches
+
+    a = {"x": np.zeros((4, 3), np.int32), "y": np.ones((4, 2), np.int32)}
+    b = {"x": a["x"].copy(), "y": a["y"].copy()}
+    assert compare_batches(5, a, b) is None
+    b["y"][2, 1] = 7
+    b["x"][3, 0] = 1
+    diff = compare_batches(5, a, b)
+    assert (diff.step, diff.row, diff.field) == (5, 2, "y")
+
+
+def test_demo_quick(tmp_path, capsys):
+    code = main(
+        [
+            "demo",
+            "--quick",
+            "--steps",
+            "5",
+            "--resume-at",
+            "2",
+            "--batch-size",
+            "8",
+            "--devices",
+            "4,2",
+            "--cache-dir",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if re.match(r"\s+\d+\s+[0-9a-f]{8}\s", line)]
+    assert len(rows) == 5
+    for line in rows:
+        step, ref, resumed, *_ = line.split()
+        if int(step) >= 2:
+            assert resumed == ref, line
+        else:
+            assert resumed == "-"
+    assert "identical, bit for bit" in out
+    assert "per-host Grain: batches change with the host count" in out
+    assert "throughput" in out
+    assert json.loads((next(tmp_path.rglob("prepare.json"))).read_text())["complete"]

@@ -1,0 +1,246 @@
+"""``prepare``: formats, bad records, workers, interruption and resume, the built-in corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from zephon_jax.prepare import (
+    ArrayRecordTokens,
+    PrepareError,
+    PrepareOptions,
+    byte_detokenize,
+    byte_tokenize,
+    length_percentiles,
+    prepare,
+)
+from zephon_jax.sources import TokenStore
+
+
+def write_inputs(tmp_path):
+    """A JSONL file with two bad lines, a text file, a Parquet file with a null; expected texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = []
+    with open(tmp_path / "a.jsonl", "w") as f:
+        for i in range(40):
+            if i == 2:
+                f.write('{"text": broken\n')  # line 3: invalid JSON
+            elif i == 5:
+                f.write(json.dumps({"body": "no text field"}) + "\n")  # line 6
+            elif i == 9:
+                f.write("\n")  # blank lines are not records
+            else:
+                text = f"doc {i} " + "é☃" * (i % 13)
+                texts.append(text)
+                f.write(json.dumps({"text": text, "id": i}) + "\n")
+    (tmp_path / "b.txt").write_text("a whole file\nis one document\n")
+    texts.append("a whole file\nis one document\n")
+    column = [f"row {i} " * (i % 5 + 1) if i != 4 else None for i in range(30)]
+    pq.write_table(pa.table({"text": column}), tmp_path / "c.parquet", row_group_size=8)
+    texts.extend(t for t in column if t is not None)
+    return [str(tmp_path / n) for n in ("a.jsonl", "b.txt", "c.parquet")], texts
+
+
+def store_docs(path) -> list[np.ndarray]:
+    store = TokenStore(path)
+    return [d["tokens"] for d in store.__getitems__(list(range(len(store))))]
+
+
+def test_prepare_formats_bad_records_and_both_outputs(tmp_path, capsys):
+    inputs, texts = write_inputs(tmp_path)
+    out = tmp_path / "out"
+    opts = PrepareOptions(
+        inputs=tuple(inputs), output=str(out), to="both", chunk_records=6, commit_every=2, workers=2
+    )
+    summary = prepare(opts)
+    err = capsys.readouterr().err
+    assert f"{inputs[0]}:3: invalid JSON" in err
+    assert f"{inputs[0]}:6: no 'text' field" in err
+    assert f"{inputs[2]}: row 4: column 'text' is null" in err
+    assert "ETA" in err and "MB/s" in err
+    assert (summary.documents, summary.bad_records, summary.complete) == (len(texts), 3, True)
+    docs = store_docs(out)
+    assert [byte_detokenize(d) for d in docs] == texts
+    for doc, text in zip(docs, texts):
+        np.testing.assert_array_equal(doc, byte_tokenize(text))
+        assert doc.dtype == np.uint16
+    assert summary.tokens == sum(len(t.encode()) for t in texts)
+    lengths = np.array([len(t.encode()) for t in texts])
+    assert summary.length_percentiles == length_percentiles(lengths)
+    assert summary.length_percentiles["max"] == lengths.max()
+    records = ArrayRecordTokens(out)
+    assert len(records) == len(texts)
+    for i, doc in enumerate(docs):
+        np.testing.assert_array_equal(records[i]["tokens"], doc)
+    np.testing.assert_array_equal(records.lengths(), lengths)
+
+
+def test_text_lines_mode_and_strict(tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"first\nsecond\n\nbad \xff byte\nlast")
+    out = tmp_path / "out"
+    summary = prepare(
+        PrepareOptions(inputs=(str(path),), output=str(out), lines=True, workers=0), None
+    )
+    assert [byte_detokenize(d) for d in store_docs(out)] == ["first", "second", "last"]
+    assert summary.bad_records == 1
+    with pytest.raises(PrepareError, match=r"lines\.txt:4: not UTF-8.*--strict"):
+        prepare(
+            PrepareOptions(
+                inputs=(str(path),),
+                output=str(tmp_path / "strict"),
+                lines=True,
+                strict=True,
+                workers=0,
+            ),
+            None,
+        )
+
+
+def test_output_does_not_depend_on_workers_or_chunking(tmp_path):
+    inputs, _ = write_inputs(tmp_path)
+    a = prepare(
+        PrepareOptions(tuple(inputs), str(tmp_path / "a"), workers=0, chunk_records=100), None
+    )
+    b = prepare(
+        PrepareOptions(tuple(inputs), str(tmp_path / "b"), workers=2, chunk_records=3), None
+    )
+    assert (a.documents, a.tokens, a.bad_records) == (b.documents, b.tokens, b.bad_records)
+    for x, y in zip(store_docs(tmp_path / "a"), store_docs(tmp_path / "b"), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_resume_refuses_other_options_and_skips_a_complete_job(tmp_path):
+    inputs, texts = write_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    prepare(PrepareOptions(tuple(inputs), out, workers=0), None)
+    again = prepare(PrepareOptions(tuple(inputs), out, workers=0), None)
+    assert again.complete and again.resumed and again.documents == len(texts)
+    with pytest.raises(PrepareError, match="different 'append_eos'"):
+        prepare(PrepareOptions(tuple(inputs), out, append_eos=True, workers=0), None)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("not ours")
+    with pytest.raises(PrepareError, match="--overwrite"):
+        prepare(PrepareOptions(tuple(inputs), str(tmp_path / "other"), workers=0), None)
+
+
+def test_tokenizer_ids_must_fit_dtype(tmp_path, monkeypatch):
+    path = tmp_path / "t.txt"
+    path.write_text("hello")
+    (tmp_path / "bigtok.py").write_text("def encode(text):\n    return [70000] * len(text)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PrepareError, match="do not fit dtype uint16"):
+        prepare(
+            PrepareOptions(
+                (str(path),),
+                str(tmp_path / "o"),
+                tokenizer="bigtok:encode",
+                dtype="uint16",
+                workers=0,
+            ),
+            None,
+        )
+
+
+SLOW_TOKENIZER = """
+import time
+
+def encode(text):
+    time.sleep(0.015)
+    return [ord(c) + 1000 for c in text]
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, sig):
+    inputs, texts = write_inputs(tmp_path)
+    (tmp_path / "slowtok.py").write_text(SLOW_TOKENIZER)
+    common = ["--tokenizer", "slowtok:encode", "--to", "both", "--chunk-records", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zephon_jax.cli",
+        "prepare",
+        *inputs,
+        *common,
+        "--commit-every",
+        "1",
+    ]
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "resumed"
+    proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    manifest = out / "prepare.json"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if json.loads(manifest.read_text())["committed"]["docs"] >= 6:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err.decode()
+    partial = json.loads(manifest.read_text())
+    assert not partial["complete"]
+    assert 6 <= TokenStore(out).num_docs < len(texts)
+    if sig == signal.SIGINT:
+        assert b"run the same command again to resume" in err
+    done = subprocess.run(
+        [*cmd, "-o", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resuming" in done.stderr and "(resumed)" in done.stdout
+    # The same job in one uninterrupted run, in this process.
+    sys.path.insert(0, str(tmp_path))
+    try:
+        whole = tmp_path / "whole"
+        prepare(
+            PrepareOptions(
+                tuple(inputs),
+                str(whole),
+                to="both",
+                tokenizer="slowtok:encode",
+                workers=0,
+                chunk_records=5,
+            ),
+            None,
+        )
+    finally:
+        sys.path.remove(str(tmp_path))
+    a, b = store_docs(out), store_docs(whole)
+    assert len(a) == len(b) == len(texts)
+    for x, y, text in zip(a, b, texts):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, np.array([ord(c) + 1000 for c in text], dtype=np.uint32))
+    ra, rb = ArrayRecordTokens(out), ArrayRecordTokens(whole)
+    assert len(ra) == len(rb) == len(texts)
+    for i in range(len(texts)):
+        np.testing.assert_array_equal(ra[i]["tokens"], rb[i]["tokens"])
+    final = json.loads(manifest.read_text())["committed"]
+    assert final["bad"] == 3 and final["docs"] == len(texts)
+
+
+def test_builtin_corpus_is_cached_and_split_in_two(tmp_path):
+    from zephon_jax.corpus import builtin_corpus, stdlib_files
+
+    lib = builtin_corpus("library", cache_dir=tmp_path, max_files=12, workers=0)
+    tests = builtin_corpus("tests", cache_dir=tmp_path, max_files=12, workers=0)
+    files = stdlib_files("library", 12)
+    assert len(lib) <= 12 and len(tests) <= 12 and lib.dtype == np.uint16
+    nonempty = [f for f in files if f.stat().st_size]
+    assert byte_detokenize(lib[0]["tokens"]) == nonempty[0].read_text(encoding="utf-8")
+    assert all("test" in str(f) for f in stdlib_files("tests", 12))
+    before = os.path.getmtime(lib.path / "meta.json")
+    again = builtin_corpus("library", cache_dir=tmp_path, max_files=12)
+    assert os.path.getmtime(again.path / "meta.json") == before
+    assert again.fingerprint() == lib.fingerprint()

@@ -1,0 +1,326 @@
+"""The ``zephon-jax`` command: ``demo``, ``prepare``, ``inspect`` and ``verify``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+DESCRIPTION = """\
+zephon_jax: elastic-deterministic data loading for JAX. Global batch t, row r is
+the same record, bit for bit, on any number of processes, devices and workers,
+and across a checkpoint restored on another topology, also through packing,
+splitting, shuffle buffers and mixtures."""
+
+EPILOG = """\
+Start with `zephon-jax demo`. Run `zephon-jax COMMAND --help` for a command's options."""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="zephon-jax", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt
+    )
+    from zephon_jax import __version__
+
+    parser.add_argument("--version", action="version", version=f"zephon_jax {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    # ----- demo
+    demo = sub.add_parser(
+        "demo",
+        help="the guarantee on the built-in corpus, on 8, 4 and 2 simulated devices",
+        formatter_class=fmt,
+        description="""\
+Runs a mixture -> shuffle -> split -> first-fit pack pipeline over the built-in
+corpus (the Python standard library's sources, byte-level tokens; prepared once
+into a cache) on 8 simulated devices, checkpoints it with Orbax, restores it in
+fresh processes on 4 and on 2 devices, and prints a fingerprint of every global
+batch: identical everywhere. Beside it, the standard per-host Grain pipeline
+(shard by host, then pack per host, as MaxText does) shows where its batches
+diverge. Ends with throughput. Exit status 0 if zephon_jax's batches all match.""",
+    )
+    demo.add_argument("--steps", type=_positive, default=16, help="global batches (default 16)")
+    demo.add_argument(
+        "--resume-at",
+        type=_positive,
+        default=None,
+        help="step after which the checkpoint is taken (default: steps * 3 // 8, at least 1)",
+    )
+    demo.add_argument("--batch-size", type=_positive, default=16, help="global batch size (16)")
+    demo.add_argument("--seq-len", type=_positive, default=1024, help="packed row length (1024)")
+    demo.add_argument(
+        "--devices",
+        default="8,4,2",
+        help="simulated device counts: the first runs and saves, the others restore (8,4,2)",
+    )
+    demo.add_argument(
+        "--devices-per-host",
+        type=_positive,
+        default=2,
+        help="devices per simulated Grain host (2: 8 devices = 4 hosts)",
+    )
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small run: 60 files per corpus part, at most 8 steps, rows of 256",
+    )
+    demo.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where the built-in corpus is cached ($ZEPHON_JAX_CACHE, else ~/.cache/zephon_jax)",
+    )
+
+    # ----- prepare
+    prep = sub.add_parser(
+        "prepare",
+        help="JSONL / text / Parquet -> TokenStore and/or ArrayRecord",
+        formatter_class=fmt,
+        description="""\
+Tokenizes text into a TokenStore (random access, zarr v3 on TensorStore) and/or
+ArrayRecord files (one record per document: its token ids as raw little-endian
+integers of --dtype) in the directory OUT. Input formats come from the file
+extension (.jsonl/.json/.ndjson, .parquet, anything else is text) or --format.
+Runs on all cores (output order does not depend on it), shows progress on
+stderr, and commits periodically: interrupt it (Ctrl-C) and rerun the same
+command to resume where it stopped, with the same result as one run.
+Bad records (invalid JSON, missing field, not UTF-8, ...) are reported with
+file and line and skipped, or stop the job with --strict.""",
+    )
+    prep.add_argument("inputs", nargs="+", help="input files or directories")
+    prep.add_argument("-o", "--output", required=True, help="output directory OUT")
+    prep.add_argument(
+        "--to",
+        choices=("store", "array_record", "both"),
+        default="store",
+        help="what to write (default: store)",
+    )
+    prep.add_argument(
+        "--format",
+        dest="input_format",
+        choices=("jsonl", "text", "parquet"),
+        default=None,
+        help="input format for every input (default: from each file's extension)",
+    )
+    prep.add_argument("--text-field", default="text", help="JSONL field / Parquet column (text)")
+    prep.add_argument(
+        "--lines",
+        action="store_true",
+        help="text files hold one document per line (default: one document per file)",
+    )
+    prep.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="a callable str -> list[int]; default: byte-level (token = byte + 2; 0 = pad, 1 = eos)",
+    )
+    prep.add_argument(
+        "--dtype",
+        default=None,
+        choices=("uint16", "uint32", "int32"),
+        help="token dtype (default: uint16 for bytes, uint32 for a tokenizer)",
+    )
+    prep.add_argument("--append-eos", action="store_true", help="end every document with id 1")
+    prep.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    prep.add_argument(
+        "--workers",
+        type=_non_negative,
+        default=None,
+        help="tokenizer processes (default: all cores; 0: in this process)",
+    )
+    prep.add_argument(
+        "--chunk-records",
+        type=_positive,
+        default=256,
+        help="records per work unit (256)",
+    )
+    prep.add_argument(
+        "--commit-every",
+        type=_positive,
+        default=16,
+        help="work units between commits (16); a resume redoes at most this many",
+    )
+    prep.add_argument(
+        "--overwrite", action="store_true", help="delete OUT first instead of resuming into it"
+    )
+    prep.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+
+    # ----- inspect
+    insp = sub.add_parser(
+        "inspect",
+        help="a pipeline's plan and per-stage timing",
+        formatter_class=fmt,
+        description="""\
+PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
+pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
+is importable. Prints the sources and weights, the operators in order with
+their carry bounds, the lanes, the rows per lane and the fingerprint, then runs
+--steps global batches on one process and prints where the time goes.""",
+    )
+    insp.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
+    insp.add_argument(
+        "--steps", type=_non_negative, default=20, help="batches to time (20; 0: none)"
+    )
+
+    # ----- verify
+    ver = sub.add_parser(
+        "verify",
+        help="identical batches on several topologies and across a resume?",
+        formatter_class=fmt,
+        description="""\
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect).
+Runs it on every topology PROCESSESxWORKERS of --topologies (processes are
+simulated in this process and their rows concatenated into the global batch)
+and compares --steps global batches, bit for bit, with an uninterrupted run on
+one process without workers. With --resume-at K, the states of all processes
+after K batches are merged and restored on the next topology of the list.
+Prints the first differing step, row and field of each run.
+Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments.""",
+    )
+    ver.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
+    ver.add_argument(
+        "--topologies",
+        default="1x0,2x0,4x0",
+        help="comma-separated PROCESSESxWORKERS, e.g. 1x0,2x1,4x2 (default 1x0,2x0,4x0)",
+    )
+    ver.add_argument("--steps", type=_positive, default=20, help="global batches per run (20)")
+    ver.add_argument(
+        "--resume-at",
+        type=_non_negative,
+        default=None,
+        help="also check a resume after this many batches (default: steps // 2; 0: no resume)",
+    )
+    return parser
+
+
+def _cmd_demo(args) -> int:
+    from zephon_jax.demo import DemoConfig, run_demo
+
+    devices = tuple(int(d) for d in args.devices.split(",") if d.strip())
+    if len(devices) < 2 or any(d < 1 for d in devices):
+        raise SystemExit(
+            "zephon-jax demo: --devices needs at least two positive counts, e.g. 8,4,2"
+        )
+    steps, seq_len, max_files = args.steps, args.seq_len, None
+    if args.quick:
+        steps, seq_len, max_files = min(steps, 8), min(seq_len, 256), 60
+    resume_at = args.resume_at or max(1, steps * 3 // 8)
+    if resume_at >= steps:
+        raise SystemExit(f"zephon-jax demo: --resume-at must be below --steps ({steps})")
+    cfg = DemoConfig(
+        steps=steps,
+        resume_at=resume_at,
+        global_batch_size=args.batch_size,
+        seq_len=seq_len,
+        devices=devices,
+        devices_per_host=args.devices_per_host,
+        max_files=max_files,
+        cache_dir=args.cache_dir,
+        throughput_steps=20 if args.quick else 200,
+    )
+    for d in devices:
+        if args.batch_size % d:
+            raise SystemExit(
+                f"zephon-jax demo: --batch-size {args.batch_size} is not a multiple of {d} devices"
+            )
+    return 0 if run_demo(cfg) else 1
+
+
+def _cmd_prepare(args) -> int:
+    from zephon_jax.prepare import PrepareInterrupted, PrepareOptions, prepare
+
+    opts = PrepareOptions(
+        inputs=tuple(args.inputs),
+        output=args.output,
+        to=args.to,
+        input_format=args.input_format,
+        text_field=args.text_field,
+        lines=args.lines,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        append_eos=args.append_eos,
+        strict=args.strict,
+        workers=args.workers,
+        chunk_records=args.chunk_records,
+        commit_every=args.commit_every,
+        overwrite=args.overwrite,
+    )
+    try:
+        summary = prepare(opts, stream=None if args.quiet else sys.stderr)
+    except PrepareInterrupted as e:
+        print(f"zephon-jax prepare: {e}", file=sys.stderr)
+        return 130
+    print(summary.format())
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from zephon_jax.inspect_plan import describe_plan, format_timing, load_pipeline, time_stages
+
+    batched = load_pipeline(args.pipeline)
+    print(f"pipeline {args.pipeline}")
+    print(describe_plan(batched))
+    if args.steps:
+        print(format_timing(time_stages(batched, args.steps), batched.global_batch_size))
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from zephon_jax.inspect_plan import load_pipeline
+    from zephon_jax.verify import format_checks, parse_topologies, verify
+
+    topologies = parse_topologies(args.topologies)
+    resume_at = args.steps // 2 if args.resume_at is None else args.resume_at
+    if resume_at and resume_at >= args.steps:
+        raise SystemExit(f"zephon-jax verify: --resume-at must be below --steps ({args.steps})")
+    batched = load_pipeline(args.pipeline)
+    print(
+        f"verify {args.pipeline}: {args.steps} global batches of {batched.global_batch_size} rows "
+        f"on {', '.join(f'{p}x{w}' for p, w in topologies)}"
+        + (f", resume after {resume_at}" if resume_at else "")
+    )
+    checks = verify(batched, topologies, steps=args.steps, resume_at=resume_at or None)
+    print(format_checks(checks))
+    return 0 if all(c.identical for c in checks) else 1
+
+
+COMMANDS = {
+    "demo": _cmd_demo,
+    "prepare": _cmd_prepare,
+    "inspect": _cmd_inspect,
+    "verify": _cmd_verify,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``zephon-jax`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from zephon_jax.errors import ZephonError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ZephonError as e:
+        print(f"zephon-jax {args.command}: {e}", file=sys.stderr)
+        return 1 if args.command != "verify" else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""``zephon-jax inspect``: a pipeline's plan and where its time goes.
+
+The plan lists the sources and mixture weights, the operators in order with
+their carry bounds and the transforms after each, the lanes, the rows per lane
+and the fingerprint a checkpoint must match. The timing runs the pipeline on
+one process for a number of global batches with every stage timed on its own:
+reading sources, each stage's per-record transforms, each operator (its
+``step``/``flush`` only), and assembling batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import time
+from typing import Any
+
+from zephon_jax.dataset import BatchedDataset, Dataset
+from zephon_jax.errors import PipelineError
+from zephon_jax.sampler.mixture import MixtureNode
+from zephon_jax.sampler.source import describe_source
+
+
+def load_pipeline(spec: str) -> BatchedDataset:
+    """Calls the ``module:function`` ``spec`` and checks it returned a batched pipeline."""
+    from zephon_jax.prepare import load_callable
+
+    obj = load_callable(spec)()
+    if isinstance(obj, Dataset):
+        raise PipelineError(
+            f"{spec} returned a Dataset without a batch size; end the pipeline with "
+            ".batch(global_batch_size) and return that"
+        )
+    if not isinstance(obj, BatchedDataset):
+        raise PipelineError(
+            f"{spec} returned {type(obj).__name__}; it must return a zephon_jax BatchedDataset "
+            "(a pipeline ending in .batch(global_batch_size))"
+        )
+    return obj
+
+
+def short_fingerprint(batched: BatchedDataset) -> str:
+    """16 hex digits summarizing the pipeline fingerprint."""
+    text = json.dumps(batched.fingerprint(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _sampler_lines(node, weight: float | None, indent: str, out: list[str]) -> None:
+    share = "" if weight is None else f"weight {weight:.3f}  "
+    transforms = [t.describe() for t in node.transforms]
+    if isinstance(node, MixtureNode):
+        seed = "" if node.order_seed is None else f"  order seed {node.order_seed}"
+        out.append(f"{indent}{share}mixture of {len(node.children)}{seed}")
+        for child, w in zip(node.children, node.weights):
+            _sampler_lines(child, w, indent + "  ", out)
+    else:
+        epochs = "forever" if node.num_epochs is None else f"{node.num_epochs} epoch(s)"
+        shuffle = "not shuffled" if node.shuffle_seed is None else f"shuffled ({node.shuffle_seed})"
+        out.append(
+            f"{indent}{share}{describe_source(node.source)}: {len(node.source):,} records, "
+            f"{shuffle}, {epochs}"
+        )
+    for t in transforms:
+        out.append(f"{indent}  then {t}")
+
+
+def describe_plan(batched: BatchedDataset) -> str:
+    """The plan of a batched pipeline as text."""
+    out = ["sources"]
+    _sampler_lines(batched.sampler, None, "  ", out)
+    out.append("operators (in order; carry is per lane)")
+    if not batched.stages:
+        out.append("  none")
+    for i, stage in enumerate(batched.stages, 1):
+        op = stage.operator
+        out.append(f"  {i}. {op.describe()}")
+        out.append(f"     carry bound: {op.carry_bound()}")
+        for t in stage.transforms:
+            out.append(f"     then {t.describe()}")
+    out.append(
+        f"batch: {batched.global_batch_size} rows per global batch, {batched.num_lanes} lanes, "
+        f"{batched.rows_per_lane} row(s) per lane"
+    )
+    out.append(f"fingerprint: {short_fingerprint(batched)}")
+    return "\n".join(out)
+
+
+# ----- timing ------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self):
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self.order: list[str] = []
+
+    def add(self, name: str, seconds: float) -> None:
+        if name not in self.seconds:
+            self.order.append(name)
+        self.seconds[name] += seconds
+        self.calls[name] += 1
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+
+        return timed
+
+
+class _TimedSource:
+    """Delegates to a source, timing its reads."""
+
+    def __init__(self, source, clock: _Clock, name: str):
+        self._source = source
+        self._get = clock.wrap(name, source.__getitem__)
+        getitems = getattr(source, "__getitems__", None)
+        if getitems is not None:
+            self.__getitems__ = clock.wrap(name, getitems)
+
+    def __len__(self):
+        return len(self._source)
+
+    def __getitem__(self, i):
+        return self._get(i)
+
+
+class _TimedTransform:
+    def __init__(self, transform, clock: _Clock, name: str):
+        self._t = transform
+        self.apply = clock.wrap(name, transform.apply)
+
+    def __getattr__(self, attr):
+        return getattr(self._t, attr)
+
+
+class _TimedOperator:
+    def __init__(self, op, clock: _Clock, name: str):
+        self._op = op
+        self.step = clock.wrap(name, op.step)
+        self.flush = clock.wrap(name, op.flush)
+
+    def __getattr__(self, attr):
+        return getattr(self._op, attr)
+
+
+class _Leaf:
+    """A sampler leaf whose source is timed; everything else is the leaf's."""
+
+    def __init__(self, leaf, source):
+        self._leaf = leaf
+        self.source = source
+
+    def __getattr__(self, attr):
+        return getattr(self._leaf, attr)
+
+
+def _instrument(plan, batched: BatchedDataset, clock: _Clock) -> None:
+    plan.leaves = [
+        _Leaf(leaf, _TimedSource(leaf.source, clock, f"read {describe_source(leaf.source)}"))
+        for leaf in plan.leaves
+    ]
+    plan.leaf_transforms = [
+        tuple(_TimedTransform(t, clock, f"source {t.describe()}") for t in ts)
+        for ts in plan.leaf_transforms
+    ]
+    plan.operators = [
+        _TimedOperator(op, clock, f"{i}. {op.describe()}") for i, op in enumerate(plan.operators, 1)
+    ]
+    plan.post_transforms = [
+        tuple(_TimedTransform(t, clock, f"{i}. then {t.describe()}") for t in ts)
+        for i, ts in enumerate(plan.post_transforms, 1)
+    ]
+
+
+def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
+    """Runs ``steps`` global batches on one process; seconds per stage and throughput."""
+    from zephon_jax.batching import RowProducer, stack_rows
+
+    producer = RowProducer(batched, range(batched.global_batch_size))
+    clock = _Clock()
+    _instrument(producer.plan, batched, clock)
+    done, rows_tokens, stack = 0, 0, 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        rows = producer.next_rows()
+        if rows is None:
+            break
+        t1 = time.perf_counter()
+        batch = stack_rows(rows)
+        stack += time.perf_counter() - t1
+        done += 1
+        if isinstance(batch, dict) and "tokens_segment_ids" in batch:
+            rows_tokens += int((batch["tokens_segment_ids"] > 0).sum())
+    total = time.perf_counter() - t0
+    stages = [(name, clock.seconds[name]) for name in clock.order]
+    stages.append(("batch assembly", stack))
+    other = max(total - sum(s for _, s in stages), 0.0)
+    stages.append(("sampler and lane bookkeeping", other))
+    return {"steps": done, "seconds": total, "stages": stages, "tokens": rows_tokens}
+
+
+def format_timing(result: dict[str, Any], global_batch_size: int) -> str:
+    steps, total = result["steps"], max(result["seconds"], 1e-12)
+    out = [f"timing over {steps} global batches (one process, every lane)"]
+    out.append(f"  {'stage':<56} {'total s':>8} {'ms/batch':>9} {'share':>6}")
+    for name, seconds in result["stages"]:
+        per = seconds / max(steps, 1) * 1e3
+        out.append(f"  {name[:56]:<56} {seconds:8.3f} {per:9.2f} {seconds / total:6.1%}")
+    out.append(f"  {'total':<56} {total:8.3f} {total / max(steps, 1) * 1e3:9.2f}")
+    line = f"  {steps / total:.1f} batches/s, {steps * global_batch_size / total:,.0f} rows/s"
+    if result["tokens"]:
+        line += f", {result['tokens'] / total:,.0f} real tokens/s"
+    out.append(line)
+    return "\n".join(out)
