@@ -26,8 +26,11 @@ GLOBAL_BATCH = 16
 SEQ_LEN = 24
 
 
-def make_pipeline():
-    """A mixture -> shuffle -> split -> pack -> window_shuffle pipeline, batch 16."""
+def make_pipeline(num_epochs: int | None = None):
+    """A mixture -> shuffle -> split -> pack -> window_shuffle pipeline, batch 16.
+
+    With ``num_epochs`` the sources are read that many times and the stream ends.
+    """
     import zephon_jax as zj
 
     rng = np.random.default_rng(7)
@@ -44,6 +47,7 @@ def make_pipeline():
     )
     return (
         mixed.shuffle(11)
+        .repeat(num_epochs)
         .split(SEQ_LEN)
         .pack(SEQ_LEN, method="best_fit", num_bins=4)
         .window_shuffle(5, seed=3)
@@ -114,6 +118,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--hold", action="store_true", help="after saving, wait to be killed")
     p.add_argument("--resume", action="store_true", help="restore the latest step of --ckpt")
+    p.add_argument("--epochs", type=int, help="read the sources this many times, then stop")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -141,7 +146,7 @@ def main(argv: list[str]) -> None:
     batch_axes = tuple(args.batch_axes.split(","))
     spec = PartitionSpec(batch_axes if len(batch_axes) > 1 else batch_axes[0])
     sharding = NamedSharding(mesh, spec)
-    dataset = make_pipeline()
+    dataset = make_pipeline(args.epochs)
     params_sharding = NamedSharding(mesh, PartitionSpec(spec[0]))
     params = {
         "w": jax.make_array_from_callback(
@@ -156,7 +161,9 @@ def main(argv: list[str]) -> None:
     def record(it, run: str, first: int) -> None:
         steps = {}
         for step in range(first, args.steps + 1):
-            batch = next(it)
+            batch = next(it, None)
+            if batch is None:
+                break
             assert it.step == step
             digests, device_rows = shard_digests(batch)
             steps[step] = digests

@@ -194,3 +194,15 @@ def test_checkpoint_on_4x2_resumes_on_2x2_and_1x8(tmp_path, reference):
         assert all(r["restored_step"] == SAVE_AT and r["params_restored"] for r in reports)
         assert_batches_equal(reports, reference, "resumed", range(SAVE_AT + 1, STEPS + 1))
         assert_rows_loaded_once(reports, worker.GLOBAL_BATCH)
+
+
+def test_finite_input_ends_at_the_same_step_on_every_process(tmp_path):
+    """Lanes run dry at different steps; every process stops at the single-process end."""
+    import zephon_jax as zj
+
+    expected = [worker.batch_digests(b) for b in zj.Loader(worker.make_pipeline(num_epochs=1))]
+    assert 1 < len(expected) < STEPS
+    reports = launch(tmp_path, "finite", 2, 2, "data=4", "data", "--fresh", "--epochs=1")
+    for report in reports:
+        assert sorted(map(int, report["runs"]["fresh"])) == list(range(1, len(expected) + 1))
+    assert_batches_equal(reports, expected, "fresh", range(1, len(expected) + 1))

@@ -90,3 +90,21 @@ def test_resolution_is_pure():
     for field in ("leaf", "record", "epoch"):
         assert np.array_equal(getattr(a, field), getattr(b, field))
         assert np.array_equal(getattr(a, field), getattr(c, field)[100:])
+
+
+@pytest.mark.parametrize("order_seed", [None, 4])
+def test_finite_mixture_reads_every_record_exactly_num_epochs_times(order_seed):
+    from zephon_jax.sampler.resolve import end_position
+
+    sizes, epochs, lanes = (37, 120, 9), 2, 5
+    children = tuple(SourceNode(list(range(n)), shuffle_seed=1, num_epochs=epochs) for n in sizes)
+    node = MixtureNode(children, normalize_weights([0.2, 0.5, 0.3]), order_seed=order_seed)
+    counts = [np.zeros(n, int) for n in sizes]
+    for lane in range(lanes):
+        end = end_position(node, lane, lanes)
+        res = resolve(node, lane, np.arange(end + 2 * 1024), lanes)
+        assert not res.valid[end:].any()
+        for leaf, record in zip(res.leaf[res.valid], res.record[res.valid]):
+            counts[leaf][record] += 1
+    for c in counts:
+        assert (c == epochs).all()

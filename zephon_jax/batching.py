@@ -8,6 +8,7 @@ import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError
 from zephon_jax.lane import Lane, LanePlan
+from zephon_jax.sampler.resolve import leaves
 from zephon_jax.state import lane_bytes
 
 
@@ -46,10 +47,16 @@ def _stack_field(name: str, values: list) -> np.ndarray:
     return batch
 
 
+def is_finite(batched) -> bool:
+    """Whether the pipeline's input ends (some source is read for a finite number of epochs)."""
+    return any(leaf.num_epochs is not None for leaf in leaves(batched.sampler))
+
+
 class RowProducer:
     """Produces global rows ``rows`` (any subset, in the given order) of each batch.
 
-    Only the lanes owning those rows run; a lane whose rows are split between
+    Only the lanes owning those rows run (every lane, if the input is finite, so
+    that every process ends at the same batch); a lane whose rows are split between
     several producers (processes) runs in each of them, identically.
     """
 
@@ -62,6 +69,10 @@ class RowProducer:
             if not 0 <= r < batched.global_batch_size:
                 raise PipelineError(f"row {r} is outside the global batch of {batched.global_batch_size}")
         needed = sorted({r // per_lane for r in self.rows})
+        if lanes is None and is_finite(batched):
+            # A finite input ends at the first batch some lane cannot fill. Which batch that
+            # is depends on every lane, so every process runs every lane to agree on it.
+            lanes = range(batched.num_lanes)
         self.lane_ids = needed if lanes is None else sorted(set(lanes) | set(needed))
         self.lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
         self._picks = [(r // per_lane, r % per_lane) for r in self.rows]

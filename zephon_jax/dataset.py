@@ -246,6 +246,13 @@ class BatchedDataset:
         return self.dataset._sampler
 
     @property
+    def is_finite(self) -> bool:
+        """True if some source is read a finite number of epochs (see ``repeat``)."""
+        from zephon_jax.sampler.resolve import leaves
+
+        return any(leaf.num_epochs is not None for leaf in leaves(self.sampler))
+
+    @property
     def stages(self) -> tuple[Stage, ...]:
         return self.dataset._stages
 

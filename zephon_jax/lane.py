@@ -17,7 +17,7 @@ import numpy as np
 from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
-from zephon_jax.sampler.resolve import leaf_paths, leaves, resolve
+from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
 
@@ -37,6 +37,8 @@ class LanePlan:
         self.leaf_transforms = leaf_paths(self.sampler)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
+        # A lane whose filters drop this many records in a row would likely wait forever.
+        self.max_dropped_in_a_row = 16 * sum(leaf.size for leaf in self.leaves) + 100_000
 
 
 class _TransformFailed(Exception):
@@ -89,13 +91,17 @@ class Lane:
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 8
+        self._dropped_in_a_row = 0
+        self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
-        """Elements at lane-local ``positions``: Element, ``DROP`` (filtered) or ``_END``."""
+        """Elements at lane-local ``positions``: Element, ``DROP`` (filtered or skipped) or
+        ``_END`` (at or past the lane's end position)."""
         plan = self.plan
         res = resolve(plan.sampler, self.lane, positions, plan.num_lanes)
-        out: list = [_END] * len(positions)
+        end = self.end_position
+        out: list = [DROP if end is None or p < end else _END for p in positions.tolist()]
         valid = np.flatnonzero(res.valid)
         for leaf_id in np.unique(res.leaf[valid]):
             where = valid[res.leaf[valid] == leaf_id]
@@ -219,9 +225,25 @@ class Lane:
             item = self._next_root()
             if item is _END:
                 self._finish_input()
-            elif item is not DROP:
+            elif item is DROP:
+                self._dropped_in_a_row += 1
+                if self._dropped_in_a_row > self.plan.max_dropped_in_a_row:
+                    self._raise_all_dropped()
+            else:
+                self._dropped_in_a_row = 0
                 self._push(0, (item,))
         return [pending.popleft() for _ in range(n)]
+
+    def _raise_all_dropped(self) -> None:
+        count = self._dropped_in_a_row
+        first = self.next_position - count
+        total = sum(leaf.size for leaf in self.plan.leaves)
+        raise RecordError(
+            f"lane {self.lane}: the filters dropped all of the last {count} records it read "
+            f"(lane-local positions {first}..{self.next_position - 1}, {count / total:.0f}x "
+            "the size of the sources); the loader would wait forever for a record. Check the "
+            "filter predicates (a field renamed? a threshold inverted?) and the sources"
+        )
 
     # ----- state -------------------------------------------------------------------
     def get_state(self) -> bytes:

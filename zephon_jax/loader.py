@@ -171,7 +171,7 @@ class LoaderIterator(Iterator[Any]):
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
             batch = self._producer.next_batch()
-            if batch is None:
+            if not self._all_processes_have(batch is not None):
                 raise StopIteration
             if sharding is not None:
                 batch = sharding.make_global(self.loader.rows, batch)
@@ -180,11 +180,27 @@ class LoaderIterator(Iterator[Any]):
         if self._prefetcher is None:
             self._start_prefetch()
         item = self._prefetcher.get()
-        if item is None:
+        if not self._all_processes_have(item is not None):
             raise StopIteration
         batch, self._delivered = item
         self.step += 1
         return batch
+
+    def _all_processes_have(self, have_batch: bool) -> bool:
+        """Whether every process has its part of the next batch.
+
+        A finite input can end a step earlier in one process's lanes than in
+        another's; under jax with several processes they agree (one small
+        all-gather per step, only for finite pipelines) so all stop together.
+        """
+        loader = self.loader
+        if loader.sharding is None or loader.process_count == 1 or not loader.dataset.is_finite:
+            return have_batch
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.array([have_batch], dtype=np.int32))
+        return bool(np.all(flags))
 
     def _start_prefetch(self) -> None:
         from zephon_jax.sharding import DevicePrefetcher

@@ -79,14 +79,18 @@ class MixtureNode:
         self._route(lane, 0, len(self.weights), sub, comp, np.ones(draws.shape, dtype=bool))
         return [(comp == i, sub[comp == i]) for i in range(len(self.children))]
 
+    def _split(self, lane: int, lo: int, mid: int, hi: int) -> tuple[int, int]:
+        """Left share (units of 2**-32) and per-lane phase of the split of [lo, hi) at mid."""
+        left_w = sum(self.weights[lo:mid])
+        share = min(_ONE - 1, max(1, round(left_w / sum(self.weights[lo:hi]) * _ONE)))
+        return share, derive_key(self.node_key, lane, lo, hi) % _ONE
+
     def _route(self, lane, lo, hi, sub, comp, mask) -> None:
         if hi - lo == 1:
             comp[mask] = lo
             return
         mid = (lo + hi) // 2
-        left_w = sum(self.weights[lo:mid])
-        share = min(_ONE - 1, max(1, round(left_w / sum(self.weights[lo:hi]) * _ONE)))
-        phase = derive_key(self.node_key, lane, lo, hi) % _ONE
+        share, phase = self._split(lane, lo, mid, hi)
         k = sub[mask].astype(np.uint64)
         a, p = np.uint64(share), np.uint64(phase)
         before = (k * a + p) >> np.uint64(32)
@@ -102,6 +106,45 @@ class MixtureNode:
         right_mask[idx[~is_left]] = True
         self._route(lane, lo, mid, sub, comp, left_mask)
         self._route(lane, mid, hi, sub, comp, right_mask)
+
+    def draws_available(self, lane: int, child_draws: list[int | None]) -> int | None:
+        """The lane-local draw from which every child is past its last valid draw.
+
+        ``child_draws[i]`` is how many draws child ``i`` can serve (None: unbounded).
+        Draws before the result that land on an exhausted child are skipped by the
+        lane; from the result on, none is valid. None if some child is unbounded.
+        """
+        end = self._draws_needed(lane, 0, len(self.weights), child_draws)
+        if end is None or self.order_seed is None or end == 0:
+            return end
+        return -(-end // BLOCK) * BLOCK  # the order is permuted inside blocks
+
+    def _draws_needed(self, lane, lo, hi, child_draws) -> int | None:
+        if hi - lo == 1:
+            return child_draws[lo]
+        mid = (lo + hi) // 2
+        left = self._draws_needed(lane, lo, mid, child_draws)
+        right = self._draws_needed(lane, mid, hi, child_draws)
+        if left is None or right is None:
+            return None
+        share, phase = self._split(lane, lo, mid, hi)
+
+        def first(count_at, target: int) -> int:
+            lo_k, hi_k = 0, 1
+            while count_at(hi_k) < target:
+                hi_k *= 2
+            while lo_k < hi_k:
+                k = (lo_k + hi_k) // 2
+                if count_at(k) >= target:
+                    hi_k = k
+                else:
+                    lo_k = k + 1
+            return lo_k
+
+        def left_count(k: int) -> int:
+            return (k * share + phase) >> 32
+
+        return max(first(left_count, left), first(lambda k: k - left_count(k), right))
 
     def describe(self) -> dict:
         return {

@@ -60,3 +60,17 @@ def _resolve(node, lane, draws, num_lanes, where, leaf_base, out) -> int:
     for child, (mask, child_draws) in zip(node.children, node.split(lane, draws)):
         base = _resolve(child, lane, child_draws, num_lanes, where[mask], base, out)
     return base
+
+
+def end_position(node, lane: int, num_lanes: int) -> int | None:
+    """The first lane-local position from which no position is valid (None: never).
+
+    Positions before it that are not valid (their source is past its epochs while
+    another is not) are skipped; so every record of a finite source is read
+    exactly ``num_epochs`` times across the lanes.
+    """
+    if isinstance(node, SourceNode):
+        return node.draws_available(lane, num_lanes)
+    return node.draws_available(
+        lane, [end_position(child, lane, num_lanes) for child in node.children]
+    )

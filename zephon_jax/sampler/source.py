@@ -77,6 +77,13 @@ class SourceNode:
         )
         return records, epochs, valid
 
+    def draws_available(self, lane: int, num_lanes: int) -> int | None:
+        """How many leaf-local draws of ``lane`` fall inside the epochs (None: unbounded)."""
+        if self.num_epochs is None:
+            return None
+        total = self.num_epochs * self.size
+        return max(0, -(-(total - lane) // num_lanes))
+
     def describe(self) -> dict:
         return {
             "source": describe_source(self.source),
