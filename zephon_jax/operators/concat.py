@@ -48,7 +48,7 @@ class ConcatPackOperator(LineageOperator):
         out = []
         start = 0
         while start < n:
-            stop = min(n, start + self.seq_len - int(carry.used[0]))
+            stop = min(n, start + self.seq_len - carry.used[0])
             carry.place(0, data, start, stop, (element.lineage, start, stop), self._arange)
             start = stop
             if carry.used[0] == self.seq_len:

@@ -54,42 +54,60 @@ def too_long(n: int, seq_len: int, op: str, lineage) -> PipelineError:
 
 
 class RowBuffers:
-    """``rows`` zero-padded rows of ``seq_len`` per field, with segment ids and positions."""
+    """``rows`` zero-padded rows of ``seq_len`` per field, with segment ids and positions.
 
-    __slots__ = ("fields", "values", "segment_ids", "positions", "used", "segments")
+    Each row is its own set of arrays: emitting a row hands them out and starts
+    fresh zero rows, so nothing is copied or cleared.
+    """
+
+    __slots__ = ("fields", "dtypes", "seq_len", "values", "segment_ids", "positions", "used", "segments")
 
     def __init__(self, data: dict, rows: int, seq_len: int):
         self.fields = tuple(data)
-        self.values = {f: np.zeros((rows, seq_len), dtype=data[f].dtype) for f in self.fields}
-        self.segment_ids = np.zeros((rows, seq_len), dtype=np.int32)
-        self.positions = np.zeros((rows, seq_len), dtype=np.int32)
-        self.used = np.zeros(rows, dtype=np.int64)
+        self.dtypes = tuple(data[f].dtype for f in self.fields)
+        self.seq_len = seq_len
+        self.values: list[list[np.ndarray]] = []
+        self.segment_ids: list[np.ndarray] = []
+        self.positions: list[np.ndarray] = []
+        self.used = [0] * rows
         self.segments: list[list] = [[] for _ in range(rows)]
+        for _ in range(rows):
+            self._new_row()
+
+    def _new_row(self, i: int | None = None) -> None:
+        row = [np.zeros(self.seq_len, dtype) for dtype in self.dtypes]
+        segment_ids = np.zeros(self.seq_len, np.int32)
+        positions = np.zeros(self.seq_len, np.int32)
+        if i is None:
+            self.values.append(row)
+            self.segment_ids.append(segment_ids)
+            self.positions.append(positions)
+        else:
+            self.values[i], self.segment_ids[i], self.positions[i] = row, segment_ids, positions
+            self.used[i] = 0
+            self.segments[i] = []
 
     def place(self, i: int, data: dict, start: int, stop: int, segment, arange: np.ndarray):
         """Appends ``data[f][start:stop]`` for every field to row ``i``."""
-        off = int(self.used[i])
+        off = self.used[i]
         end = off + stop - start
-        for f in self.fields:
-            self.values[f][i, off:end] = data[f][start:stop]
-        self.segments[i].append(segment)
-        self.segment_ids[i, off:end] = len(self.segments[i])
-        self.positions[i, off:end] = arange[: stop - start]
+        for f, row in zip(self.fields, self.values[i]):
+            row[off:end] = data[f][start:stop]
+        segments = self.segments[i]
+        segments.append(segment)
+        self.segment_ids[i][off:end] = len(segments)
+        self.positions[i][off:end] = arange[: stop - start]
         self.used[i] = end
 
     def emit(self, i: int, lineage) -> Element:
-        """Returns row ``i`` as a packed element and clears it."""
+        """Returns row ``i`` as a packed element and starts a fresh row in its place."""
         out = {}
-        end = int(self.used[i])
-        for f in self.fields:
-            out[f] = self.values[f][i].copy()
-            out[f + "_segment_ids"] = self.segment_ids[i].copy()
-            out[f + "_positions"] = self.positions[i].copy()
-            self.values[f][i, :end] = 0
-        self.segment_ids[i, :end] = 0
-        self.positions[i, :end] = 0
-        self.used[i] = 0
-        self.segments[i] = []
+        segment_ids, positions = self.segment_ids[i], self.positions[i]
+        for n, (f, row) in enumerate(zip(self.fields, self.values[i])):
+            out[f] = row
+            out[f + "_segment_ids"] = segment_ids if n == 0 else segment_ids.copy()
+            out[f + "_positions"] = positions if n == 0 else positions.copy()
+        self._new_row(i)
         return Element(out, lineage)
 
 
@@ -133,15 +151,16 @@ class BinPackOperator(LineageOperator):
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        free = self.seq_len - carry.used
-        fits = free >= n
-        if self.method == "first_fit":
-            i = int(fits.argmax())
-        else:
-            i = int(np.where(fits, free, self.seq_len + 1).argmin())
+        used = carry.used
+        room = self.seq_len - n
         out = []
-        if not fits[i]:
-            i = int(free.argmin())
+        if self.method == "first_fit":
+            i = next((j for j, u in enumerate(used) if u <= room), -1)
+        else:
+            fullest = max((u for u in used if u <= room), default=-1)
+            i = used.index(fullest) if fullest >= 0 else -1
+        if i < 0:
+            i = used.index(max(used))
             out.append(carry.emit(i, tuple(carry.segments[i])))
         carry.place(i, data, 0, n, element.lineage, self._arange)
         return carry, out
@@ -149,7 +168,7 @@ class BinPackOperator(LineageOperator):
     def flush(self, carry: RowBuffers | None):
         if carry is None:
             return carry, []
-        out = [carry.emit(i, tuple(carry.segments[i])) for i in np.flatnonzero(carry.used)]
+        out = [carry.emit(i, tuple(carry.segments[i])) for i, u in enumerate(carry.used) if u]
         return carry, out
 
     def carry_to_plain(self, carry: RowBuffers | None):
