@@ -1,0 +1,1034 @@
+"""Writes the example notebooks from the cell sources below, optionally executing them.
+
+Usage::
+
+    python notebooks/_build_notebooks.py              # write the notebooks, no outputs
+    python notebooks/_build_notebooks.py --execute    # write, then run each at full size
+    python notebooks/_build_notebooks.py --execute 02_elastic_resume.ipynb
+
+Edit the notebooks here, not in Jupyter, so that they stay easy to review. Every
+notebook reads ``ZEPHON_NB_STEPS`` to choose its size; the tests run them small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+
+COLAB_INSTALL = """\
+# In Colab, install zephon_jax first; elsewhere it is expected to be installed.
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "zephon_jax"], check=True)
+"""
+
+
+def _devices_cell(default_steps: int, extra: str = "") -> str:
+    return (
+        f"""\
+import os
+
+# Eight simulated CPU devices; this must happen before jax is imported.
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+# Size of the run; the test suite sets ZEPHON_NB_STEPS to run the notebook small.
+STEPS = int(os.environ.get("ZEPHON_NB_STEPS", {default_steps}))
+"""
+        + extra
+    )
+
+
+# --------------------------------------------------------------------------------------
+# 01: quickstart
+# --------------------------------------------------------------------------------------
+QUICKSTART = [
+    (
+        "md",
+        """\
+        # zephon_jax quickstart
+
+        A source, a pipeline with packing, a loader that yields global `jax.Array`s
+        sharded over a device mesh, and a checkpoint taken on 8 devices and restored on
+        4, in a few cells. The batches after the restore are the same, bit for bit.
+        """,
+    ),
+    ("code", COLAB_INSTALL),
+    ("code", _devices_cell(40)),
+    (
+        "code",
+        """\
+        import jax
+        import numpy as np
+        import orbax.checkpoint as ocp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        import zephon_jax as zj
+        import zephon_jax.checkpoint
+        from zephon_jax.corpus import builtin_corpus
+        from zephon_jax.prepare import byte_detokenize
+
+        print(jax.devices())
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## A source
+
+        Any random-access source works (`__len__` and `__getitem__`): a list of dicts,
+        a `grain.sources.ArrayRecordDataSource`, or a `TokenStore`. The built-in corpus
+        is the Python standard library's own source files, tokenized byte-level into a
+        `TokenStore`, so this runs offline. It is prepared once and cached.
+        """,
+    ),
+    (
+        "code",
+        """\
+        source = builtin_corpus()
+        print(f"{len(source)} documents, {source.num_tokens:,} tokens")
+        print(byte_detokenize(source[0]["tokens"][:200]))
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## A pipeline with packing
+
+        Shuffle the documents, cut those longer than a row into pieces, and pack the
+        pieces into rows of 256 tokens with best-fit over 16 open rows per lane. Every
+        step is either a pure function of a record position or an operator with an
+        explicit, bounded carry; nothing depends on the devices.
+        """,
+    ),
+    (
+        "code",
+        """\
+        SEQ_LEN, GLOBAL_BATCH = 256, 16
+
+        dataset = (
+            zj.Dataset.source(source)
+            .shuffle(seed=0)
+            .split(SEQ_LEN)
+            .pack(SEQ_LEN, method="best_fit", num_bins=16)
+            .batch(GLOBAL_BATCH)
+        )
+        dataset
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## A sharded loader
+
+        Give the loader the batch sharding. Each process loads exactly the rows its
+        devices hold and the loader returns global `jax.Array`s.
+        """,
+    ),
+    (
+        "code",
+        """\
+        def data_sharding(num_devices):
+            mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+            return NamedSharding(mesh, PartitionSpec("data"))
+
+
+        it = iter(zj.Loader(dataset, sharding=data_sharding(8)))
+        batch = next(it)
+        for name, array in batch.items():
+            print(f"{name:20s} {array.shape} {array.dtype} {array.sharding.spec}")
+        rows_of = batch["tokens"].sharding.devices_indices_map((GLOBAL_BATCH, SEQ_LEN))
+        print(
+            "rows per device:",
+            {device.id: (index[0].start, index[0].stop) for device, index in rows_of.items()},
+        )
+        """,
+    ),
+    (
+        "code",
+        """\
+        # A few more steps. Most rows are 256-token pieces of long files; the last
+        # pieces of files share rows, and padding fills what is left.
+        fill = []
+        for _ in range(STEPS - 1):
+            batch = next(it)
+            fill.append(np.mean(np.asarray(batch["tokens_segment_ids"]) > 0))
+        print(f"after {it.step} steps: fill {np.mean(fill):.2%} (real tokens / row tokens)")
+        print("row 0 of the last batch:")
+        print(byte_detokenize(np.asarray(batch["tokens"][0]))[:300])
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Checkpoint on 8 devices, restore on 4
+
+        `zephon_jax.checkpoint.Save` / `Restore` are Orbax checkpoint arguments: the
+        loader's position goes into the same `CheckpointManager` as the model. The
+        checkpoint holds one small file per lane and nothing about processes or
+        devices, so it restores onto any topology.
+        """,
+    ),
+    (
+        "code",
+        """\
+        import tempfile
+
+        manager = ocp.CheckpointManager(tempfile.mkdtemp())
+        manager.save(it.step, args=ocp.args.Composite(data=zephon_jax.checkpoint.Save(it)))
+        manager.wait_until_finished()
+        lanes = it.get_state()["lanes"]
+        print(f"saved at step {it.step}: {len(lanes)} lanes, {sum(v.nbytes for v in lanes.values())} bytes")
+
+        # What the 8-device run sees next.
+        expected = [np.asarray(next(it)["tokens"]) for _ in range(3)]
+        """,
+    ),
+    (
+        "code",
+        """\
+        restored = iter(zj.Loader(dataset, sharding=data_sharding(4)))
+        manager.restore(
+            manager.latest_step(), args=ocp.args.Composite(data=zephon_jax.checkpoint.Restore(restored))
+        )
+        print("restored at step", restored.step)
+
+        for want in expected:
+            got = next(restored)["tokens"]
+            assert got.sharding.mesh.devices.size == 4
+            assert np.array_equal(np.asarray(got), want)
+        print("the next 3 global batches on 4 devices are identical to those on 8 devices")
+        """,
+    ),
+    (
+        "md",
+        """\
+        Without Orbax, `it.get_state()` returns the same position as plain data (a dict
+        of numpy arrays) and `it.set_state(state)` restores it; on several processes,
+        `zj.merge_states` combines their states into one that restores anywhere.
+        """,
+    ),
+    (
+        "code",
+        """\
+        state = restored.get_state()
+        again = iter(zj.Loader(dataset, sharding=data_sharding(2)))
+        again.set_state(state)
+        assert np.array_equal(np.asarray(next(again)["tokens"]), np.asarray(next(restored)["tokens"]))
+        print(
+            "state: step",
+            state["step"],
+            "|",
+            len(state["lanes"]),
+            "lanes,",
+            sum(v.nbytes for v in state["lanes"].values()),
+            "bytes",
+        )
+        """,
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------
+# 02: elastic resume, the headline experiment
+# --------------------------------------------------------------------------------------
+ELASTIC = [
+    (
+        "md",
+        """\
+        # Resuming on fewer devices: zephon_jax against a standard pipeline
+
+        We train a small byte-level language model on 8 devices, interrupt it at step
+        `k`, and resume it on 4 and on 2 devices, twice: once with zephon_jax and once
+        with a standard Grain pipeline that shards the documents by host and packs on
+        each host (the recipe MaxText uses). Each resumed loss curve is compared with
+        its own uninterrupted reference.
+
+        * With zephon_jax every global batch after the resume is identical to the one
+          the uninterrupted run saw, so the resumed curves lie on the reference; what
+          remains is the order of floating-point reductions over a different number of
+          devices, and we measure it.
+        * With the standard pipeline, a different number of hosts means different
+          per-host shards and different packed rows, so the data order changes at the
+          resume and the curves drift apart.
+
+        Devices are simulated on the CPU. Both loaders run the way they would on a
+        cluster with one device per host: one loader per simulated host, each producing
+        that host's rows of every global batch, which are assembled in host order into
+        a global `jax.Array` sharded over the mesh.
+        """,
+    ),
+    ("code", COLAB_INSTALL),
+    (
+        "code",
+        _devices_cell(
+            200,
+            """\
+RESUME_AT = STEPS // 2  # the interruption, step k
+GLOBAL_BATCH, SEQ_LEN = 16, 128
+""",
+        ),
+    ),
+    (
+        "code",
+        """\
+        import grain
+        import grain.experimental
+        import jax
+        import jax.numpy as jnp
+        import matplotlib.pyplot as plt
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        import zephon_jax as zj
+        from zephon_jax.corpus import builtin_corpus
+
+        print(len(jax.devices()), "devices")
+        source = builtin_corpus()  # the standard library's sources, byte-level tokens
+        print(f"{len(source)} documents, {source.num_tokens:,} tokens")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## The two pipelines
+
+        Both shuffle the documents with the same seed, cut them into pieces of at most
+        `SEQ_LEN` tokens, pack the pieces first-fit over 8 open rows and form global
+        batches of 16 rows.
+
+        A simulated host `h` of `n` holds rows `[h*16/n, (h+1)*16/n)` of every global
+        batch.
+        """,
+    ),
+    (
+        "code",
+        """\
+        FIELDS = ("tokens", "tokens_segment_ids", "tokens_positions")
+
+
+        def mesh_sharding(num_devices, spec=None):
+            \"\"\"Rows split over the first ``num_devices`` devices, or ``spec`` if given.\"\"\"
+            mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+            return NamedSharding(mesh, PartitionSpec("data") if spec is None else spec)
+
+
+        class SimulatedHosts:
+            \"\"\"One loader per host, one device per host; a global batch is their rows in host order.\"\"\"
+
+            def __init__(self, host_iterators):
+                self.hosts = host_iterators
+                self.sharding = mesh_sharding(len(host_iterators))
+
+            def __next__(self):
+                parts = [next(host) for host in self.hosts]
+                batch = {f: np.concatenate([p[f] for p in parts]) for f in FIELDS}
+                return jax.device_put(batch, self.sharding)
+        """,
+    ),
+    (
+        "md",
+        """\
+        **zephon_jax** defines the pipeline once; every host runs a `Loader` for its
+        process index. A checkpoint merges the hosts' states (`zj.merge_states`; the
+        Orbax integration does this for you, see the quickstart) and every host of the
+        new topology restores from it.
+        """,
+    ),
+    (
+        "code",
+        """\
+        zephon_dataset = (
+            zj.Dataset.source(source)
+            .shuffle(seed=0)
+            .split(SEQ_LEN)
+            .pack(SEQ_LEN, method="first_fit", num_bins=8)
+            .batch(GLOBAL_BATCH)
+        )
+
+
+        class ZephonLoader(SimulatedHosts):
+            def __init__(self, num_hosts, state=None):
+                super().__init__(
+                    [
+                        iter(zj.Loader(zephon_dataset, process_index=h, process_count=num_hosts))
+                        for h in range(num_hosts)
+                    ]
+                )
+                if state is not None:
+                    for host in self.hosts:
+                        host.set_state(state)
+
+            def get_state(self):
+                return zj.merge_states([host.get_state() for host in self.hosts])
+        """,
+    ),
+    (
+        "md",
+        """\
+        **The standard pipeline** runs one Grain pipeline per host, as MaxText does:
+        the host takes its shard of the shuffled documents, splits and packs them
+        locally, and contributes `GLOBAL_BATCH / num_hosts` rows to each global batch.
+        Grain checkpoints one file per process and restores only onto the same process
+        count, so on a new host count the pipelines are rebuilt for the new hosts and
+        each skips the `k` batches already trained on.
+        """,
+    ),
+    (
+        "code",
+        """\
+        class SplitPieces(grain.experimental.FlatMapTransform):
+            max_fan_out = 1 << 16
+
+            def flat_map(self, record):
+                tokens = record["tokens"]
+                return [{"tokens": tokens[i : i + SEQ_LEN]} for i in range(0, len(tokens), SEQ_LEN)]
+
+
+        def grain_host_pipeline(host, num_hosts):
+            ds = grain.MapDataset.source(source).shuffle(seed=0).repeat()
+            ds = ds[host::num_hosts].to_iter_dataset()  # this host's shard of the documents
+            ds = grain.experimental.FlatMapIterDataset(ds, SplitPieces())
+            ds = grain.experimental.FirstFitPackIterDataset(
+                ds, length_struct={"tokens": SEQ_LEN}, num_packing_bins=8
+            )
+            return iter(ds.batch(GLOBAL_BATCH // num_hosts))
+
+
+        class StandardLoader(SimulatedHosts):
+            def __init__(self, num_hosts, skip=0):
+                super().__init__([grain_host_pipeline(h, num_hosts) for h in range(num_hosts)])
+                for _ in range(skip):
+                    next(self)
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## The model
+
+        A one-layer transformer over bytes (embedding width 64, 4 heads), with attention
+        restricted to each packed segment and positions restarting in every segment,
+        trained with Adam written out by hand. The parameters are replicated and the
+        batch is sharded over the `data` axis, so the loss and the gradients are
+        reduced across devices.
+        """,
+    ),
+    (
+        "code",
+        """\
+        VOCAB, WIDTH, HEADS = 258, 64, 4
+
+
+        def init_params(key):
+            k = jax.random.split(key, 6)
+
+            def normal(key, shape, scale):
+                return jax.random.normal(key, shape, jnp.float32) * scale
+
+            return {
+                "embed": normal(k[0], (VOCAB, WIDTH), 0.02),
+                "pos": normal(k[1], (SEQ_LEN, WIDTH), 0.02),
+                "qkv": normal(k[2], (WIDTH, 3 * WIDTH), WIDTH**-0.5),
+                "out": normal(k[3], (WIDTH, WIDTH), WIDTH**-0.5),
+                "up": normal(k[4], (WIDTH, 4 * WIDTH), WIDTH**-0.5),
+                "down": normal(k[5], (4 * WIDTH, WIDTH), (4 * WIDTH) ** -0.5),
+            }
+
+
+        def layer_norm(x):
+            return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
+        def logits_fn(p, tokens, segments, positions):
+            x = p["embed"][tokens] + p["pos"][positions]
+            b, t, _ = x.shape
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            mask = causal[None, None] & (segments[:, None, :, None] == segments[:, None, None, :])
+            q, k, v = (a.reshape(b, t, HEADS, -1) for a in jnp.split(layer_norm(x) @ p["qkv"], 3, -1))
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(WIDTH // HEADS)
+            attention = jax.nn.softmax(jnp.where(mask, scores, -1e9), -1)
+            x = x + jnp.einsum("bhqk,bkhd->bqhd", attention, v).reshape(b, t, WIDTH) @ p["out"]
+            x = x + jax.nn.gelu(layer_norm(x) @ p["up"]) @ p["down"]
+            return layer_norm(x) @ p["embed"].T
+
+
+        def loss_fn(p, batch):
+            tokens = batch["tokens"].astype(jnp.int32)
+            segments, positions = batch["tokens_segment_ids"], batch["tokens_positions"]
+            logits = logits_fn(p, tokens[:, :-1], segments[:, :-1], positions[:, :-1])
+            # Predict the next token only inside a segment.
+            valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
+            nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
+            return jnp.sum(nll * valid) / jnp.maximum(valid.sum(), 1)
+
+
+        LEARNING_RATE, BETA1, BETA2 = 3e-3, 0.9, 0.99
+
+
+        @jax.jit
+        def train_step(state, batch):
+            params, mu, nu, count = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            count = count + 1
+            mu = jax.tree.map(lambda m, g: BETA1 * m + (1 - BETA1) * g, mu, grads)
+            nu = jax.tree.map(lambda v, g: BETA2 * v + (1 - BETA2) * g * g, nu, grads)
+            params = jax.tree.map(
+                lambda p, m, v: (
+                    p - LEARNING_RATE * (m / (1 - BETA1**count)) / (jnp.sqrt(v / (1 - BETA2**count)) + 1e-8)
+                ),
+                params,
+                mu,
+                nu,
+            )
+            return (params, mu, nu, count), loss
+
+
+        def train(loader, state, num_devices, steps):
+            \"\"\"Runs ``steps`` steps on the first ``num_devices`` devices; returns state, losses, batches.\"\"\"
+            state = jax.device_put(state, mesh_sharding(num_devices, PartitionSpec()))
+            losses, seen = [], []
+            for _ in range(steps):
+                batch = next(loader)
+                assert batch["tokens"].sharding.mesh.devices.size == num_devices
+                seen.append(np.asarray(batch["tokens"]))
+                state, loss = train_step(state, batch)
+                losses.append(float(loss))
+            return state, np.array(losses), seen
+
+
+        params = init_params(jax.random.key(0))
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        initial_state = (params, zeros, zeros, jnp.zeros((), jnp.int32))
+        print(sum(x.size for x in jax.tree.leaves(params)), "parameters")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## zephon_jax: train on 8 devices, interrupt at step k, resume on 4 and on 2
+
+        The uninterrupted reference runs all steps on 8 devices. At step `k` we keep the
+        model state and the loader state (in a real job both go into one Orbax
+        checkpoint, see the quickstart); each resumed run builds fresh loaders for its
+        hosts, restores the loader state and continues on its smaller mesh.
+        """,
+    ),
+    (
+        "code",
+        """\
+        loader = ZephonLoader(num_hosts=8)
+        state_at_k, losses_a, batches_a = train(loader, initial_state, 8, RESUME_AT)
+        loader_state_at_k = loader.get_state()
+        _, losses_b, batches_b = train(loader, state_at_k, 8, STEPS - RESUME_AT)
+        zephon_reference = np.concatenate([losses_a, losses_b])
+        zephon_reference_batches = batches_a + batches_b
+
+        zephon_resumed = {}
+        for num_devices in (4, 2):
+            resumed = ZephonLoader(num_hosts=num_devices, state=loader_state_at_k)
+            _, losses, batches = train(resumed, state_at_k, num_devices, STEPS - RESUME_AT)
+            identical = all(
+                np.array_equal(a, b) for a, b in zip(batches, zephon_reference_batches[RESUME_AT:])
+            )
+            assert identical, "zephon_jax batches differ after the resume"
+            zephon_resumed[num_devices] = losses
+            gap = np.abs(losses - zephon_reference[RESUME_AT:]).max()
+            print(
+                f"resumed on {num_devices} hosts: batches identical: {identical}; max |loss - reference| = {gap:.2e}"
+            )
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## The standard pipeline: the same experiment
+        """,
+    ),
+    (
+        "code",
+        """\
+        loader = StandardLoader(num_hosts=8)
+        state_at_k, losses_a, batches_a = train(loader, initial_state, 8, RESUME_AT)
+        _, losses_b, batches_b = train(loader, state_at_k, 8, STEPS - RESUME_AT)
+        standard_reference = np.concatenate([losses_a, losses_b])
+        standard_reference_batches = batches_a + batches_b
+
+        standard_resumed = {}
+        for num_devices in (4, 2):
+            resumed = StandardLoader(num_hosts=num_devices, skip=RESUME_AT)
+            _, losses, batches = train(resumed, state_at_k, num_devices, STEPS - RESUME_AT)
+            rows_same = np.mean(
+                [
+                    np.mean(np.all(a == b, axis=1))
+                    for a, b in zip(batches, standard_reference_batches[RESUME_AT:])
+                ]
+            )
+            assert rows_same < 0.5, "expected the standard pipeline's batches to change with the host count"
+            standard_resumed[num_devices] = losses
+            gap = np.abs(losses - standard_reference[RESUME_AT:])
+            print(
+                f"resumed on {num_devices} hosts: rows equal to the reference: {rows_same:.1%}; "
+                f"|loss - reference| mean {gap.mean():.3f}, max {gap.max():.3f}"
+            )
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## The picture
+
+        Top: each resumed loss curve over its own uninterrupted reference. Bottom: the
+        absolute per-step difference from the reference, on a log scale shared by both
+        loaders; an exact zero is drawn on the line marked 0. A float32 loss near 2.5
+        has a spacing of about 2.4e-7, so for zephon_jax every difference is either
+        zero or a few units in the last place.
+        """,
+    ),
+    (
+        "code",
+        """\
+        steps = np.arange(1, STEPS + 1)
+        resumed_steps = steps[RESUME_AT:]
+        colors = {4: "tab:orange", 2: "tab:green"}
+        floor = 1e-9
+
+        fig, axes = plt.subplots(
+            2, 2, figsize=(11, 6.2), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+        )
+        panels = [
+            ("zephon_jax", zephon_reference, zephon_resumed),
+            (
+                "standard Grain pipeline (shard by host, pack per host)",
+                standard_reference,
+                standard_resumed,
+            ),
+        ]
+        for col, (title, reference, resumed) in enumerate(panels):
+            top, bottom = axes[0, col], axes[1, col]
+            top.plot(steps, reference, color="black", lw=1.6, label="uninterrupted, 8 devices")
+            for n, losses in resumed.items():
+                style = "--" if n == 4 else ":"
+                top.plot(
+                    resumed_steps, losses, style, color=colors[n], lw=1.4, label=f"resumed on {n} devices"
+                )
+                gap = np.maximum(np.abs(losses - reference[RESUME_AT:]), floor)
+                marker = "o" if n == 4 else "x"
+                bottom.plot(
+                    resumed_steps, gap, marker, color=colors[n], ms=3, alpha=0.8, label=f"{n} devices"
+                )
+            for ax in (top, bottom):
+                ax.axvline(RESUME_AT, color="gray", lw=0.8)
+            top.set_title(title, fontsize=11)
+            top.set_ylabel("training loss")
+            top.legend(fontsize=8, loc="upper right")
+            bottom.set_yscale("log")
+            bottom.set_ylim(floor * 0.3, 10)
+            ticks = [floor, 1e-7, 1e-5, 1e-3, 1e-1, 10]
+            bottom.set_yticks(ticks, ["0"] + [f"1e{int(np.log10(t))}" for t in ticks[1:]])
+            bottom.legend(fontsize=8, loc="center right")
+            bottom.set_ylabel("|loss - reference|")
+            bottom.set_xlabel(f"step (interrupted at step {RESUME_AT})")
+        low = min(
+            min(r.min() for r in zephon_resumed.values()), min(r.min() for r in standard_resumed.values())
+        )
+        for ax in axes[0]:
+            ax.set_ylim(low - 0.1, max(zephon_reference[5:].max(), standard_reference[5:].max()) + 0.1)
+        fig.tight_layout()
+
+        # Only a full-size run updates the figure used by the documentation.
+        figure_path = "../docs/_static/elastic_resume.png"
+        if "ZEPHON_NB_STEPS" not in os.environ and os.path.isdir(os.path.dirname(figure_path)):
+            fig.savefig(figure_path, dpi=110)
+        plt.show()
+        """,
+    ),
+    (
+        "code",
+        """\
+        for name, reference, resumed in [
+            ("zephon_jax", zephon_reference, zephon_resumed),
+            ("standard", standard_reference, standard_resumed),
+        ]:
+            for n, losses in resumed.items():
+                gap = np.abs(losses - reference[RESUME_AT:])
+                print(
+                    f"{name:10s} resumed on {n}: mean |loss - reference| = {gap.mean():.2e}, max = {gap.max():.2e}"
+                )
+
+        zephon_gap = max(np.abs(l - zephon_reference[RESUME_AT:]).max() for l in zephon_resumed.values())
+        standard_gap = min(
+            np.abs(l - standard_reference[RESUME_AT:]).mean() for l in standard_resumed.values()
+        )
+        assert zephon_gap < 1e-3 < standard_gap
+        """,
+    ),
+    (
+        "md",
+        """\
+        The zephon_jax runs see the same global batches as the reference; their loss
+        differs from it only by the order in which a different number of devices sums
+        the loss and the gradients, a few units in the last place of float32. The
+        standard pipeline's runs see different data from the resume on, and their
+        losses differ from the reference by as much as the loss varies from batch to
+        batch. Over a long run those differences do not average out: they change which
+        documents the model has seen by any given step.
+        """,
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------
+# 03: packing and mixtures
+# --------------------------------------------------------------------------------------
+PACKING = [
+    (
+        "md",
+        """\
+        # Packing and mixtures, visualized
+
+        What packed rows look like, how full each packing method fills them, and how a
+        weighted mixture spreads its sources over steps and lanes. All data comes from
+        the built-in corpus (the standard library's sources, byte-level tokens).
+        """,
+    ),
+    ("code", COLAB_INSTALL),
+    ("code", _devices_cell(100)),
+    (
+        "code",
+        """\
+        import time
+
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        import zephon_jax as zj
+        from zephon_jax.corpus import builtin_sources
+        from zephon_jax.prepare import BYTE_OFFSET
+
+        sources = builtin_sources()  # {"library": TokenStore, "tests": TokenStore}
+        for name, store in sources.items():
+            print(f"{name:8s} {len(store):5d} files {store.num_tokens:12,d} tokens")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Records of very different lengths
+
+        Whole files are long, so we cut each file into its top-level blocks (a
+        function, a class, a group of imports) with a pure `flat_map`, and keep the
+        blocks that fit a row of 1024 tokens (a longer block would be split into full
+        rows, which need no packing). That gives the many short records of very
+        different lengths that packing is for.
+        """,
+    ),
+    (
+        "code",
+        """\
+        NEWLINE, SPACE = ord("\\n") + BYTE_OFFSET, ord(" ") + BYTE_OFFSET
+
+
+        def top_level_blocks(record):
+            \"\"\"Cuts a file where an unindented line follows a blank line.\"\"\"
+            t = record["tokens"]
+            starts = (
+                np.flatnonzero(
+                    (t[:-2] == NEWLINE) & (t[1:-1] == NEWLINE) & (t[2:] != NEWLINE) & (t[2:] != SPACE)
+                )
+                + 2
+            )
+            cuts = [0, *starts.tolist(), len(t)]
+            return [{"tokens": t[a:b]} for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+        SEQ_LEN, GLOBAL_BATCH = 1024, 16
+
+
+        def fits_a_row(record):
+            return len(record["tokens"]) <= SEQ_LEN
+
+
+        library = (
+            zj.Dataset.source(sources["library"])
+            .shuffle(seed=0)
+            .flat_map(top_level_blocks)
+            .filter(fits_a_row)
+        )
+        lengths = np.array(
+            [
+                len(b["tokens"])
+                for i in range(100)
+                for b in top_level_blocks(sources["library"][i])
+                if fits_a_row(b)
+            ]
+        )
+        print(
+            "block lengths, percentiles 10/50/90/99:", np.percentile(lengths, [10, 50, 90, 99]).astype(int)
+        )
+
+        fig, ax = plt.subplots(figsize=(7, 2.6))
+        ax.hist(lengths, bins=64, color="tab:blue")
+        ax.set_xlabel("block length in tokens")
+        ax.set_ylabel("blocks")
+        fig.tight_layout()
+        plt.show()
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Packed rows
+
+        A global batch of 16 rows of 1024 tokens, packed best-fit over 16 open rows per
+        lane (the tenth batch, once the open rows have filled up). Each colour is one segment (one record or piece of a record); white
+        is padding. `tokens_segment_ids` numbers the segments of a row from 1 and
+        `tokens_positions` restarts at 0 in each, as Grain's packers do.
+        """,
+    ),
+    (
+        "code",
+        """\
+        packed = library.pack(SEQ_LEN, method="best_fit", num_bins=16).batch(GLOBAL_BATCH)
+        it = iter(zj.Loader(packed))
+        for _ in range(10):
+            batch = next(it)
+        segment_ids = batch["tokens_segment_ids"]
+
+        colors = np.where(
+            segment_ids > 0, (segment_ids * 0.618) % 1.0, np.nan
+        )  # neighbours get distinct hues
+        fig, ax = plt.subplots(figsize=(10, 3.4))
+        cmap = plt.get_cmap("tab20").copy()
+        cmap.set_bad("white")
+        ax.imshow(colors, aspect="auto", interpolation="nearest", cmap=cmap)
+        for r in range(GLOBAL_BATCH):
+            ax.text(
+                SEQ_LEN + 8,
+                r,
+                f"{segment_ids[r].max():2d} segments, {np.mean(segment_ids[r] > 0):.0%}",
+                va="center",
+                fontsize=7,
+            )
+        ax.set_xlim(-0.5, SEQ_LEN + 200)
+        ax.set_xlabel("token position in the row")
+        ax.set_ylabel("row of the global batch")
+        ax.set_title("one packed global batch: segments per row and fill")
+        fig.tight_layout()
+        plt.show()
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Fill ratio per method
+
+        The fraction of a row's tokens that are real (not padding), over `STEPS` global
+        batches, for `best_fit` and `first_fit` with 1 to 64 open rows per lane, and
+        `concat` (concat-then-split, which never pads but cuts records at row
+        boundaries). More open rows fill better; the carry grows with them, but only by
+        one pointer per record held.
+        """,
+    ),
+    (
+        "code",
+        """\
+        def fill_and_rate(method, num_bins):
+            ds = library.pack(SEQ_LEN, method=method, num_bins=num_bins).batch(GLOBAL_BATCH)
+            it = iter(zj.Loader(ds))
+            start = time.perf_counter()
+            real = sum(int(np.count_nonzero(next(it)["tokens_segment_ids"])) for _ in range(STEPS))
+            elapsed = time.perf_counter() - start
+            state_bytes = sum(v.nbytes for v in it.get_state()["lanes"].values())
+            return real / (STEPS * GLOBAL_BATCH * SEQ_LEN), real / elapsed, state_bytes
+
+
+        BINS = [1, 2, 4, 8, 16, 32, 64]
+        results = {(m, b): fill_and_rate(m, b) for m in ("best_fit", "first_fit") for b in BINS}
+        results[("concat", None)] = fill_and_rate("concat", None)
+
+        print(f"{'method':10s} {'bins':>4s} {'fill':>7s} {'tokens/s':>12s} {'state bytes':>12s}")
+        for (m, b), (fill, rate, size) in results.items():
+            print(f"{m:10s} {b if b else '-':>4} {fill:7.2%} {rate:12,.0f} {size:12,d}")
+        """,
+    ),
+    (
+        "code",
+        """\
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        for method, marker in (("best_fit", "o"), ("first_fit", "s")):
+            ax.plot(BINS, [results[(method, b)][0] for b in BINS], marker=marker, label=method)
+        ax.axhline(results[("concat", None)][0], color="gray", ls="--", label="concat")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(BINS, [str(b) for b in BINS])
+        ax.set_xlabel("open rows per lane (num_bins)")
+        ax.set_ylabel("fill ratio (real tokens / row tokens)")
+        ax.set_title(f"fill ratio over {STEPS} global batches of {GLOBAL_BATCH} x {SEQ_LEN}")
+        ax.legend()
+        fig.tight_layout()
+        plt.show()
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Mixture proportions per step and per lane
+
+        Three sources mixed with weights 0.6 / 0.3 / 0.1: the library's files, the test
+        suites' files, and a small rare source (the 40 shortest library files). A `map`
+        on each component tags its records with the source id, so each row of a batch
+        says where it came from. Each lane draws its own schedule whose counts are exact
+        over every block of 1024 draws, so the per-step proportions stay close to the
+        weights, and every lane receives every source, the rare one included, in
+        proportion.
+        """,
+    ),
+    (
+        "code",
+        """\
+        WEIGHTS = (0.6, 0.3, 0.1)
+        NAMES = ("library", "tests", "rare")
+        shortest = np.argsort(sources["library"].doc_lengths)[:40]
+        rare = [sources["library"][int(i)] for i in shortest]
+
+
+        def tag(source_id):
+            def tag_record(record):
+                return {"source": np.int32(source_id), "length": np.int32(len(record["tokens"]))}
+
+            tag_record.__name__ = f"tag_{source_id}"
+            return tag_record
+
+
+        components = [
+            zj.Dataset.source(src).map(tag(i))
+            for i, src in enumerate([sources["library"], sources["tests"], rare])
+        ]
+        MIX_BATCH, MIX_STEPS = 32, min(1024, 16 * STEPS)
+        mixture = zj.Dataset.mix(components, WEIGHTS).shuffle(seed=1).batch(MIX_BATCH)
+
+        it = iter(zj.Loader(mixture))
+        per_step = np.array([next(it)["source"] for _ in range(MIX_STEPS)])  # [step, row] -> source id
+        shares = np.stack([(per_step == s).mean(axis=1) for s in range(3)], axis=1)
+        print(
+            "overall shares:",
+            {name: round(float((per_step == s).mean()), 4) for s, name in enumerate(NAMES)},
+        )
+        """,
+    ),
+    (
+        "code",
+        """\
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+        left.stackplot(np.arange(1, MIX_STEPS + 1), shares.T, labels=NAMES, alpha=0.85)
+        for w in np.cumsum(WEIGHTS)[:-1]:
+            left.axhline(w, color="black", lw=0.8, ls="--")
+        left.set_xlim(1, MIX_STEPS)
+        left.set_ylim(0, 1)
+        left.set_xlabel("step")
+        left.set_ylabel("share of the batch's records")
+        left.set_title(f"per-step proportions ({MIX_BATCH} rows per step); dashed: weights")
+        left.legend(loc="lower right", fontsize=8)
+
+        # Rows of lane l are rows [l*R, (l+1)*R); here R = 1, so column l is lane l.
+        per_lane = np.stack([(per_step == s).mean(axis=0) for s in range(3)])
+        bottom = np.zeros(MIX_BATCH)
+        for s in range(3):
+            right.bar(np.arange(MIX_BATCH), per_lane[s], bottom=bottom, width=1.0, label=NAMES[s])
+            bottom += per_lane[s]
+        right.set_xlabel("lane")
+        right.set_ylabel("share over all steps")
+        right.set_title("per-lane proportions")
+        right.set_xlim(-0.5, MIX_BATCH - 0.5)
+        fig.tight_layout()
+        plt.show()
+
+        counts = np.stack([(per_step == s).sum(axis=0) for s in range(3)])  # [source, lane]
+        for s in range(3):
+            print(
+                f"{NAMES[s]:8s} records per lane over {MIX_STEPS} steps: {counts[s].min()}..{counts[s].max()} "
+                f"(weight x steps = {WEIGHTS[s] * MIX_STEPS:.1f})"
+            )
+        assert counts[2].min() > 0, "every lane must receive the rare source"
+        if MIX_STEPS == 1024:  # one full schedule block: every lane's counts are exact to a draw or two
+            assert np.all(np.abs(counts - np.array(WEIGHTS)[:, None] * MIX_STEPS) <= 2)
+        """,
+    ),
+    (
+        "md",
+        """\
+        The proportions are a property of the lanes, which do not depend on the
+        topology: the same rows come from the same sources on any number of devices
+        or processes, and after any resume.
+        """,
+    ),
+]
+
+
+NOTEBOOKS = {
+    "01_quickstart.ipynb": QUICKSTART,
+    "02_elastic_resume.ipynb": ELASTIC,
+    "03_packing_and_mixtures.ipynb": PACKING,
+}
+
+
+def build(cells) -> nbformat.NotebookNode:
+    """A notebook (without outputs) from ``(kind, source)`` pairs."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+        "colab": {"provenance": []},
+    }
+    for kind, source in cells:
+        source = textwrap.dedent(source).strip("\n")
+        if kind == "md":
+            nb.cells.append(nbformat.v4.new_markdown_cell(source))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(source))
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i:02d}"
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 1200) -> nbformat.NotebookNode:
+    """Runs ``nb`` in a fresh kernel with this directory as its working directory."""
+    from nbclient import NotebookClient
+
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}
+    ).execute()
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="notebooks to write (default: all)")
+    parser.add_argument("--execute", action="store_true", help="run them and keep the outputs")
+    args = parser.parse_args(argv)
+    names = args.names or list(NOTEBOOKS)
+    if args.execute:
+        os.environ.pop("ZEPHON_NB_STEPS", None)  # full size
+    for name in names:
+        nb = build(NOTEBOOKS[name])
+        if args.execute:
+            start = time.perf_counter()
+            execute(nb)
+            print(f"{name}: executed in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        nbformat.write(nb, HERE / name)
+        print(f"wrote {HERE / name} ({(HERE / name).stat().st_size / 1e3:.0f} kB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
