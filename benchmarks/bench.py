@@ -53,6 +53,8 @@ class Case:
     kwargs: dict[str, Any]
     metrics: tuple[Metric, ...]
     needs_corpus: bool = True
+    # Arguments that differ on the zephon_jax side (e.g. its own defaults).
+    zephon_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _REC = Metric("records_per_s", "records/s (↑)", "rate", True)
@@ -66,6 +68,7 @@ _GETSTATE = Metric("get_state_s", "get_state (↓)", "s", False)
 _MATCH = Metric("restore_matches", "restore matches", "bool", None)
 _STARTUP = Metric("startup_s", "time to 1st batch (↓)", "s", False)
 _RSS_TOTAL = Metric("peak_total_rss_mb", "peak RSS incl. workers (↓)", "MB", False)
+_STATE_LANE = Metric("state_bytes_per_lane", "state bytes per lane (↓)", "bytes", False)
 
 
 def build_cases(quick: bool) -> list[Case]:
@@ -96,6 +99,15 @@ def build_cases(quick: bool) -> list[Case]:
             kwargs["read_threads"] = rt
         metrics = (_TOK, _FILL, _RSS) if bins == 512 else (_TOK, _FILL)
         cases.append(Case(name, "packing", kwargs, metrics))
+    cases.append(
+        Case(
+            "pack defaults (grain first_fit bins=8, zephon_jax best_fit bins=32)",
+            "packing",
+            {"method": "first_fit", "num_packing_bins": 8},
+            (_TOK, _FILL),
+            zephon_kwargs={"method": "best_fit", "num_packing_bins": 32},
+        )
+    )
 
     restore_grid = [(8, 100, 0), (8, 10_000, 0), (512, 100, 0), (512, 10_000, 0)]
     restore_grid += [(8, 100, None), (512, 100, None)]
@@ -107,10 +119,20 @@ def build_cases(quick: bool) -> list[Case]:
         if rt is not None:
             name += f" read_threads={rt}"
             kwargs["read_threads"] = rt
-        metrics = (_RESTORE, _FRESH, _STATE, _MATCH)
+        metrics = (_RESTORE, _FRESH, _STATE, _STATE_LANE, _GETSTATE, _MATCH)
         if steps == 10_000 and bins == 512:
-            metrics = (_RESTORE, _FRESH, _STATE, _GETSTATE, _MATCH, _RSS)
+            metrics = (_RESTORE, _FRESH, _STATE, _STATE_LANE, _GETSTATE, _MATCH, _RSS)
         cases.append(Case(name, "restore_cost", kwargs, metrics))
+    for steps in (100, 10_000):
+        cases.append(
+            Case(
+                f"restore defaults (zephon_jax bins=32) steps={steps} read_threads=0",
+                "restore_cost",
+                {"method": "first_fit", "num_packing_bins": 8, "steps": steps, "read_threads": 0},
+                (_RESTORE, _STATE_LANE, _GETSTATE, _MATCH),
+                zephon_kwargs={"num_packing_bins": 32},
+            )
+        )
     # Grain's ConcatThenSplit state does not survive a JSON round trip when it holds
     # no remainder (e.g. at step 0): restore_matches shows it.
     for steps in (0, 100):
@@ -321,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         z_err = None
         if z_fn is not None:
             try:
-                z_res = _call(z_fn, call_kwargs)
+                z_res = _call(z_fn, dict(call_kwargs, **case.zephon_kwargs))
             except Exception as e:  # noqa: BLE001
                 z_err = f"error: {type(e).__name__}"
                 errors.append(f"zephon_jax / {case.name}:\n{traceback.format_exc(limit=4)}")
@@ -348,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 "case": case.name,
                 "function": case.function,
                 "kwargs": dict(kwargs, **({"corpus": corpus_desc} if case.needs_corpus else {})),
+                "zephon_kwargs": case.zephon_kwargs,
                 "grain": g_res,
                 "zephon_jax": z_res,
             }

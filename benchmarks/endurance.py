@@ -1,0 +1,270 @@
+"""Endurance: a long run of a small packing pipeline keeps flat memory and leaks nothing.
+
+    python benchmarks/endurance.py --steps 100000 --every 1000 --json /tmp/endurance.json
+
+Runs ``--steps`` global batches of shuffle -> map -> split -> pack(best_fit) ->
+window_shuffle (with loader workers when ``zephon_jax.workers`` is available)
+and samples, every ``--every`` steps: resident memory of the loader process and
+its workers, thread count, open file descriptors, child processes, the loader's
+shared-memory segments in ``/dev/shm`` and the size of ``get_state()``. After
+``close()`` it checks that threads, descriptors, processes and segments are back
+to what they were before the loader started.
+
+Asserts (exit status 1 and a list of failures otherwise):
+
+* memory growth between the end of warm-up and the end of the run is below
+  ``--max-growth-mb``;
+* thread, descriptor, process and segment counts are constant after warm-up and
+  back to their baseline after ``close()``;
+* the state size stays within its bound: at most ``--max-state-growth`` times
+  the largest size seen during warm-up (open bins hold a varying number of
+  record pointers, so the size varies within a bound, never with steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import zephon_jax as zj
+
+HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers") is not None
+
+
+def add_one(record):
+    return {"tokens": record["tokens"] + 1}
+
+
+def make_pipeline(batch: int, seq_len: int, num_docs: int) -> zj.BatchedDataset:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 2 * seq_len, size=num_docs)
+    docs = [{"tokens": rng.integers(1, 32000, size=int(n)).astype(np.int32)} for n in lengths]
+    return (
+        zj.Dataset.source(docs)
+        .shuffle(1)
+        .map(add_one)
+        .split(seq_len)
+        .pack(seq_len, method="best_fit", num_bins=8)
+        .window_shuffle(16, seed=2)
+        .batch(batch)
+    )
+
+
+# ----- process metrics from /proc (Linux) ---------------------------------------------------
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return 0.0
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def child_pids() -> list[int]:
+    pid = os.getpid()
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return sorted(children)
+
+
+def shm_entries(prefix: str) -> int:
+    try:
+        return sum(1 for name in os.listdir("/dev/shm") if name.startswith(prefix))
+    except FileNotFoundError:
+        return 0
+
+
+def shm_mappings() -> int:
+    """Shared-memory segments mapped into this process (named or already unlinked)."""
+    with open("/proc/self/maps") as f:
+        return len(
+            {
+                line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+                for line in f
+                if "/dev/shm/" in line
+            }
+        )
+
+
+def state_bytes(state: dict) -> int:
+    return sum(len(v) for v in state["lanes"].values())
+
+
+def leak_counts(prefix: str) -> dict:
+    return {
+        "threads": thread_count(),
+        "fds": open_fds(),
+        "children": len(child_pids()),
+        "shm": shm_entries(prefix),
+        "shm_maps": shm_mappings(),
+    }
+
+
+# ----- the run ---------------------------------------------------------------------------
+def sample(step: int, it, prefix: str, started: float) -> dict:
+    children = child_pids()
+    return {
+        "step": step,
+        "seconds": round(time.perf_counter() - started, 3),
+        "rss_mb": round(rss_mb(os.getpid()), 2),
+        "worker_rss_mb": round(sum(rss_mb(c) for c in children), 2),
+        "threads": thread_count(),
+        "python_threads": threading.active_count(),
+        "fds": open_fds(),
+        "children": len(children),
+        "shm": shm_entries(prefix),
+        "shm_maps": shm_mappings(),
+        "state_bytes": state_bytes(it.get_state()),
+    }
+
+
+def run(args) -> dict:
+    ds = make_pipeline(args.batch, args.seq_len, args.num_docs)
+    prefix = f"zj{os.getpid():x}"  # the workers' segment names start with it
+    if args.workers:
+        # multiprocessing's resource tracker is one process per interpreter, started on first
+        # use and kept until exit by design: start it before the baseline.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    gc.collect()
+    baseline = leak_counts(prefix)
+    kwargs = {"num_workers": args.workers} if args.workers else {}
+    it = iter(zj.Loader(ds, **kwargs))
+    started = time.perf_counter()
+    samples = [sample(0, it, prefix, started)]
+    tokens = 0
+    for step in range(1, args.steps + 1):
+        batch = next(it)
+        tokens += int(np.count_nonzero(batch["tokens_segment_ids"]))
+        if step % args.every == 0 or step == args.steps:
+            samples.append(sample(step, it, prefix, started))
+            if args.verbose:
+                print(json.dumps(samples[-1]), flush=True)
+    elapsed = time.perf_counter() - started
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    del it
+    gc.collect()
+    time.sleep(0.5)  # let exiting workers be reaped
+    after = leak_counts(prefix)
+    return {
+        "config": vars(args),
+        "elapsed_s": round(elapsed, 2),
+        "steps_per_s": round(args.steps / elapsed, 1),
+        "real_tokens_per_s": round(tokens / elapsed),
+        "baseline": baseline,
+        "after_close": after,
+        "samples": samples,
+    }
+
+
+def check(result: dict, args) -> list[str]:
+    """The failed assertions, as sentences."""
+    samples = result["samples"]
+    warm = [s for s in samples if s["step"] <= args.warmup]
+    rest = [s for s in samples if s["step"] >= args.warmup]
+    failures = []
+    if not warm or not rest:
+        return [f"no samples around the warm-up of {args.warmup} steps"]
+    start, end = rest[0], rest[-1]
+    growth = (end["rss_mb"] + end["worker_rss_mb"]) - (start["rss_mb"] + start["worker_rss_mb"])
+    result["rss_growth_mb"] = round(growth, 2)
+    if growth > args.max_growth_mb:
+        failures.append(
+            f"memory grew by {growth:.1f} MB after warm-up (bound {args.max_growth_mb})"
+        )
+    for key in ("threads", "fds", "children", "shm", "shm_maps"):
+        values = sorted({s[key] for s in rest})
+        if len(values) > 1:
+            failures.append(f"{key} changed after warm-up: {values}")
+        if result["after_close"][key] != result["baseline"][key]:
+            failures.append(
+                f"{key}: {result['after_close'][key]} after close, {result['baseline'][key]} before"
+            )
+    warm_max = max(s["state_bytes"] for s in warm)
+    sizes = [s["state_bytes"] for s in rest]
+    result["state_bytes"] = {"warmup_max": warm_max, "min": min(sizes), "max": max(sizes)}
+    if max(sizes) > args.max_state_growth * warm_max:
+        failures.append(
+            f"state size reached {max(sizes)} bytes after warm-up, above "
+            f"{args.max_state_growth} x {warm_max}"
+        )
+    return failures
+
+
+def summary(result: dict) -> str:
+    samples = result["samples"]
+    first, last = samples[1] if len(samples) > 1 else samples[0], samples[-1]
+    return "\n".join(
+        [
+            f"steps: {result['config']['steps']} in {result['elapsed_s']} s "
+            f"({result['steps_per_s']} steps/s, {result['real_tokens_per_s']} real tokens/s), "
+            f"workers: {result['config']['workers']}",
+            f"rss (loader + workers): {first['rss_mb'] + first['worker_rss_mb']:.1f} MB at step "
+            f"{first['step']}, {last['rss_mb'] + last['worker_rss_mb']:.1f} MB at step "
+            f"{last['step']}; growth after warm-up {result.get('rss_growth_mb')} MB",
+            f"threads {last['threads']}, fds {last['fds']}, children {last['children']}, "
+            f"shm {last['shm']}, shm mappings {last['shm_maps']} (during); after close: {result['after_close']} "
+            f"(baseline {result['baseline']})",
+            f"state bytes: {result.get('state_bytes')}",
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--every", type=int, default=1000, help="sample every K steps")
+    parser.add_argument("--warmup", type=int, default=None, help="default: 10%% of --steps")
+    parser.add_argument("--workers", type=int, default=2 if HAS_WORKERS else 0)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--num-docs", type=int, default=5000)
+    parser.add_argument("--max-growth-mb", type=float, default=32.0)
+    parser.add_argument("--max-state-growth", type=float, default=1.5)
+    parser.add_argument("--json", default=None, help="write the samples and summary here")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = max(args.every, args.steps // 10 // args.every * args.every)
+    result = run(args)
+    failures = check(result, args)
+    result["failures"] = failures
+    print(summary(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("OK: flat memory, no leaked threads, processes, shared memory or descriptors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

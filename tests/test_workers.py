@@ -1,0 +1,317 @@
+"""Loader workers: the same batches and states for every worker count, and clean failures."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import zephon_jax as zj
+from zephon_jax.workers import WorkerError
+
+STEPS = 20
+BAD_LENGTH = 77  # the record length on which failing_map raises
+
+
+def make_docs(num_docs: int, max_len: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=num_docs)
+    return [{"tokens": rng.integers(1, 1000, size=int(n)).astype(np.int32)} for n in lengths]
+
+
+def add_one(record):
+    return {"tokens": record["tokens"] + 1}
+
+
+def failing_map(record):
+    if len(record["tokens"]) == BAD_LENGTH:
+        raise ValueError(f"record of length {BAD_LENGTH} is not allowed")
+    return record
+
+
+DOCS = make_docs(400, 200, seed=0)
+
+
+def packing_pipeline(batch_size: int = 8) -> zj.BatchedDataset:
+    return (
+        zj.Dataset.source(DOCS)
+        .shuffle(seed=1)
+        .map(add_one)
+        .split(64)
+        .pack(64, method="first_fit", num_bins=4)
+        .window_shuffle(3, seed=2)
+        .batch(batch_size)
+    )
+
+
+def run(loader: zj.Loader, steps: int, start_state=None) -> tuple[list, list]:
+    """``steps`` batches and the state after each; closes the workers."""
+    it = iter(loader)
+    try:
+        if start_state is not None:
+            it.set_state(start_state)
+        batches, states = [], []
+        for _ in range(steps):
+            batches.append(next(it))
+            states.append(it.get_state())
+        return batches, states
+    finally:
+        it.close()
+
+
+def assert_same_batches(actual: list, expected: list) -> None:
+    assert len(actual) == len(expected)
+    for t, (a, e) in enumerate(zip(actual, expected)):
+        assert list(a) == list(e), f"batch {t}: fields differ"
+        for k in e:
+            assert a[k].dtype == e[k].dtype and a[k].shape == e[k].shape, f"batch {t} field {k}"
+            assert a[k].tobytes() == e[k].tobytes(), f"batch {t} field {k} differs"
+
+
+def assert_same_states(actual: list, expected: list) -> None:
+    for t, (a, e) in enumerate(zip(actual, expected)):
+        assert a["step"] == e["step"]
+        assert list(a["lanes"]) == list(e["lanes"])
+        for lane in e["lanes"]:
+            assert a["lanes"][lane].tobytes() == e["lanes"][lane].tobytes(), (
+                f"state {t} lane {lane}"
+            )
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted in-process run."""
+    return run(zj.Loader(packing_pipeline()), STEPS)
+
+
+def shm_names(prefix: str) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+
+
+# ----- determinism ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_batches_and_states_identical_for_every_worker_count(reference, num_workers):
+    batches, states = run(zj.Loader(packing_pipeline(), num_workers=num_workers), STEPS)
+    assert_same_batches(batches, reference[0])
+    assert_same_states(states, reference[1])
+
+
+def test_process_rows_with_workers_match_global_rows(reference):
+    ds = packing_pipeline()
+    parts = [
+        run(zj.Loader(ds, process_index=i, process_count=2, num_workers=2), 6)[0] for i in range(2)
+    ]
+    joined = [{k: np.concatenate([p[t][k] for p in parts]) for k in parts[0][t]} for t in range(6)]
+    assert_same_batches(joined, reference[0][:6])
+
+
+def test_state_taken_while_workers_are_ahead_restores_exactly(reference):
+    loader = zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=4)
+    it = iter(loader)
+    try:
+        for _ in range(7):
+            next(it)
+        time.sleep(0.3)  # let the workers fill their prefetch slots
+        state = it.get_state()
+        assert_same_states([state], [reference[1][6]])
+        rest = [next(it) for _ in range(5)]
+        assert_same_batches(rest, reference[0][7:12])
+        it.set_state(state)  # rewind the same iterator while its workers are ahead again
+        assert_same_batches([next(it) for _ in range(STEPS - 7)], reference[0][7:])
+    finally:
+        it.close()
+    batches, states = run(zj.Loader(packing_pipeline(), num_workers=2), STEPS - 7, state)
+    assert_same_batches(batches, reference[0][7:])
+    assert_same_states(states, reference[1][7:])
+
+
+@pytest.mark.parametrize("saved_with, restored_with", [(2, 0), (0, 2), (2, 1)])
+def test_restore_into_a_different_worker_count(reference, saved_with, restored_with):
+    _, states = run(zj.Loader(packing_pipeline(), num_workers=saved_with), 5)
+    batches, _ = run(zj.Loader(packing_pipeline(), num_workers=restored_with), STEPS - 5, states[4])
+    assert_same_batches(batches, reference[0][5:])
+
+
+def test_end_of_finite_input_is_the_same_with_workers():
+    ds = zj.Dataset.source(DOCS[:60]).repeat(1).pack(200, "first_fit", 2).batch(4)
+
+    def all_batches(num_workers):
+        it = iter(zj.Loader(ds, num_workers=num_workers))
+        try:
+            return list(it)
+        finally:
+            it.close()
+
+    expected = all_batches(0)
+    assert 0 < len(expected) < 60
+    assert_same_batches(all_batches(2), expected)
+
+
+def to_labelled(record):
+    return {"label": f"doc{len(record['tokens'])}", "length": np.int16(len(record["tokens"]))}
+
+
+def test_string_fields_and_array_rows_match():
+    labelled = zj.Dataset.source(DOCS).shuffle(seed=4).map(to_labelled).batch(6, num_lanes=3)
+    arrays = zj.Dataset.source([np.arange(3, dtype=np.float32) * i for i in range(50)]).batch(4)
+    for ds in (labelled, arrays):
+        expected, _ = run(zj.Loader(ds), 8)
+        actual, _ = run(zj.Loader(ds, num_workers=2), 8)
+        if isinstance(expected[0], dict):
+            assert_same_batches(actual, expected)
+        else:
+            assert all(
+                a.dtype == e.dtype and a.tobytes() == e.tobytes() for a, e in zip(actual, expected)
+            )
+
+
+def test_finite_input_ends_together_on_every_process_with_workers():
+    ds = zj.Dataset.source(DOCS[:90]).repeat(1).split(64).pack(64, "best_fit", 2).batch(4)
+
+    def process_run(index, num_workers):
+        it = iter(zj.Loader(ds, process_index=index, process_count=2, num_workers=num_workers))
+        try:
+            batches, states = [], []
+            for batch in it:
+                batches.append(batch)
+                states.append(it.get_state())
+            return batches, states
+        finally:
+            it.close()
+
+    for index in range(2):
+        expected = process_run(index, 0)
+        actual = process_run(index, 2)
+        assert len(expected[0]) > 2
+        assert_same_batches(actual[0], expected[0])
+        assert_same_states(actual[1], expected[1])
+
+
+def test_failed_restore_leaves_the_stream_unchanged(reference):
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2))
+    try:
+        for _ in range(3):
+            next(it)
+        bad = it.get_state()
+        bad["lanes"] = dict(bad["lanes"])
+        bad["lanes"]["6"] = np.frombuffer(b"\xff\x01junk", dtype=np.uint8)
+        with pytest.raises(zj.ZephonError):
+            it.set_state(bad)
+        assert_same_batches([next(it) for _ in range(3)], reference[0][3:6])
+    finally:
+        it.close()
+
+
+# ----- failures ------------------------------------------------------------------------
+
+
+def test_worker_exception_is_raised_with_its_lane_and_traceback():
+    ds = zj.Dataset.source(DOCS).map(failing_map).pack(256, "first_fit", 2).batch(8)
+    in_process = iter(zj.Loader(ds))
+    with pytest.raises(zj.RecordError) as expected:
+        for _ in range(50):
+            next(in_process)
+    lane = re.search(r"lane (\d+)", str(expected.value)).group(1)
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        start = time.perf_counter()
+        with pytest.raises(zj.RecordError, match=rf"lane {lane}\b") as raised:
+            for _ in range(50):
+                next(it)
+        assert time.perf_counter() - start < 30
+        assert "loader worker" in "".join(getattr(raised.value, "__notes__", []))
+        cause = str(raised.value.__cause__)
+        assert "ValueError" in cause and f"length {BAD_LENGTH}" in cause and "failing_map" in cause
+        with pytest.raises(WorkerError, match="set_state"):
+            next(it)
+    finally:
+        it.close()
+
+
+def test_killed_worker_raises_within_bounded_time_and_restore_restarts_it(reference):
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2))
+    try:
+        next(it)
+        state = it.get_state()
+        os.kill(it._producer.worker_pids()[1], signal.SIGKILL)
+        start = time.perf_counter()
+        with pytest.raises(WorkerError, match=r"loader worker 1 \(lanes 4-7.*SIGKILL"):
+            for _ in range(STEPS):
+                next(it)
+        assert time.perf_counter() - start < 5
+        it.set_state(state)
+        assert_same_batches([next(it) for _ in range(3)], reference[0][1:4])
+    finally:
+        it.close()
+    if os.path.isdir("/dev/shm"):  # a worker killed while creating a segment leaves none behind
+        assert not shm_names(it._producer._prefix)
+
+
+def test_unpicklable_dataset_names_the_cause_and_the_fix():
+    ds = zj.Dataset.source(DOCS).map(lambda r: r).batch(4)
+    with pytest.raises(zj.PipelineError, match="module level.*num_workers=0"):
+        iter(zj.Loader(ds, num_workers=1))
+
+
+class RebuildFails:
+    """A map function that pickles but cannot be rebuilt in a worker."""
+
+    def __call__(self, record):
+        return record
+
+    def __reduce__(self):
+        return (fail_to_rebuild, ())
+
+
+def fail_to_rebuild():
+    raise RuntimeError("this function cannot be rebuilt here")
+
+
+def test_dataset_that_does_not_unpickle_in_the_worker_raises_a_clear_error():
+    ds = zj.Dataset.source(DOCS).map(RebuildFails()).batch(4)
+    it = iter(zj.Loader(ds, num_workers=1))
+    try:
+        with pytest.raises(zj.PipelineError, match="could not unpickle the dataset") as raised:
+            next(it)
+        assert "cannot be rebuilt here" in str(raised.value)
+    finally:
+        it.close()
+
+
+# ----- resources ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm to list segments")
+def test_close_stops_workers_and_leaves_no_shared_memory():
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=3))
+    producer = it._producer
+    prefix = producer._prefix
+    for _ in range(5):
+        next(it)
+    time.sleep(0.2)
+    processes = [w.process for w in producer._workers]
+    os.kill(processes[0].pid, signal.SIGKILL)  # a dead worker's segments are released too
+    producer.close()
+    producer.close()  # idempotent
+    assert not shm_names(prefix)
+    assert all(p._closed for p in processes)
+    with pytest.raises(WorkerError, match="closed"):
+        next(it)
+
+
+def test_garbage_collection_stops_the_workers():
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2))
+    next(it)
+    pids = it._producer.worker_pids()
+    del it
+    gc.collect()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
