@@ -11,6 +11,7 @@ from zephon_jax.errors import (
     RecordError,
     StateError,
     StateMismatchError,
+    WorkerError,
     ZephonError,
 )
 from zephon_jax.loader import Loader, LoaderIterator
@@ -42,6 +43,7 @@ __all__ = [
     "RecordError",
     "StateError",
     "StateMismatchError",
+    "WorkerError",
     "ZephonError",
     "merge_states",
 ]

@@ -28,6 +28,8 @@ def stack_rows(rows: Sequence[Any]) -> Any:
 
 
 def _stack_field(name: str, values: list) -> np.ndarray:
+    if all(isinstance(v, np.generic) for v in values):
+        return np.array(values)  # numpy scalars: much faster than np.stack
     try:
         batch = np.stack(values)
     except ValueError as e:
@@ -52,15 +54,34 @@ def is_finite(batched) -> bool:
     return any(leaf.num_epochs is not None for leaf in leaves(batched.sampler))
 
 
+def lanes_to_run(batched, rows: Sequence[int], agree_on_end: bool = True) -> list[int]:
+    """The lanes a producer of global ``rows`` runs.
+
+    Those owning the rows; with a finite input and ``agree_on_end``, every lane:
+    the batch at which a finite input ends depends on every lane, so producers
+    (processes) that must stop at the same batch without communicating each run
+    them all. The sharded loader agrees through jax instead and passes False.
+    """
+    if agree_on_end and is_finite(batched):
+        return list(range(batched.num_lanes))
+    return sorted({int(r) // batched.rows_per_lane for r in rows})
+
+
 class RowProducer:
     """Produces global rows ``rows`` (any subset, in the given order) of each batch.
 
-    Only the lanes owning those rows run (every lane, if the input is finite, so
-    that every process ends at the same batch); a lane whose rows are split between
-    several producers (processes) runs in each of them, identically.
+    Only the lanes owning those rows run (see :func:`lanes_to_run` for finite
+    inputs); a lane whose rows are split between several producers (processes)
+    runs in each of them, identically.
     """
 
-    def __init__(self, batched, rows: Sequence[int], lanes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        batched,
+        rows: Sequence[int],
+        lanes: Sequence[int] | None = None,
+        agree_on_end: bool = True,
+    ):
         self.batched = batched
         self.plan = LanePlan(batched)
         self.rows = [int(r) for r in rows]
@@ -68,12 +89,10 @@ class RowProducer:
         for r in self.rows:
             if not 0 <= r < batched.global_batch_size:
                 raise PipelineError(f"row {r} is outside the global batch of {batched.global_batch_size}")
-        needed = sorted({r // per_lane for r in self.rows})
-        if lanes is None and is_finite(batched):
-            # A finite input ends at the first batch some lane cannot fill. Which batch that
-            # is depends on every lane, so every process runs every lane to agree on it.
-            lanes = range(batched.num_lanes)
-        self.lane_ids = needed if lanes is None else sorted(set(lanes) | set(needed))
+        if lanes is None:
+            self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
+        else:
+            self.lane_ids = sorted(set(lanes) | set(lanes_to_run(batched, self.rows, False)))
         self.lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
         self._picks = [(r // per_lane, r % per_lane) for r in self.rows]
         # The error that interrupted a batch: the lanes are then part-way through it.
@@ -95,16 +114,15 @@ class RowProducer:
         """
         self._check_usable()
         per_lane = self.batched.rows_per_lane
-        taken = {}
         try:
-            for l, lane in self.lanes.items():
-                elements = lane.take(per_lane)
-                if elements is None:
-                    return None
-                taken[l] = elements
+            # Every lane takes its rows even past the end of a finite input, so the state
+            # after the end is the same whichever lanes a producer runs.
+            taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
         except BaseException as e:
             self._failure = e
             raise
+        if any(elements is None for elements in taken.values()):
+            return None
         return [taken[l][i].data for l, i in self._picks]
 
     def next_batch(self) -> Any:

@@ -19,6 +19,10 @@ class RecordError(ZephonError, RuntimeError):
     """
 
 
+class WorkerError(ZephonError, RuntimeError):
+    """A loader worker process died, or its work cannot continue."""
+
+
 class StateError(ZephonError, ValueError):
     """A loader state cannot be used: malformed, from another version, or incomplete."""
 

@@ -22,6 +22,7 @@ from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
 
 _END = object()
+_SKIP = object()  # a position whose source is past its epochs while another is not
 # 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
 LANE_FORMAT = 2
 _MAX_AHEAD = 256
@@ -96,12 +97,12 @@ class Lane:
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
-        """Elements at lane-local ``positions``: Element, ``DROP`` (filtered or skipped) or
-        ``_END`` (at or past the lane's end position)."""
+        """Elements at lane-local ``positions``: Element, ``DROP`` (filtered), ``_SKIP``
+        (skipped) or ``_END`` (at or past the lane's end position)."""
         plan = self.plan
         res = resolve(plan.sampler, self.lane, positions, plan.num_lanes)
         end = self.end_position
-        out: list = [DROP if end is None or p < end else _END for p in positions.tolist()]
+        out: list = [_SKIP if end is None or p < end else _END for p in positions.tolist()]
         valid = np.flatnonzero(res.valid)
         for leaf_id in np.unique(res.leaf[valid]):
             where = valid[res.leaf[valid] == leaf_id]
@@ -225,6 +226,8 @@ class Lane:
             item = self._next_root()
             if item is _END:
                 self._finish_input()
+            elif item is _SKIP:
+                continue
             elif item is DROP:
                 self._dropped_in_a_row += 1
                 if self._dropped_in_a_row > self.plan.max_dropped_in_a_row:

@@ -145,11 +145,20 @@ class Loader:
     # ----- iteration ------------------------------------------------------------------
     def make_producer(self):
         """The row producer for this loader: in-process, or split over worker processes."""
+        # Several jax processes agree on where a finite input ends with a collective (see
+        # LoaderIterator); otherwise each process runs every lane of a finite input.
+        agree_on_end = self.sharding is None or self.process_count == 1
         if self.num_workers == 0:
-            return RowProducer(self.dataset, self.rows)
+            return RowProducer(self.dataset, self.rows, agree_on_end=agree_on_end)
         from zephon_jax.workers import WorkerRowProducer
 
-        return WorkerRowProducer(self.dataset, self.rows, self.num_workers, self.worker_prefetch)
+        return WorkerRowProducer(
+            self.dataset,
+            self.rows,
+            self.num_workers,
+            self.worker_prefetch,
+            agree_on_end=agree_on_end,
+        )
 
     def __iter__(self) -> LoaderIterator:
         return LoaderIterator(self)

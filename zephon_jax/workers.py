@@ -31,8 +31,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.batching import RowProducer, is_finite, stack_rows
-from zephon_jax.errors import PipelineError, ZephonError
+from zephon_jax.batching import RowProducer, lanes_to_run, stack_rows
+from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
@@ -40,10 +40,6 @@ _POLL_S = 0.05  # how often a blocked parent checks that its workers are alive
 _LAST_WORDS_S = 0.5  # how long to wait for the messages of a worker that just died
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
 _ALIGN = 64
-
-
-class WorkerError(ZephonError, RuntimeError):
-    """A loader worker process died, or its work cannot continue."""
 
 
 class RemoteTraceback(Exception):
@@ -406,6 +402,7 @@ class WorkerRowProducer:
         num_workers: int,
         prefetch: int = 2,
         start_method: str = DEFAULT_START_METHOD,
+        agree_on_end: bool = True,
     ):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise PipelineError(f"WorkerRowProducer needs num_workers >= 1; got {num_workers!r}")
@@ -421,10 +418,7 @@ class WorkerRowProducer:
                 )
         if not self.rows:
             raise PipelineError("WorkerRowProducer needs at least one row to produce")
-        self.lane_ids = sorted({r // per_lane for r in self.rows})
-        if is_finite(batched):
-            # Like RowProducer: where a finite input ends depends on every lane.
-            self.lane_ids = list(range(batched.num_lanes))
+        self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
         self.prefetch = prefetch
         self._ctx = mp.get_context(start_method)
         # One tracker for the parent and all workers (a forked child would start its own,

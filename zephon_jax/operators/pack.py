@@ -20,6 +20,7 @@ from zephon_jax.errors import PipelineError
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 DEFAULT_NUM_BINS = 32
+_SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
 
 
 def record_fields(data, seq_len: int, op: str) -> tuple[tuple[str, ...], int]:
@@ -60,7 +61,17 @@ class RowBuffers:
     fresh zero rows, so nothing is copied or cleared.
     """
 
-    __slots__ = ("fields", "dtypes", "seq_len", "values", "segment_ids", "positions", "used", "segments")
+    __slots__ = (
+        "fields",
+        "dtypes",
+        "seq_len",
+        "values",
+        "segment_ids",
+        "positions",
+        "used",
+        "used_array",
+        "segments",
+    )
 
     def __init__(self, data: dict, rows: int, seq_len: int):
         self.fields = tuple(data)
@@ -70,6 +81,7 @@ class RowBuffers:
         self.segment_ids: list[np.ndarray] = []
         self.positions: list[np.ndarray] = []
         self.used = [0] * rows
+        self.used_array = np.zeros(rows, np.int64)  # the same, for vectorized bin choice
         self.segments: list[list] = [[] for _ in range(rows)]
         for _ in range(rows):
             self._new_row()
@@ -85,6 +97,7 @@ class RowBuffers:
         else:
             self.values[i], self.segment_ids[i], self.positions[i] = row, segment_ids, positions
             self.used[i] = 0
+            self.used_array[i] = 0
             self.segments[i] = []
 
     def place(self, i: int, data: dict, start: int, stop: int, segment, arange: np.ndarray):
@@ -98,6 +111,7 @@ class RowBuffers:
         self.segment_ids[i][off:end] = len(segments)
         self.positions[i][off:end] = arange[: stop - start]
         self.used[i] = end
+        self.used_array[i] = end
 
     def emit(self, i: int, lineage) -> Element:
         """Returns row ``i`` as a packed element and starts a fresh row in its place."""
@@ -151,19 +165,29 @@ class BinPackOperator(LineageOperator):
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        used = carry.used
-        room = self.seq_len - n
+        i = self._choose_bin(carry, self.seq_len - n)
         out = []
-        if self.method == "first_fit":
-            i = next((j for j, u in enumerate(used) if u <= room), -1)
-        else:
-            fullest = max((u for u in used if u <= room), default=-1)
-            i = used.index(fullest) if fullest >= 0 else -1
         if i < 0:
-            i = used.index(max(used))
+            i = carry.used.index(max(carry.used))
             out.append(carry.emit(i, tuple(carry.segments[i])))
         carry.place(i, data, 0, n, element.lineage, self._arange)
         return carry, out
+
+    def _choose_bin(self, carry: RowBuffers, room: int) -> int:
+        """The bin a record fits (filled to at most ``room``), or -1; ties go to the lowest."""
+        if self.num_bins <= _SCAN_IN_PYTHON:
+            used = carry.used
+            if self.method == "first_fit":
+                return next((j for j, u in enumerate(used) if u <= room), -1)
+            fullest = max((u for u in used if u <= room), default=-1)
+            return used.index(fullest) if fullest >= 0 else -1
+        used = carry.used_array
+        if self.method == "first_fit":
+            fits = used <= room
+            return int(fits.argmax()) if fits.any() else -1
+        fill = np.where(used <= room, used, -1)
+        i = int(fill.argmax())
+        return i if fill[i] >= 0 else -1
 
     def flush(self, carry: RowBuffers | None):
         if carry is None:
