@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import mp_worker as worker
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -23,9 +24,6 @@ import zephon_jax.checkpoint as zc
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-_spec = importlib.util.spec_from_file_location("zephon_mp_worker", HERE / "mp_worker.py")
-worker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(worker)
 
 STEPS = 10
 

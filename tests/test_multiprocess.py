@@ -9,7 +9,6 @@ run. One process launch per topology runs all of its steps.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,13 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+import mp_worker as worker
 import portpicker
 import pytest
 
 WORKER_PATH = Path(__file__).with_name("mp_worker.py")
-_spec = importlib.util.spec_from_file_location("zephon_mp_worker", WORKER_PATH)
-worker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(worker)
 
 STEPS = 30
 SAVE_AT = 12

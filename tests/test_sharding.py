@@ -7,7 +7,6 @@ device count is fixed when jax starts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import jax
+import mp_worker as worker
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
@@ -23,9 +23,6 @@ from jax.sharding import PartitionSpec as P
 import zephon_jax as zj
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("zephon_mp_worker", HERE / "mp_worker.py")
-worker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(worker)
 
 STEPS = 10
 
