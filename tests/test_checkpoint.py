@@ -110,6 +110,32 @@ def test_each_process_writes_its_own_lanes_and_any_count_restores(tmp_path, data
     assert_batch_equal(joined, reference[3])
 
 
+def test_finite_pipeline_checkpoint_restores_on_more_processes(tmp_path):
+    """A finite input: every process runs every lane; the item restores on any count."""
+    dataset = worker.make_pipeline(num_epochs=1)
+    expected = list(zj.Loader(dataset))
+    directory = tmp_path / "item"
+    directory.mkdir()
+    handler = zc.LoaderCheckpointHandler()
+    for process in range(2):
+        it = iter(zj.Loader(dataset, process_index=process, process_count=2))
+        for _ in range(3):
+            next(it)
+        handler.save(directory, args=zc.Save(it))
+    rest = []
+    its = [iter(zj.Loader(dataset, process_index=p, process_count=4)) for p in range(4)]
+    its = [handler.restore(directory, args=zc.Restore(it)) for it in its]
+    while True:
+        parts = [next(it, None) for it in its]
+        if any(part is None for part in parts):
+            assert all(part is None for part in parts)
+            break
+        rest.append({k: np.concatenate([part[k] for part in parts]) for k in parts[0]})
+    assert len(rest) == len(expected) - 3
+    for got, want in zip(rest, expected[3:]):
+        assert_batch_equal(got, want)
+
+
 def test_restore_checks_the_pipeline_and_completeness(tmp_path, dataset):
     directory = tmp_path / "item"
     directory.mkdir()

@@ -13,11 +13,11 @@ import zephon_jax as zj
 from zephon_jax import codec
 
 NUM_RECORDS = 40
-BAD_ID = 13  # lane 13 % 4 = 1 reads record 13 at lane-local position 13 // 4 = 3
+BAD_ID = 13  # 4 lanes: lane 13 % 4 = 1 reads record 13 at lane-local position 13 // 4 = 3
 
 
 def id_records(n: int = NUM_RECORDS) -> list[dict]:
-    return [{"tokens": np.arange(i % 5 + 1, dtype=np.int32) + i, "id": np.array([i])} for i in range(n)]
+    return [{"tokens": np.arange(3, dtype=np.int32) + i, "id": np.array([i])} for i in range(n)]
 
 
 def first_batches(ds: zj.BatchedDataset, steps: int = 4, **loader_kwargs) -> list:
@@ -129,12 +129,18 @@ def test_empty_source():
 # ----- user functions that raise -------------------------------------------------------------------
 USER_FUNCTIONS = {
     "map": (lambda ds: ds.map(fails_on_bad_id), "map(test_errors.fails_on_bad_id)"),
-    "filter": (lambda ds: ds.filter(fails_on_bad_id_pred), "filter(test_errors.fails_on_bad_id_pred)"),
+    "filter": (
+        lambda ds: ds.filter(fails_on_bad_id_pred),
+        "filter(test_errors.fails_on_bad_id_pred)",
+    ),
     "random_map": (
         lambda ds: ds.random_map(fails_on_bad_id_rng, seed=3),
         "random_map(test_errors.fails_on_bad_id_rng, seed=3)",
     ),
-    "flat_map": (lambda ds: ds.flat_map(fails_on_bad_id_flat), "flat_map(test_errors.fails_on_bad_id_flat)"),
+    "flat_map": (
+        lambda ds: ds.flat_map(fails_on_bad_id_flat),
+        "flat_map(test_errors.fails_on_bad_id_flat)",
+    ),
     "user operator": (lambda ds: ds.apply(FailsOnBadId()), "apply(test_errors.FailsOnBadId)"),
     "map after split": (
         lambda ds: ds.split(100).map(fails_on_bad_id),
@@ -232,7 +238,9 @@ def test_bad_mixture_weights(weights, match):
 
 # ----- batch and topology -------------------------------------------------------------------------------
 def test_batch_not_a_multiple_of_lanes():
-    with pytest.raises(zj.PipelineError, match="global_batch_size=6 is not a multiple of num_lanes=4"):
+    with pytest.raises(
+        zj.PipelineError, match="global_batch_size=6 is not a multiple of num_lanes=4"
+    ):
         zj.Dataset.source([1]).batch(6, num_lanes=4)
 
 
@@ -248,7 +256,9 @@ def test_process_index_out_of_range():
 
 def test_record_longer_than_seq_len_reaching_pack():
     ds = zj.Dataset.source([{"tokens": np.arange(20, dtype=np.int32)}]).pack(8).batch(2)
-    with pytest.raises(zj.PipelineError, match=r"record of 20 items .* add \.split\(8\) before") as info:
+    with pytest.raises(
+        zj.PipelineError, match=r"record of 20 items .* add \.split\(8\) before"
+    ) as info:
         first_batches(ds)
     assert "lane 0" in str(info.value)
 
@@ -353,7 +363,9 @@ def test_state_that_is_not_a_dict():
 def test_single_process_state_on_another_topology_needs_merge_states():
     ds = packed_pipeline(batch=8)
     state = state_after(ds, 3, process_index=0, process_count=2)
-    with pytest.raises(zj.StateError, match=r"does not cover lane 4 \(it covers lanes 0-3\).*merge_states"):
+    with pytest.raises(
+        zj.StateError, match=r"does not cover lane 4 \(it covers lanes 0-3\).*merge_states"
+    ):
         iter(zj.Loader(ds)).set_state(state)
 
 
@@ -524,3 +536,101 @@ def test_failure_while_restoring_names_the_element_and_keeps_the_iterator():
     assert isinstance(info.value.__cause__, ConnectionError)
     flaky.fails = None
     assert_batches_equal(take(fresh, 4), expected)
+
+
+# ----- a training process killed during an Orbax save ------------------------------------------
+SAVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import orbax.checkpoint as ocp
+import zephon_jax as zj
+import zephon_jax.checkpoint as zc
+from test_errors import checkpoint_pipeline
+
+directory, use_async = sys.argv[1], sys.argv[2] == "async"
+options = ocp.CheckpointManagerOptions(enable_async_checkpointing=use_async)
+manager = ocp.CheckpointManager(directory, options=options)
+it = iter(zj.Loader(checkpoint_pipeline()))
+for _ in range(3):
+    next(it)
+manager.save(3, args=ocp.args.Composite(data=zc.Save(it)))
+manager.wait_until_finished()
+for _ in range(3):
+    next(it)
+write = zc.LoaderCheckpointHandler._write
+
+def write_half_then_stall(directory, lanes, meta):
+    write(directory, dict(list(lanes.items())[: len(lanes) // 2]), None)
+    print("MID-SAVE", flush=True)
+    time.sleep(600)
+
+zc.LoaderCheckpointHandler._write = staticmethod(write_half_then_stall)
+manager.save(6, args=ocp.args.Composite(data=zc.Save(it)))
+manager.wait_until_finished()
+print("SAVE-FINISHED", flush=True)
+"""
+
+
+def checkpoint_pipeline() -> zj.BatchedDataset:
+    docs = make_docs(60, 20, seed=11)
+    return zj.Dataset.source(docs).shuffle(2).split(16).pack(16, num_bins=3).batch(4)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_process_killed_during_an_orbax_save_keeps_the_previous_checkpoint(tmp_path, mode):
+    import signal
+    import subprocess
+    import sys
+
+    ocp = pytest.importorskip("orbax.checkpoint")
+    zc = pytest.importorskip("zephon_jax.checkpoint")
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER.format(tests=os.path.dirname(__file__)))
+    directory = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(directory), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()  # blocks until the save of step 6 is half written
+        assert line.strip() == "MID-SAVE", f"the saver did not reach the save: {line!r}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    partial = [p.name for p in directory.iterdir() if p.name.startswith("6.")]
+    assert partial and "tmp" in partial[0], sorted(p.name for p in directory.iterdir())
+
+    ds = checkpoint_pipeline()
+    expected = first_batches(ds, 10)[3:]
+    manager = ocp.CheckpointManager(directory)
+    assert manager.latest_step() == 3, manager.all_steps()
+    restored = [iter(zj.Loader(ds, process_index=i, process_count=2)) for i in range(2)]
+    for it in restored:
+        manager.restore(3, args=ocp.args.Composite(data=zc.Restore(it)))
+        assert it.step == 3
+    assert_batches_equal([concat_parts([next(it) for it in restored]) for _ in range(7)], expected)
+    manager.close()
+
+
+def drop_everything(record):
+    return False
+
+
+def test_filter_that_drops_every_record_raises_instead_of_hanging():
+    ds = zj.Dataset.source(list(range(10))).filter(drop_everything).batch(2)
+    with pytest.raises(zj.RecordError, match=r"lane 0: the filters dropped all of the last 100161"):
+        first_batches(ds, 1)
+
+
+def test_skipped_positions_of_an_exhausted_source_are_not_filter_drops():
+    # After the frequent source's single epoch ends, its positions are skipped (a run of
+    # ~300,000): only filtered records count towards the all-dropped error.
+    rare = zj.Dataset.source(list(range(100))).repeat(1)
+    frequent = zj.Dataset.source(list(range(1000, 1010))).repeat(1)
+    ds = zj.Dataset.mix([rare, frequent], [1 / 300_000, 1]).batch(1)
+    values = [int(b[0]) for b in first_batches(ds, 12)]
+    assert sorted(values[:10]) == list(range(1000, 1010))
+    assert values[10] < 100 and values[11] < 100  # ~300,000 positions apart

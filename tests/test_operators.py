@@ -23,7 +23,9 @@ def repeat_twice(record):
 
 
 def jitter(record, rng):
-    return {"tokens": record["tokens"] + rng.integers(0, 3, size=len(record["tokens"])).astype(np.int32)}
+    return {
+        "tokens": record["tokens"] + rng.integers(0, 3, size=len(record["tokens"])).astype(np.int32)
+    }
 
 
 def crop_pad_16(record):

@@ -97,7 +97,13 @@ def test_state_size_does_not_grow_with_steps():
 
 def test_finite_epochs_end_identically_on_every_topology():
     docs = make_docs(40, 30, seed=9)
-    ds = zj.Dataset.source(docs).shuffle(1).repeat(2).pack(32, method="first_fit", num_bins=3).batch(4)
+    ds = (
+        zj.Dataset.source(docs)
+        .shuffle(1)
+        .repeat(2)
+        .pack(32, method="first_fit", num_bins=3)
+        .batch(4)
+    )
     expected = list(iter(zj.Loader(ds)))
     assert 3 < len(expected) < 40
     for procs in (2, 4):

@@ -46,7 +46,9 @@ def test_process_count_that_cannot_hold_the_batch():
         (lambda: _source().shuffle(1).split(8).pack(8).batch(8), "global_batch_size"),
         (lambda: _source().shuffle(1).split(8).pack(8).batch(4, num_lanes=2), "num_lanes"),
         (
-            lambda: zj.Dataset.source(make_docs(51, 40, seed=0)).shuffle(1).split(8).pack(8).batch(4),
+            lambda: (
+                zj.Dataset.source(make_docs(51, 40, seed=0)).shuffle(1).split(8).pack(8).batch(4)
+            ),
             "sources",
         ),
     ],

@@ -88,7 +88,9 @@ class RowProducer:
         per_lane = batched.rows_per_lane
         for r in self.rows:
             if not 0 <= r < batched.global_batch_size:
-                raise PipelineError(f"row {r} is outside the global batch of {batched.global_batch_size}")
+                raise PipelineError(
+                    f"row {r} is outside the global batch of {batched.global_batch_size}"
+                )
         if lanes is None:
             self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
         else:

@@ -66,7 +66,9 @@ def _encode(obj: Any, out: bytearray) -> None:
         _put_uint(out, len(obj))
         for key, value in obj.items():
             if not isinstance(key, str):
-                raise StateError(f"cannot encode a dict key of type {type(key).__name__}; use str keys")
+                raise StateError(
+                    f"cannot encode a dict key of type {type(key).__name__}; use str keys"
+                )
             _encode(key, out)
             _encode(value, out)
     elif isinstance(obj, np.ndarray):

@@ -55,7 +55,9 @@ def _shuffle_node(node, seed: int, path: tuple = ()):
 def _repeat_node(node, num_epochs):
     if isinstance(node, SourceNode):
         return dataclasses.replace(node, num_epochs=num_epochs)
-    return dataclasses.replace(node, children=tuple(_repeat_node(c, num_epochs) for c in node.children))
+    return dataclasses.replace(
+        node, children=tuple(_repeat_node(c, num_epochs) for c in node.children)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +115,7 @@ class Dataset:
                 "give one weight per dataset"
             )
         key = derive_key(len(datasets), *[round(w * 2**32) for w in normalized])
-        return Dataset(
-            MixtureNode(tuple(ds._sampler for ds in datasets), normalized, node_key=key)
-        )
+        return Dataset(MixtureNode(tuple(ds._sampler for ds in datasets), normalized, node_key=key))
 
     def shuffle(self, seed: int) -> Dataset:
         """Global shuffle, reseeded every epoch, with no materialized permutation.
@@ -134,7 +134,9 @@ class Dataset:
     def repeat(self, num_epochs: int | None = None) -> Dataset:
         """Reads every source ``num_epochs`` times (``None``: forever, the default)."""
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-            raise PipelineError(f"repeat(num_epochs) needs a positive int or None; got {num_epochs!r}")
+            raise PipelineError(
+                f"repeat(num_epochs) needs a positive int or None; got {num_epochs!r}"
+            )
         if self._stages:
             raise PipelineError("repeat must come before split/pack/window_shuffle/flat_map")
         return Dataset(_repeat_node(self._sampler, num_epochs))
@@ -185,7 +187,9 @@ class Dataset:
 
     def window_shuffle(self, window: int, seed: int) -> Dataset:
         """Shuffles within a sliding buffer of ``window`` elements per lane."""
-        return self._add_operator(WindowShuffleOperator(window, _check_seed(seed, "window_shuffle")))
+        return self._add_operator(
+            WindowShuffleOperator(window, _check_seed(seed, "window_shuffle"))
+        )
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Dataset:
         """Replaces each record by the records the pure ``fn`` returns for it."""
@@ -221,8 +225,14 @@ class BatchedDataset:
     """A dataset cut into global batches by a fixed number of lanes."""
 
     def __init__(self, dataset: Dataset, global_batch_size: int, num_lanes: int | None = None):
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise PipelineError(f"batch(global_batch_size) needs a positive int; got {global_batch_size!r}")
+        if (
+            isinstance(global_batch_size, bool)
+            or not isinstance(global_batch_size, int)
+            or global_batch_size < 1
+        ):
+            raise PipelineError(
+                f"batch(global_batch_size) needs a positive int; got {global_batch_size!r}"
+            )
         if num_lanes is None:
             num_lanes = global_batch_size
         if isinstance(num_lanes, bool) or not isinstance(num_lanes, int) or num_lanes < 1:

@@ -33,7 +33,6 @@ class Opaque:
         self.data = data
 
 
-
 def root_position(lineage: Any) -> int | None:
     """The first sampler position a lineage derives from, for error messages."""
     while isinstance(lineage, tuple) and lineage:

@@ -392,4 +392,3 @@ def _has_opaque(lineage) -> bool:
     if isinstance(lineage, tuple):
         return any(_has_opaque(x) for x in lineage)
     return False
-

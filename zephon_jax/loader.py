@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.batching import RowProducer
+from zephon_jax.batching import RowProducer, lanes_to_run
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.state import check_state, lane_bytes, make_state
@@ -124,14 +124,26 @@ class Loader:
         return sorted({r // per_lane for r in rows})
 
     @property
+    def agree_on_end(self) -> bool:
+        """Whether each process runs every lane of a finite input to end where the others do.
+
+        Several jax processes agree through one all-gather per step instead (see
+        :meth:`LoaderIterator.__next__`).
+        """
+        return self.sharding is None or self.process_count == 1
+
+    @property
     def lanes(self) -> list[int]:
-        """The lanes this process runs (those behind its rows); its state covers them."""
-        return self._lanes_of(self.rows)
+        """The lanes this process runs; its state covers them.
+
+        Those behind its rows, or every lane of a finite input (see ``agree_on_end``).
+        """
+        return lanes_to_run(self.dataset, self.rows, self.agree_on_end)
 
     def lanes_to_save(self) -> list[int]:
         """The lanes this process writes in a checkpoint.
 
-        Every lane is written exactly once: by the lowest-index process running it.
+        Every lane is written exactly once: by the lowest-index process whose rows it owns.
         """
         if self.sharding is not None:
             lower = [p for p in self.sharding.process_indices() if p < self.process_index]
@@ -140,14 +152,12 @@ class Loader:
         taken: set[int] = set()
         for p in lower:
             taken.update(self._lanes_of(self.rows_of_process(p)))
-        return [lane for lane in self.lanes if lane not in taken]
+        return [lane for lane in self._lanes_of(self.rows) if lane not in taken]
 
     # ----- iteration ------------------------------------------------------------------
     def make_producer(self):
         """The row producer for this loader: in-process, or split over worker processes."""
-        # Several jax processes agree on where a finite input ends with a collective (see
-        # LoaderIterator); otherwise each process runs every lane of a finite input.
-        agree_on_end = self.sharding is None or self.process_count == 1
+        agree_on_end = self.agree_on_end
         if self.num_workers == 0:
             return RowProducer(self.dataset, self.rows, agree_on_end=agree_on_end)
         from zephon_jax.workers import WorkerRowProducer

@@ -51,7 +51,9 @@ def _walk_sampler(node, out: dict) -> None:
 
 def fingerprint(batched) -> dict[str, str]:
     """The pipeline fingerprint of a :class:`~zephon_jax.dataset.BatchedDataset`."""
-    parts: dict[str, list] = {k: [] for k in ("sources", "weights", "num_epochs", "seeds", "transforms")}
+    parts: dict[str, list] = {
+        k: [] for k in ("sources", "weights", "num_epochs", "seeds", "transforms")
+    }
     _walk_sampler(batched.sampler, parts)
     operators = []
     for stage in batched.stages:
@@ -74,7 +76,9 @@ def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> 
         "version": STATE_VERSION,
         "fingerprint": dict(fp),
         "step": int(step),
-        "lanes": {str(l): np.frombuffer(data, dtype=np.uint8).copy() for l, data in sorted(lanes.items())},
+        "lanes": {
+            str(l): np.frombuffer(data, dtype=np.uint8).copy() for l, data in sorted(lanes.items())
+        },
     }
 
 

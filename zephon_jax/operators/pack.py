@@ -209,7 +209,9 @@ class BinPackOperator(LineageOperator):
                 data = rebuild(lineage).data
                 if carry is None:
                     carry = self._new_bins(data)
-                carry.place(i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange)
+                carry.place(
+                    i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange
+                )
         return carry
 
     def carry_lineages(self, plain):
@@ -224,7 +226,9 @@ class BinPackOperator(LineageOperator):
             data = rebuild(segment).data
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange)
+            rows.place(
+                0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange
+            )
         return rows.emit(0, lineage).data
 
     def carry_bound(self) -> str:

@@ -38,7 +38,9 @@ class RandomMapTransform:
         grain_fn = getattr(fn, "random_map", None)
         self._fn = grain_fn if callable(grain_fn) and not callable(fn) else fn
         if not callable(self._fn):
-            raise TypeError(f"random_map needs a callable or a grain RandomMapTransform; got {fn!r}")
+            raise TypeError(
+                f"random_map needs a callable or a grain RandomMapTransform; got {fn!r}"
+            )
         self.seed = int(seed)
         self.name = callable_name(fn)
 
