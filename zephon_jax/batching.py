@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError
-from zephon_jax.lane import Lane, LanePlan
+from zephon_jax.lane import Lane, LanePlan, encode_lane_state
 from zephon_jax.sampler.resolve import leaves
 from zephon_jax.state import lane_bytes
 
@@ -47,6 +47,11 @@ def _stack_field(name: str, values: list) -> np.ndarray:
             "to numpy arrays with a map (e.g. decode bytes with np.frombuffer)"
         )
     return batch
+
+
+def encode_snapshots(snapshots: Mapping[int, tuple]) -> dict[int, bytes]:
+    """Encodes lane snapshots into lane states."""
+    return {l: encode_lane_state(snapshot) for l, snapshot in snapshots.items()}
 
 
 def is_finite(batched) -> bool:
@@ -137,9 +142,13 @@ class RowProducer:
             self._failure = e
             raise
 
-    def lane_states(self) -> dict[int, bytes]:
+    def lane_snapshots(self) -> dict[int, tuple]:
+        """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
         self._check_usable()
-        return {l: lane.get_state() for l, lane in self.lanes.items()}
+        return {l: lane.snapshot() for l, lane in self.lanes.items()}
+
+    def lane_states(self) -> dict[int, bytes]:
+        return encode_snapshots(self.lane_snapshots())
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Restores every lane from ``state``; on any error the producer is unchanged."""

@@ -80,6 +80,12 @@ def _user_error(what: str, where: str, e: BaseException) -> RecordError:
     return error
 
 
+def encode_lane_state(snapshot: tuple) -> bytes:
+    """A :meth:`Lane.snapshot` as compact bytes, ending with a CRC-32 of the rest."""
+    data = codec.encode(snapshot)
+    return data + zlib.crc32(data).to_bytes(4, "little")
+
+
 class Lane:
     """Runs one lane of a pipeline; ``take(n)`` returns its next ``n`` rows."""
 
@@ -249,14 +255,19 @@ class Lane:
         )
 
     # ----- state -------------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        """This lane's position, carries and unbatched rows as immutable plain data.
+
+        Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
+        only when a state is asked for.
+        """
+        carries = tuple(op.carry_to_plain(c) for op, c in zip(self.plan.operators, self.carries))
+        pending = tuple(e.lineage for e in self.pending)
+        return (LANE_FORMAT, self.next_position, self.input_done, carries, pending)
+
     def get_state(self) -> bytes:
         """This lane's position, carries and unbatched rows, as compact bytes."""
-        carries = [op.carry_to_plain(c) for op, c in zip(self.plan.operators, self.carries)]
-        pending = tuple(e.lineage for e in self.pending)
-        data = codec.encode(
-            (LANE_FORMAT, self.next_position, self.input_done, tuple(carries), pending)
-        )
-        return data + zlib.crc32(data).to_bytes(4, "little")
+        return encode_lane_state(self.snapshot())
 
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to)."""

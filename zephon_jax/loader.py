@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.batching import RowProducer, lanes_to_run
+from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.state import check_state, lane_bytes, make_state
@@ -184,7 +184,7 @@ class LoaderIterator(Iterator[Any]):
         self.step = 0
         self._prefetcher = None
         # Lane states after the last batch handed out, while the producer runs ahead.
-        self._delivered: Mapping[int, bytes] | None = None
+        self._delivered: Mapping[int, tuple] | None = None
 
     def __next__(self) -> Any:
         sharding = self.loader.sharding
@@ -231,10 +231,10 @@ class LoaderIterator(Iterator[Any]):
             batch = producer.next_batch()
             if batch is None:
                 return None
-            lanes = producer.lane_states()
+            lanes = producer.lane_snapshots()
             return sharding.make_global(rows, batch), lanes
 
-        self._delivered = producer.lane_states()
+        self._delivered = producer.lane_snapshots()
         self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)
 
     def _stop_prefetch(self) -> None:
@@ -244,7 +244,10 @@ class LoaderIterator(Iterator[Any]):
 
     def get_state(self) -> dict[str, Any]:
         """The state after the last batch returned; plain data covering this process's lanes."""
-        lanes = self._delivered if self._prefetcher is not None else self._producer.lane_states()
+        if self._prefetcher is not None:
+            lanes = encode_snapshots(self._delivered)
+        else:
+            lanes = self._producer.lane_states()
         return make_state(self._fingerprint, self.step, lanes)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -261,7 +264,7 @@ class LoaderIterator(Iterator[Any]):
         else:
             for lane in self.loader.lanes:
                 lane_bytes(state, lane)  # raises before anything changes
-            delivered = make_state(self._fingerprint, self.step, self._delivered)
+            delivered = make_state(self._fingerprint, self.step, encode_snapshots(self._delivered))
             self._stop_prefetch()
             try:
                 self._producer.restore(state)

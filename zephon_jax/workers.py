@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.batching import RowProducer, lanes_to_run, stack_rows
+from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run, stack_rows
 from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state import lane_bytes
 
@@ -164,7 +164,7 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
             results.close()
             results.join_thread()  # deliver it before exiting
             return
-        results.put(("ready", 0, producer.lane_states()))
+        results.put(("ready", 0, producer.lane_snapshots()))
         while True:
             command = _next_command(commands, block=idle or not free)
             if command is None:
@@ -172,10 +172,10 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
                     data = producer.next_rows()
                     if data is None:
                         idle = True
-                        results.put(("end", generation, producer.lane_states()))
+                        results.put(("end", generation, producer.lane_snapshots()))
                         continue
                     batch = stack_rows(data) if data else None
-                    states = producer.lane_states()
+                    states = producer.lane_snapshots()
                     slot = free.pop()
                     name, layout, inline = slots.write(slot, batch)
                     results.put(("batch", generation, slot, name, layout, inline, states))
@@ -195,7 +195,7 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
                     results.put(("error", generation, _error_payload(e)))
                     continue
                 idle = False
-                results.put(("restored", generation, producer.lane_states()))
+                results.put(("restored", generation, producer.lane_snapshots()))
             elif kind == "stop":
                 return
     finally:
@@ -440,7 +440,7 @@ class WorkerRowProducer:
         for k in range(len(blocks)):
             self._workers.append(self._start(k))
         self._generation = 0
-        self._states: dict[int, bytes] = {}
+        self._states: dict[int, tuple] = {}  # lane snapshots after the last batch handed out
         self._ended = False
         self._failure: str | None = None
 
@@ -552,14 +552,18 @@ class WorkerRowProducer:
             return [{k: v[i] for k, v in batch.items()} for i in range(len(self.rows))]
         return [batch[i] for i in range(len(self.rows))]
 
+    def lane_snapshots(self) -> dict[int, tuple]:
+        """Each lane's snapshot right after the last batch handed out (encode on demand)."""
+        self._check_usable()
+        self._ensure_ready()
+        return dict(sorted(self._states.items()))
+
     def lane_states(self) -> dict[int, bytes]:
         """Each lane's state right after the last batch handed out (not the workers' own).
 
         Like ``RowProducer``, raises after a failed batch until :meth:`restore`.
         """
-        self._check_usable()
-        self._ensure_ready()
-        return dict(sorted(self._states.items()))
+        return encode_snapshots(self.lane_snapshots())
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resets every worker to ``state``; on an error the stream is unchanged."""
@@ -575,7 +579,7 @@ class WorkerRowProducer:
         except BaseException:
             self._failure = self._failure or "a worker failed to start"
             raise
-        previous = dict(self._states)
+        previous = encode_snapshots(self._states)
         error = self._send_restore(blobs)
         if error is not None:
             if self._send_restore(previous) is None:

@@ -55,11 +55,11 @@ class UserOperator(LineageOperator):
         return carry, self._wrap(outputs)
 
     def carry_to_plain(self, carry):
-        codec.encode(carry)  # raises a StateError naming the offending type
-        return carry
+        # Encoded now: a snapshot must not change when the user's step mutates the carry.
+        return codec.encode(carry)  # raises a StateError naming the offending type
 
     def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        return plain
+        return codec.decode(plain)
 
     def parents(self, lineage):
         return ()
