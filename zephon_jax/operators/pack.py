@@ -13,6 +13,8 @@ Output follows Grain's packers: every 1-D field ``f`` becomes a row of
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from zephon_jax.element import Element, root_position
@@ -71,6 +73,7 @@ class RowBuffers:
         "used",
         "used_array",
         "segments",
+        "fill_order",
     )
 
     def __init__(self, data: dict, rows: int, seq_len: int):
@@ -83,6 +86,7 @@ class RowBuffers:
         self.used = [0] * rows
         self.used_array = np.zeros(rows, np.int64)  # the same, for vectorized bin choice
         self.segments: list[list] = [[] for _ in range(rows)]
+        self.fill_order: list[tuple[int, int]] | None = None  # see BinPackOperator
         for _ in range(rows):
             self._new_row()
 
@@ -165,34 +169,43 @@ class BinPackOperator(LineageOperator):
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        i = self._choose_bin(carry, self.seq_len - n)
         out = []
-        if i < 0:
-            i = carry.used.index(max(carry.used))
-            out.append(carry.emit(i, tuple(carry.segments[i])))
+        if self.method == "best_fit":
+            i = self._best_fit(carry, self.seq_len - n, out)
+        else:
+            i = self._first_fit(carry, self.seq_len - n)
+            if i < 0:
+                i = carry.used.index(max(carry.used))
+                out.append(carry.emit(i, tuple(carry.segments[i])))
         carry.place(i, data, 0, n, element.lineage, self._arange)
+        if carry.fill_order is not None:
+            bisect.insort(carry.fill_order, (carry.used[i], -i))
         return carry, out
 
-    def _choose_bin(self, carry: RowBuffers, room: int) -> int:
-        """The bin a record fits (filled to at most ``room``), or -1; ties go to the lowest."""
+    def _best_fit(self, carry: RowBuffers, room: int, out: list) -> int:
+        """Takes the fullest bin filled to at most ``room`` (else emits the fullest bin) out
+        of the fill order and returns its index; ties go to the lowest index."""
+        order = carry.fill_order
+        if order is None:  # kept sorted by (fill, -bin) from here on; rebuilt after restore
+            order = carry.fill_order = sorted((u, -i) for i, u in enumerate(carry.used))
+        k = bisect.bisect_right(order, (room, 1)) - 1
+        i = -order.pop(k if k >= 0 else -1)[1]
+        if k < 0:
+            out.append(carry.emit(i, tuple(carry.segments[i])))
+        return i
+
+    def _first_fit(self, carry: RowBuffers, room: int) -> int:
+        """The lowest bin filled to at most ``room``, or -1."""
         if self.num_bins <= _SCAN_IN_PYTHON:
-            used = carry.used
-            if self.method == "first_fit":
-                return next((j for j, u in enumerate(used) if u <= room), -1)
-            fullest = max((u for u in used if u <= room), default=-1)
-            return used.index(fullest) if fullest >= 0 else -1
-        used = carry.used_array
-        if self.method == "first_fit":
-            fits = used <= room
-            return int(fits.argmax()) if fits.any() else -1
-        fill = np.where(used <= room, used, -1)
-        i = int(fill.argmax())
-        return i if fill[i] >= 0 else -1
+            return next((j for j, u in enumerate(carry.used) if u <= room), -1)
+        fits = carry.used_array <= room
+        return int(fits.argmax()) if fits.any() else -1
 
     def flush(self, carry: RowBuffers | None):
         if carry is None:
             return carry, []
         out = [carry.emit(i, tuple(carry.segments[i])) for i, u in enumerate(carry.used) if u]
+        carry.fill_order = None
         return carry, out
 
     def carry_to_plain(self, carry: RowBuffers | None):
