@@ -38,6 +38,7 @@ class LanePlan:
         self.leaf_transforms = leaf_paths(self.sampler)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
+        self.num_operators = len(self.operators)
         # A lane whose filters drop this many records in a row would likely wait forever.
         self.max_dropped_in_a_row = 16 * sum(leaf.size for leaf in self.leaves) + 100_000
 
@@ -161,25 +162,22 @@ class Lane:
             f"record {int(res.record[0])}, epoch {int(res.epoch[0])})"
         )
 
-    def _next_root(self):
-        if not self._ahead:
-            start = self.next_position
-            count = self._ahead_size
-            self._ahead_size = min(_MAX_AHEAD, self._ahead_size * 2)
-            self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
-        item = self._ahead.popleft()
-        if item is not _END:
-            self.next_position += 1
-        return item
+    def _read_ahead(self) -> None:
+        """Reads the next block of positions (growing blocks, up to ``_MAX_AHEAD``)."""
+        start = self.next_position
+        count = self._ahead_size
+        self._ahead_size = min(_MAX_AHEAD, self._ahead_size * 2)
+        self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
-        operators = self.plan.operators
-        if stage == len(operators):
+        plan = self.plan
+        if stage == plan.num_operators:
             self.pending.extend(elements)
             return
-        op = operators[stage]
-        post = self.plan.post_transforms[stage]
+        op = plan.operators[stage]
+        post = plan.post_transforms[stage]
+        last = stage + 1 == plan.num_operators and not post
         for element in elements:
             try:
                 carry, outputs = op.step(self.carries[stage], element)
@@ -190,7 +188,11 @@ class Lane:
             except Exception as e:
                 raise _user_error(op.describe(), self.where(element.lineage), e) from e
             self.carries[stage] = carry
-            if outputs:
+            if not outputs:
+                continue
+            if last:
+                self.pending.extend(outputs)
+            else:
                 self._push(stage + 1, self._post(stage, post, outputs))
 
     def _post(self, stage: int, post, outputs) -> list[Element]:
@@ -225,22 +227,26 @@ class Lane:
 
     def take(self, n: int) -> list[Element] | None:
         """The next ``n`` rows of this lane, or ``None`` once a finite input is exhausted."""
-        pending = self.pending
+        pending, ahead, push = self.pending, self._ahead, self._push
         while len(pending) < n:
             if self.input_done:
                 return None
-            item = self._next_root()
-            if item is _END:
+            if not ahead:
+                self._read_ahead()
+            item = ahead.popleft()
+            if item is _END:  # the position is not consumed
                 self._finish_input()
-            elif item is _SKIP:
                 continue
-            elif item is DROP:
+            self.next_position += 1
+            if item is _SKIP:
+                continue
+            if item is DROP:
                 self._dropped_in_a_row += 1
                 if self._dropped_in_a_row > self.plan.max_dropped_in_a_row:
                     self._raise_all_dropped()
             else:
                 self._dropped_in_a_row = 0
-                self._push(0, (item,))
+                push(0, (item,))
         return [pending.popleft() for _ in range(n)]
 
     def _raise_all_dropped(self) -> None:
