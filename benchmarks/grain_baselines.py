@@ -267,30 +267,11 @@ def _batches_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 # --------------------------------------------------------------------------- benchmarks
 
 
-def map_batch(
-    corpus_size: int = 100_000,
-    batch_size: int = 128,
-    seconds: float | None = None,
-    quick: bool = False,
-    read_threads: int | None = None,
-) -> dict[str, Any]:
-    """(a) ``source -> shuffle -> repeat -> map(identity) -> to_iter_dataset -> batch``.
-
-    Records are ``{"x": np.int64(i)}``. Reports ``records_per_s`` (median of windows).
-    ``read_threads=None`` keeps Grain's default ReadOptions (16 prefetch threads).
-    """
-    records = [{"x": np.int64(i)} for i in range(corpus_size)]
+def measure_records(make_iterator, batch_size: int, quick: bool, seconds: float | None) -> dict:
+    """Records/s of batches of ``{"x": ...}`` from ``make_iterator()`` (shared by both sides)."""
     warmup_s, window_s, windows = _timing(quick, seconds)
     with PeakRss() as mem:
-        ds = (
-            grain.MapDataset.source(records)
-            .shuffle(seed=0)
-            .repeat()
-            .map(_identity)
-            .to_iter_dataset(_read_options(read_threads))
-            .batch(batch_size, drop_remainder=True)
-        )
-        it = iter(ds)
+        it = make_iterator()
         try:
             r = _timed_windows(
                 it,
@@ -306,10 +287,63 @@ def map_batch(
         "records_per_s_windows": r["rates"],
         "batches_per_s": r["rate_median"] / batch_size,
         "first_batch_s": r["first_element_s"],
+        **mem.result,
+    }
+
+
+def measure_packing(make_iterator, seq_len: int, quick: bool, seconds: float | None) -> dict:
+    """Real tokens/s and fill of packed batches from ``make_iterator()`` (shared by both sides)."""
+    warmup_s, window_s, windows = _timing(quick, seconds)
+    with PeakRss() as mem:
+        it = make_iterator()
+        try:
+            r = _timed_windows(
+                it, _count_packed, warmup_s=warmup_s, window_s=window_s, windows=windows
+            )
+        finally:
+            _close(it)
+    fill = r["units"] / r["aux"] if r["aux"] else float("nan")
+    return {
+        "tokens_per_s": r["rate_median"],
+        "tokens_per_s_windows": r["rates"],
+        "fill": fill,
+        "rows_per_s": r["rate_median"] / (seq_len * fill) if r["units"] else 0.0,
+        "first_batch_s": r["first_element_s"],
+        "batches_timed": r["elements"],
+        **mem.result,
+    }
+
+
+def map_batch(
+    corpus_size: int = 100_000,
+    batch_size: int = 128,
+    seconds: float | None = None,
+    quick: bool = False,
+    read_threads: int | None = None,
+) -> dict[str, Any]:
+    """(a) ``source -> shuffle -> repeat -> map(identity) -> to_iter_dataset -> batch``.
+
+    Records are ``{"x": np.int64(i)}``. Reports ``records_per_s`` (median of windows).
+    ``read_threads=None`` keeps Grain's default ReadOptions (16 prefetch threads).
+    """
+    records = [{"x": np.int64(i)} for i in range(corpus_size)]
+
+    def make_iterator():
+        ds = (
+            grain.MapDataset.source(records)
+            .shuffle(seed=0)
+            .repeat()
+            .map(_identity)
+            .to_iter_dataset(_read_options(read_threads))
+            .batch(batch_size, drop_remainder=True)
+        )
+        return iter(ds)
+
+    return {
+        **measure_records(make_iterator, batch_size, quick, seconds),
         "corpus_size": corpus_size,
         "batch_size": batch_size,
         "read_threads": read_threads,
-        **mem.result,
     }
 
 
@@ -329,32 +363,94 @@ def packing(
     ``fill`` = real tokens / (rows * seq_len) over all timed windows. ``num_packing_bins``
     is ignored by ``method="concat"``.
     """
-    warmup_s, window_s, windows = _timing(quick, seconds)
-    with PeakRss() as mem:
-        ds = build_packing_dataset(
-            corpus, method, seq_len, batch_size, num_packing_bins, seed, read_threads
-        )
-        it = iter(ds)
-        try:
-            r = _timed_windows(
-                it, _count_packed, warmup_s=warmup_s, window_s=window_s, windows=windows
+
+    def make_iterator():
+        return iter(
+            build_packing_dataset(
+                corpus, method, seq_len, batch_size, num_packing_bins, seed, read_threads
             )
-        finally:
-            _close(it)
+        )
+
     return {
-        "tokens_per_s": r["rate_median"],
-        "tokens_per_s_windows": r["rates"],
-        "fill": r["units"] / r["aux"] if r["aux"] else float("nan"),
-        "rows_per_s": r["rate_median"] / (seq_len * (r["units"] / r["aux"])) if r["units"] else 0.0,
-        "first_batch_s": r["first_element_s"],
-        "batches_timed": r["elements"],
+        **measure_packing(make_iterator, seq_len, quick, seconds),
         "method": method,
         "num_packing_bins": num_packing_bins if method != "concat" else None,
         "seq_len": seq_len,
         "batch_size": batch_size,
         "read_threads": read_threads,
+    }
+
+
+def measure_restore(
+    make_iterator, to_blob, from_blob, steps: int, quick: bool
+) -> tuple[dict[str, Any], Any]:
+    """Runs ``steps`` batches, checkpoints, and times restoring into fresh iterators.
+
+    ``to_blob(state, indent)`` and ``from_blob(blob)`` serialize the state as each
+    library's checkpoint does. Returns the figures (shared by both sides) and the state.
+    ``restore_s`` is the median of ``make_iterator()`` + ``set_state(from_blob(blob))``
+    + the first ``next``; ``fresh_first_batch_s`` the same without ``set_state``;
+    ``restore_matches`` checks each restored batch against the original's next one.
+    """
+    repeats = 3 if quick else 7
+    with PeakRss() as mem:
+        it = make_iterator()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        iterate_s = time.perf_counter() - t0
+
+        get_state_times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            state = it.get_state()
+            get_state_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        blob = to_blob(state, 4)
+        serialize_s = time.perf_counter() - t0
+        expected = next(it)
+        _close(it)
+
+        restore_times, set_state_times, matches = [], [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            it2 = make_iterator()
+            it2.set_state(from_blob(blob))
+            t1 = time.perf_counter()
+            got = next(it2)
+            restore_times.append(time.perf_counter() - t0)
+            set_state_times.append(t1 - t0)
+            matches.append(_batches_equal(expected, got))
+            _close(it2)
+
+        fresh_times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            it3 = make_iterator()
+            next(it3)
+            fresh_times.append(time.perf_counter() - t0)
+            _close(it3)
+    figures = {
+        "restore_s": statistics.median(restore_times),
+        "restore_set_state_s": statistics.median(set_state_times),
+        "fresh_first_batch_s": statistics.median(fresh_times),
+        "get_state_s": statistics.median(get_state_times),
+        "serialize_s": serialize_s,
+        "state_bytes": len(blob.encode()),
+        "state_bytes_compact": len(to_blob(state, None).encode()),
+        "restore_matches": all(matches),
+        "iterate_s": iterate_s,
+        "steps_per_s": steps / iterate_s if iterate_s > 0 else None,
+        "steps": steps,
         **mem.result,
     }
+    return figures, state
+
+
+def _grain_state_json(state: Any, indent: int | None) -> str:
+    if indent is None:
+        return json.dumps(state, separators=(",", ":"))
+    return json.dumps(state, indent=indent)
 
 
 def restore_cost(
@@ -378,64 +474,17 @@ def restore_cost(
     floor). ``restore_matches`` checks the restored batch against the original
     iterator's next batch.
     """
-    repeats = 3 if quick else 7
-    with PeakRss() as mem:
-        ds = build_packing_dataset(
-            corpus, method, seq_len, batch_size, num_packing_bins, seed, read_threads
-        )
-        it = iter(ds)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            next(it)
-        iterate_s = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        state = it.get_state()
-        get_state_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        blob = json.dumps(state, indent=4)
-        serialize_s = time.perf_counter() - t0
-        expected = next(it)
-        _close(it)
-
-        restore_times, set_state_times, matches = [], [], []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            it2 = iter(ds)
-            it2.set_state(json.loads(blob))
-            t1 = time.perf_counter()
-            got = next(it2)
-            t2 = time.perf_counter()
-            restore_times.append(t2 - t0)
-            set_state_times.append(t1 - t0)
-            matches.append(_batches_equal(expected, got))
-            _close(it2)
-
-        fresh_times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            it3 = iter(ds)
-            next(it3)
-            fresh_times.append(time.perf_counter() - t0)
-            _close(it3)
+    ds = build_packing_dataset(
+        corpus, method, seq_len, batch_size, num_packing_bins, seed, read_threads
+    )
+    figures, state = measure_restore(lambda: iter(ds), _grain_state_json, json.loads, steps, quick)
     return {
-        "restore_s": statistics.median(restore_times),
-        "restore_set_state_s": statistics.median(set_state_times),
-        "fresh_first_batch_s": statistics.median(fresh_times),
-        "get_state_s": get_state_s,
-        "serialize_s": serialize_s,
-        "state_bytes": len(blob.encode()),
-        "state_bytes_compact": len(json.dumps(state, separators=(",", ":")).encode()),
-        "restore_matches": all(matches),
-        "iterate_s": iterate_s,
-        "steps_per_s": steps / iterate_s if iterate_s > 0 else None,
-        "steps": steps,
+        **figures,
         "method": method,
         "num_packing_bins": num_packing_bins if method != "concat" else None,
         "seq_len": seq_len,
         "batch_size": batch_size,
         "state": state,
-        **mem.result,
     }
 
 

@@ -14,12 +14,20 @@ from __future__ import annotations
 import base64
 import json
 import os
-import statistics
 import time
 from typing import Any
 
 import numpy as np
-from grain_baselines import PeakRss, _count_packed, _timed_windows, _timing
+from grain_baselines import (
+    PeakRss,
+    _close,
+    _count_packed,
+    _timed_windows,
+    _timing,
+    measure_packing,
+    measure_records,
+    measure_restore,
+)
 
 import zephon_jax as zj
 
@@ -65,12 +73,6 @@ def build_restore_dataset(
     )
 
 
-def _batches_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a
-    )
-
-
 def state_to_json(state: dict[str, Any], indent: int | None = 4) -> str:
     """A loader state as JSON (lane bytes in base64): what a JSON checkpoint would hold."""
     plain = dict(state)
@@ -87,12 +89,6 @@ def state_from_json(blob: str) -> dict[str, Any]:
     return plain
 
 
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
-
-
 # --------------------------------------------------------------------------- benchmarks
 
 
@@ -105,29 +101,17 @@ def map_batch(
 ) -> dict[str, Any]:
     """(a) ``source -> shuffle -> map(identity) -> batch`` on records ``{"x": np.int64(i)}``."""
     records = [{"x": np.int64(i)} for i in range(corpus_size)]
-    warmup_s, window_s, windows = _timing(quick, seconds)
-    with PeakRss() as mem:
-        ds = zj.Dataset.source(records).shuffle(0).map(_identity).batch(batch_size)
-        it = iter(zj.Loader(ds))
-        try:
-            r = _timed_windows(
-                it,
-                lambda b: (float(b["x"].shape[0]), 0.0),
-                warmup_s=warmup_s,
-                window_s=window_s,
-                windows=windows,
-            )
-        finally:
-            _close(it)
+
+    def make_iterator():
+        return iter(
+            zj.Loader(zj.Dataset.source(records).shuffle(0).map(_identity).batch(batch_size))
+        )
+
     return {
-        "records_per_s": r["rate_median"],
-        "records_per_s_windows": r["rates"],
-        "batches_per_s": r["rate_median"] / batch_size,
-        "first_batch_s": r["first_element_s"],
+        **measure_records(make_iterator, batch_size, quick, seconds),
         "corpus_size": corpus_size,
         "batch_size": batch_size,
         "read_threads": read_threads,
-        **mem.result,
     }
 
 
@@ -147,31 +131,15 @@ def packing(
     ``num_packing_bins`` is the number of open rows per lane (zephon_jax's
     default, ``None``, is 32); ignored by ``method="concat"``.
     """
-    warmup_s, window_s, windows = _timing(quick, seconds)
-    with PeakRss() as mem:
-        ds = build_packing_dataset(corpus, method, seq_len, batch_size, num_packing_bins, seed)
-        it = iter(zj.Loader(ds))
-        try:
-            r = _timed_windows(
-                it, _count_packed, warmup_s=warmup_s, window_s=window_s, windows=windows
-            )
-        finally:
-            _close(it)
-    fill = r["units"] / r["aux"] if r["aux"] else float("nan")
+    ds = build_packing_dataset(corpus, method, seq_len, batch_size, num_packing_bins, seed)
     return {
-        "tokens_per_s": r["rate_median"],
-        "tokens_per_s_windows": r["rates"],
-        "fill": fill,
-        "rows_per_s": r["rate_median"] / (seq_len * fill) if r["units"] else 0.0,
-        "first_batch_s": r["first_element_s"],
-        "batches_timed": r["elements"],
+        **measure_packing(lambda: iter(zj.Loader(ds)), seq_len, quick, seconds),
         "method": method,
         "num_packing_bins": num_packing_bins if method != "concat" else None,
         "seq_len": seq_len,
         "batch_size": batch_size,
         "read_threads": read_threads,
         "pipeline": repr(ds),
-        **mem.result,
     }
 
 
@@ -195,69 +163,22 @@ def restore_cost(
     lane (no fingerprint). ``restore_s`` is the median of ``iter(loader)`` +
     ``set_state(decoded)`` + the first ``next``.
     """
-    repeats = 3 if quick else 7
-    with PeakRss() as mem:
-        ds = build_restore_dataset(corpus, method, seq_len, batch_size, num_packing_bins, seed)
-        loader = zj.Loader(ds)
-        it = iter(loader)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            next(it)
-        iterate_s = time.perf_counter() - t0
-
-        get_state_times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            state = it.get_state()
-            get_state_times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        blob = state_to_json(state)
-        serialize_s = time.perf_counter() - t0
-        expected = next(it)
-        _close(it)
-
-        restore_times, set_state_times, matches = [], [], []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            it2 = iter(loader)
-            it2.set_state(state_from_json(blob))
-            t1 = time.perf_counter()
-            got = next(it2)
-            t2 = time.perf_counter()
-            restore_times.append(t2 - t0)
-            set_state_times.append(t1 - t0)
-            matches.append(_batches_equal(expected, got))
-            _close(it2)
-
-        fresh_times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            it3 = iter(loader)
-            next(it3)
-            fresh_times.append(time.perf_counter() - t0)
-            _close(it3)
+    ds = build_restore_dataset(corpus, method, seq_len, batch_size, num_packing_bins, seed)
+    loader = zj.Loader(ds)
+    figures, state = measure_restore(
+        lambda: iter(loader), state_to_json, state_from_json, steps, quick
+    )
     lane_bytes = [len(v) for v in state["lanes"].values()]
     return {
-        "restore_s": statistics.median(restore_times),
-        "restore_set_state_s": statistics.median(set_state_times),
-        "fresh_first_batch_s": statistics.median(fresh_times),
-        "get_state_s": statistics.median(get_state_times),
-        "serialize_s": serialize_s,
-        "state_bytes": len(blob.encode()),
-        "state_bytes_compact": len(state_to_json(state, indent=None).encode()),
+        **figures,
         "state_bytes_per_lane": sum(lane_bytes) / len(lane_bytes),
         "num_lanes": len(lane_bytes),
-        "restore_matches": all(matches),
-        "iterate_s": iterate_s,
-        "steps_per_s": steps / iterate_s if iterate_s > 0 else None,
-        "steps": steps,
         "method": method,
         "num_packing_bins": num_packing_bins if method != "concat" else None,
         "seq_len": seq_len,
         "batch_size": batch_size,
         "pipeline": repr(ds),
         "state": json.loads(state_to_json(state, indent=None)),
-        **mem.result,
     }
 
 

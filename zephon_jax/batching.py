@@ -57,6 +57,17 @@ def is_finite(batched) -> bool:
     return any(leaf.num_epochs is not None for leaf in leaves(batched.sampler))
 
 
+def checked_rows(batched, rows: Sequence[int]) -> list[int]:
+    """``rows`` as ints, each checked to be a row of the global batch."""
+    rows = [int(r) for r in rows]
+    for r in rows:
+        if not 0 <= r < batched.global_batch_size:
+            raise PipelineError(
+                f"row {r} is outside the global batch of {batched.global_batch_size}"
+            )
+    return rows
+
+
 def lanes_to_run(batched, rows: Sequence[int], agree_on_end: bool = True) -> list[int]:
     """The lanes a producer of global ``rows`` runs.
 
@@ -87,13 +98,8 @@ class RowProducer:
     ):
         self.batched = batched
         self.plan = LanePlan(batched)
-        self.rows = [int(r) for r in rows]
+        self.rows = checked_rows(batched, rows)
         per_lane = batched.rows_per_lane
-        for r in self.rows:
-            if not 0 <= r < batched.global_batch_size:
-                raise PipelineError(
-                    f"row {r} is outside the global batch of {batched.global_batch_size}"
-                )
         if lanes is None:
             self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
         else:

@@ -31,7 +31,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run, stack_rows
+from zephon_jax.batching import (
+    RowProducer,
+    checked_rows,
+    encode_snapshots,
+    lanes_to_run,
+    stack_rows,
+)
 from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state import lane_bytes
 
@@ -409,13 +415,8 @@ class WorkerRowProducer:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise PipelineError(f"worker_prefetch must be an int >= 1; got {prefetch!r}")
         self.batched = batched
-        self.rows = [int(r) for r in rows]
+        self.rows = checked_rows(batched, rows)
         per_lane = batched.rows_per_lane
-        for r in self.rows:
-            if not 0 <= r < batched.global_batch_size:
-                raise PipelineError(
-                    f"row {r} is outside the global batch of {batched.global_batch_size}"
-                )
         if not self.rows:
             raise PipelineError("WorkerRowProducer needs at least one row to produce")
         self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
