@@ -76,7 +76,7 @@ QUICKSTART = [
         import zephon_jax as zj
         import zephon_jax.checkpoint
         from zephon_jax.corpus import builtin_corpus
-        from zephon_jax.prepare import byte_detokenize
+        from zephon_jax.tokenizers import byte_detokenize
 
         print(jax.devices())
         """,
@@ -714,7 +714,7 @@ PACKING = [
 
         import zephon_jax as zj
         from zephon_jax.corpus import builtin_sources
-        from zephon_jax.prepare import BYTE_OFFSET
+        from zephon_jax.tokenizers import BYTE_OFFSET
 
         sources = builtin_sources()  # {"library": TokenStore, "tests": TokenStore}
         for name, store in sources.items():

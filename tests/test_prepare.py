@@ -13,15 +13,13 @@ import numpy as np
 import pytest
 
 from zephon_jax.prepare import (
-    ArrayRecordTokens,
     PrepareError,
     PrepareOptions,
-    byte_detokenize,
-    byte_tokenize,
     length_percentiles,
     prepare,
 )
-from zephon_jax.sources import TokenStore
+from zephon_jax.sources import ArrayRecordTokens, TokenStore
+from zephon_jax.tokenizers import byte_detokenize, byte_tokenize
 
 
 def write_inputs(tmp_path):

@@ -8,7 +8,7 @@ natural for a two-source mixture:
 * ``"tests"``: its test suites (files under a ``test``/``tests`` directory, or
   named ``test_*.py``).
 
-Each file is one document, tokenized byte-level (:func:`zephon_jax.prepare.byte_tokenize`:
+Each file is one document, tokenized byte-level (:func:`zephon_jax.tokenizers.byte_tokenize`:
 token = byte + 2, ids 0 and 1 reserved for padding and end of document) into a
 uint16 :class:`~zephon_jax.sources.TokenStore`. It is prepared once into a cache
 (``$ZEPHON_JAX_CACHE``, default ``~/.cache/zephon_jax``) and reused; the cache key

@@ -24,7 +24,7 @@ from zephon_jax.sampler.source import describe_source
 
 def load_pipeline(spec: str) -> BatchedDataset:
     """Calls the ``module:function`` ``spec`` and checks it returned a batched pipeline."""
-    from zephon_jax.prepare import load_callable
+    from zephon_jax.tokenizers import load_callable
 
     obj = load_callable(spec)()
     if isinstance(obj, Dataset):

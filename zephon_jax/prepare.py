@@ -25,8 +25,6 @@ complete commit and produces the same documents as an uninterrupted run.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -36,21 +34,20 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TextIO
+from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
 from zephon_jax.errors import ZephonError
+from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
+from zephon_jax.tokenizers import (
+    EOS_ID,
+    is_byte_tokenizer,
+    load_tokenizer,
+)
 
-PAD_ID = 0
-EOS_ID = 1
-BYTE_OFFSET = 2
-BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
-
-MANIFEST = "prepare.json"
 MANIFEST_FORMAT = "zephon_jax.prepare"
 MANIFEST_VERSION = 1
-ARRAY_RECORD_DIR = "array_record"
 TARGETS = ("store", "array_record", "both")
 INPUT_FORMATS = ("jsonl", "text", "parquet")
 _EXTENSIONS = {
@@ -72,59 +69,6 @@ class PrepareError(ZephonError):
 
 class PrepareInterrupted(ZephonError):
     """``prepare`` was interrupted; what it committed is valid and a rerun resumes."""
-
-
-# ----- tokenizers -------------------------------------------------------------------
-
-
-def byte_tokenize(text: str) -> np.ndarray:
-    """Byte-level tokens: the UTF-8 bytes of ``text`` plus ``BYTE_OFFSET``, as uint16.
-
-    Ids ``0`` (``PAD_ID``, also what packing pads with) and ``1`` (``EOS_ID``)
-    are reserved, so byte ``b`` is token ``b + 2`` and the vocabulary has 258 ids.
-    """
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16) + BYTE_OFFSET
-
-
-def byte_detokenize(tokens: Any) -> str:
-    """Inverse of :func:`byte_tokenize`; reserved ids are dropped."""
-    arr = np.asarray(tokens).astype(np.int64)
-    arr = arr[arr >= BYTE_OFFSET] - BYTE_OFFSET
-    return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
-
-
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Resolves ``"module:function"`` (the function may be a dotted attribute path)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise PrepareError(
-            f"{spec!r} is not of the form module:function (e.g. mypkg.tok:encode); the module "
-            "must be importable from the current directory or PYTHONPATH"
-        )
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise PrepareError(f"cannot import module {module_name!r} of {spec!r}: {e}") from e
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as e:
-            raise PrepareError(f"module {module_name!r} has no attribute {attr!r}") from e
-    if not callable(obj):
-        raise PrepareError(f"{spec!r} is a {type(obj).__name__}, not a callable")
-    return obj
-
-
-def is_byte_tokenizer(spec: str | None) -> bool:
-    """Whether ``spec`` names the built-in byte-level tokenizer (None, "" or "bytes")."""
-    return spec in (None, "", "bytes")
-
-
-def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
-    """The tokenizer ``spec`` names (``module:function``, ``str -> list[int]``); None: bytes."""
-    return byte_tokenize if is_byte_tokenizer(spec) else load_callable(spec)
 
 
 # ----- options and inputs ------------------------------------------------------------
@@ -862,85 +806,3 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
         resumed=outputs.resumed,
         complete=outputs.complete,
     )
-
-
-# ----- reading ArrayRecord output -----------------------------------------------------
-
-
-class ArrayRecordTokens:
-    """A random-access source over ArrayRecord files written by ``prepare``.
-
-    ``path`` is a prepare output directory (dtype and shards come from its
-    ``prepare.json``, only committed shards are read) or a list of
-    ``.array_record`` files with an explicit ``dtype``. Record ``i`` is
-    ``{"tokens": 1-D array}``, like :class:`zephon_jax.sources.TokenStore`.
-    """
-
-    def __init__(self, path: str | os.PathLike | Sequence[str], dtype: str | None = None):
-        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            manifest = json.loads((Path(path) / MANIFEST).read_text())
-            shards = int(manifest["committed"]["shards"])
-            files = [
-                str(Path(path) / ARRAY_RECORD_DIR / f"part-{i:05d}.array_record")
-                for i in range(shards)
-            ]
-            dtype = dtype or manifest["job"]["dtype"]
-        else:
-            files = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
-        if dtype is None:
-            raise PrepareError(
-                "ArrayRecordTokens needs dtype= when given files, not a prepare output"
-            )
-        self.files = files
-        self.dtype = np.dtype(dtype).newbyteorder("<")
-        self._source = None
-
-    @property
-    def source(self):
-        if self._source is None:
-            import grain
-
-            self._source = grain.sources.ArrayRecordDataSource(self.files) if self.files else []
-        return self._source
-
-    def __getstate__(self):
-        return {"files": self.files, "dtype": self.dtype.str}
-
-    def __setstate__(self, state):
-        self.files, self.dtype, self._source = state["files"], np.dtype(state["dtype"]), None
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def _decode(self, record: bytes) -> dict[str, np.ndarray]:
-        return {
-            "tokens": np.frombuffer(record, dtype=self.dtype).astype(self.dtype.newbyteorder("="))
-        }
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return self._decode(self.source[index])
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        return [self._decode(r) for r in self.source.__getitems__(list(indices))]
-
-    def lengths(self) -> np.ndarray:
-        """Every record's length in tokens (reads every record)."""
-        n = len(self)
-        out = np.empty(n, dtype=np.int64)
-        for start in range(0, n, 4096):
-            stop = min(n, start + 4096)
-            for i, r in enumerate(self.source.__getitems__(list(range(start, stop)))):
-                out[start + i] = len(r) // self.dtype.itemsize
-        return out
-
-    def fingerprint(self) -> str:
-        """Stable identity: file names, record count and dtype."""
-        names = ",".join(Path(f).name for f in self.files)
-        return f"ar-{len(self)}-{self.dtype.name}-{len(self.files)}:{_hash_text(names)}"
-
-    def __repr__(self) -> str:
-        return f"ArrayRecordTokens({len(self.files)} files, dtype={self.dtype.name})"
-
-
-def _hash_text(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()

@@ -1,0 +1,71 @@
+"""Tokenizers for corpus preparation: byte-level, or any ``module:function``.
+
+Byte-level ids: ``0`` (``PAD_ID``, also what packing pads with) and ``1``
+(``EOS_ID``) are reserved, byte ``b`` is token ``b + 2``: 258 ids in all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from zephon_jax.errors import PipelineError
+
+PAD_ID = 0
+EOS_ID = 1
+BYTE_OFFSET = 2
+BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
+
+
+def byte_tokenize(text: str) -> np.ndarray:
+    """Byte-level tokens: the UTF-8 bytes of ``text`` plus ``BYTE_OFFSET``, as uint16.
+
+    Ids ``0`` (``PAD_ID``, also what packing pads with) and ``1`` (``EOS_ID``)
+    are reserved, so byte ``b`` is token ``b + 2`` and the vocabulary has 258 ids.
+    """
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16) + BYTE_OFFSET
+
+
+def byte_detokenize(tokens: Any) -> str:
+    """Inverse of :func:`byte_tokenize`; reserved ids are dropped."""
+    arr = np.asarray(tokens).astype(np.int64)
+    arr = arr[arr >= BYTE_OFFSET] - BYTE_OFFSET
+    return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """Resolves ``"module:function"`` (the function may be a dotted attribute path)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PipelineError(
+            f"{spec!r} is not of the form module:function (e.g. mypkg.tok:encode); the module "
+            "must be importable from the current directory or PYTHONPATH"
+        )
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PipelineError(f"cannot import module {module_name!r} of {spec!r}: {e}") from e
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise PipelineError(f"module {module_name!r} has no attribute {attr!r}") from e
+    if not callable(obj):
+        raise PipelineError(f"{spec!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def is_byte_tokenizer(spec: str | None) -> bool:
+    """Whether ``spec`` names the built-in byte-level tokenizer (None, "" or "bytes")."""
+    return spec in (None, "", "bytes")
+
+
+def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
+    """The tokenizer ``spec`` names (``module:function``, ``str -> list[int]``); None: bytes."""
+    return byte_tokenize if is_byte_tokenizer(spec) else load_callable(spec)
