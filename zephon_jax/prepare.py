@@ -9,7 +9,7 @@ Output directory layout (``OUT``)::
 ArrayRecord record format: one record per document, the document's token ids as
 raw little-endian integers of the output dtype (``uint16`` for the byte-level
 tokenizer, ``uint32`` otherwise), no header; the dtype is in ``prepare.json``.
-:class:`ArrayRecordTokens` reads them back as ``{"tokens": array}`` records, so
+:class:`zephon_jax.sources.ArrayRecordTokens` reads them back as ``{"tokens": array}`` records, so
 both outputs plug into :meth:`zephon_jax.Dataset.source` the same way.
 
 Resuming: input is cut into chunks (a chunk never spans two files) that worker
