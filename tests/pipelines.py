@@ -69,6 +69,14 @@ def assert_batches_equal(actual: list, expected: list) -> None:
             _assert_array_equal(a, e, f"step {step}")
 
 
+def assert_batch_equal(got, want) -> None:
+    """Exact equality of one batch (numpy or jax arrays) with a numpy batch."""
+    assert sorted(got) == sorted(want)
+    for name in want:
+        value = np.asarray(got[name])
+        assert value.dtype == want[name].dtype and value.tobytes() == want[name].tobytes(), name
+
+
 def _assert_array_equal(a, e, where: str) -> None:
     a, e = np.asarray(a), np.asarray(e)
     assert a.dtype == e.dtype, f"{where}: dtype {a.dtype} != {e.dtype}"

@@ -16,8 +16,7 @@ import mp_worker as worker
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from pipelines import assert_batch_equal
 
 import zephon_jax as zj
 import zephon_jax.checkpoint as zc
@@ -29,26 +28,9 @@ STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def dataset():
-    return worker.make_pipeline()
-
-
-@pytest.fixture(scope="module")
 def reference(dataset):
     it = iter(zj.Loader(dataset))
     return [next(it) for _ in range(STEPS)]
-
-
-@pytest.fixture(scope="module")
-def sharding():
-    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    return NamedSharding(mesh, P("data"))
-
-
-def assert_batch_equal(got, want) -> None:
-    assert sorted(got) == sorted(want)
-    for name in want:
-        assert np.asarray(got[name]).tobytes() == want[name].tobytes(), name
 
 
 def manager(path, async_save: bool) -> ocp.CheckpointManager:

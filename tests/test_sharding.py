@@ -14,22 +14,15 @@ import sys
 from pathlib import Path
 
 import jax
-import mp_worker as worker
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from pipelines import assert_batch_equal
 
 import zephon_jax as zj
 
 HERE = Path(__file__).parent
 
 STEPS = 10
-
-
-@pytest.fixture(scope="module")
-def dataset():
-    return worker.make_pipeline()
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +33,6 @@ def reference(dataset):
         batches.append(next(it))
         states.append(it.get_state())
     return batches, states
-
-
-@pytest.fixture(scope="module")
-def sharding():
-    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    return NamedSharding(mesh, P("data"))
-
-
-def assert_batch_equal(got, want) -> None:
-    assert sorted(got) == sorted(want)
-    for name in want:
-        value = np.asarray(got[name])
-        assert value.dtype == want[name].dtype and value.tobytes() == want[name].tobytes(), name
 
 
 def assert_same_state(got, want) -> None:
