@@ -69,17 +69,24 @@ def test_save_and_restore_with_model_state(tmp_path, dataset, reference, shardin
         assert_batch_equal(next(restored_it), want)
 
 
-def test_each_process_writes_its_own_lanes_and_any_count_restores(tmp_path, dataset, reference):
-    """Two processes write their lanes into one item; one and four processes restore it."""
+def save_from_two_processes(tmp_path, dataset, steps: int):
+    """Two simulated processes each run ``steps`` batches and save their lanes into one item."""
     directory = tmp_path / "item"
     directory.mkdir()
     handler = zc.LoaderCheckpointHandler()
     for process in range(2):
         it = iter(zj.Loader(dataset, process_index=process, process_count=2))
-        for _ in range(3):
+        for _ in range(steps):
             next(it)
-        assert it.loader.lanes_to_save() == list(range(8 * process, 8 * process + 8))
+        half = dataset.num_lanes // 2
+        assert it.loader.lanes_to_save() == list(range(half * process, half * (process + 1)))
         handler.save(directory, args=zc.Save(it))
+    return directory, handler
+
+
+def test_each_process_writes_its_own_lanes_and_any_count_restores(tmp_path, dataset, reference):
+    """Two processes write their lanes into one item; one and four processes restore it."""
+    directory, handler = save_from_two_processes(tmp_path, dataset, steps=3)
     assert len(list(directory.glob("lane_*.bin"))) == worker.GLOBAL_BATCH
 
     whole = handler.restore(directory, args=zc.Restore(iter(zj.Loader(dataset))))
@@ -96,14 +103,7 @@ def test_finite_pipeline_checkpoint_restores_on_more_processes(tmp_path):
     """A finite input: every process runs every lane; the item restores on any count."""
     dataset = worker.make_pipeline(num_epochs=1)
     expected = list(zj.Loader(dataset))
-    directory = tmp_path / "item"
-    directory.mkdir()
-    handler = zc.LoaderCheckpointHandler()
-    for process in range(2):
-        it = iter(zj.Loader(dataset, process_index=process, process_count=2))
-        for _ in range(3):
-            next(it)
-        handler.save(directory, args=zc.Save(it))
+    directory, handler = save_from_two_processes(tmp_path, dataset, steps=3)
     rest = []
     its = [iter(zj.Loader(dataset, process_index=p, process_count=4)) for p in range(4)]
     its = [handler.restore(directory, args=zc.Restore(it)) for it in its]
