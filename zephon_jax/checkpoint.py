@@ -26,12 +26,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from zephon_jax.envelope import CHECKPOINT
 from zephon_jax.errors import StateError
 from zephon_jax.loader import LoaderIterator
 from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
 
-CHECKPOINT_FORMAT = "zephon_jax.checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_FORMAT = CHECKPOINT.format
+CHECKPOINT_VERSION = CHECKPOINT.version
 META_FILE = "meta.json"
 
 
@@ -72,8 +73,7 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         meta = None
         if ocp.multihost.is_primary_host(self._primary_host):
             meta = {
-                "format": CHECKPOINT_FORMAT,
-                "version": CHECKPOINT_VERSION,
+                **CHECKPOINT.header(),
                 "state_format": state["format"],
                 "state_version": state["version"],
                 "fingerprint": state["fingerprint"],
@@ -117,21 +117,21 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
                 f"{meta_path} is missing: the checkpoint item was not written by "
                 "zephon_jax.checkpoint.Save or is incomplete"
             )
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT:
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
             raise StateError(
-                f"{meta_path} is not a zephon_jax checkpoint (format {meta.get('format')!r})"
-            )
-        if int(meta.get("version", -1)) != CHECKPOINT_VERSION:
-            raise StateError(
-                f"{meta_path} has checkpoint version {meta.get('version')!r}; this zephon_jax reads "
-                f"version {CHECKPOINT_VERSION}: restore it with the zephon_jax release that wrote it"
-            )
+                f"{meta_path} is not valid JSON ({e}); the checkpoint is corrupt"
+            ) from e
+        CHECKPOINT.check(meta, str(meta_path))
+        for key in ("fingerprint", "step", "num_lanes"):
+            if key not in meta:
+                raise StateError(f"{meta_path} has no {key!r} entry; the checkpoint is corrupt")
         state = {
             "format": meta.get("state_format", STATE_FORMAT),
             "version": meta.get("state_version", STATE_VERSION),
             "fingerprint": meta["fingerprint"],
-            "step": int(meta["step"]),
+            "step": meta["step"],
             "lanes": {},
         }
         check_state(state, iterator.loader.dataset.fingerprint())  # before reading any lane

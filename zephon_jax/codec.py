@@ -1,8 +1,10 @@
 """A compact, self-describing binary encoding of plain data (no pickle).
 
 Encodes ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``list``,
-``tuple``, ``dict`` (string keys), numpy arrays of numeric or bool dtype, and
-``Opaque`` lineages (literal records).
+``tuple``, ``dict`` (string keys), numpy arrays and numpy scalars of numeric or
+bool dtype, and ``Opaque`` lineages (literal records). Every value decodes to
+the same type it was encoded from: a ``np.float32`` comes back a ``np.float32``
+(not a Python float), an ``np.int16`` an ``np.int16``.
 Integers are zigzag varints, so lane states made of small integers (record
 pointers) stay a few bytes per pointer. Decoding never executes code.
 """
@@ -18,6 +20,8 @@ from zephon_jax.element import Opaque
 from zephon_jax.errors import StateError
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _ARRAY, _OPAQUE = range(12)
+_SCALAR = 12  # a numpy scalar: dtype, then its bytes
+_NUMERIC_KINDS = "biufc"
 
 
 def _put_uint(out: bytearray, value: int) -> None:
@@ -31,15 +35,30 @@ def _put_int(out: bytearray, value: int) -> None:
     _put_uint(out, (value << 1) if value >= 0 else ((-value << 1) - 1))
 
 
+def _put_dtype(out: bytearray, dtype: np.dtype) -> None:
+    text = dtype.newbyteorder("<").str.encode("ascii")
+    _put_uint(out, len(text))
+    out += text
+
+
 def _encode(obj: Any, out: bytearray) -> None:
     if obj is None:
         out.append(_NONE)
     elif obj is True or obj is False:
         out.append(_TRUE if obj else _FALSE)
-    elif isinstance(obj, (int, np.integer)):
+    elif isinstance(obj, np.generic):  # before int/float: np.float64 is a float subclass
+        if obj.dtype.kind not in _NUMERIC_KINDS:
+            raise StateError(
+                f"cannot encode a numpy scalar of dtype {obj.dtype}: only numeric and bool "
+                "scalars are plain data; convert it before storing it in a carry"
+            )
+        out.append(_SCALAR)
+        _put_dtype(out, obj.dtype)
+        out += np.asarray(obj, dtype=obj.dtype.newbyteorder("<")).tobytes()
+    elif isinstance(obj, int):
         out.append(_INT)
         _put_int(out, int(obj))
-    elif isinstance(obj, (float, np.floating)):
+    elif isinstance(obj, float):
         out.append(_FLOAT)
         out += struct.pack("<d", float(obj))
     elif isinstance(obj, str):
@@ -72,15 +91,13 @@ def _encode(obj: Any, out: bytearray) -> None:
             _encode(key, out)
             _encode(value, out)
     elif isinstance(obj, np.ndarray):
-        if obj.dtype.kind not in "biufc":
+        if obj.dtype.kind not in _NUMERIC_KINDS:
             raise StateError(
                 f"cannot encode a numpy array of dtype {obj.dtype}: only numeric and bool arrays "
                 "are plain data; convert it before storing it in a carry"
             )
-        dtype = obj.dtype.newbyteorder("<").str.encode("ascii")
         out.append(_ARRAY)
-        _put_uint(out, len(dtype))
-        out += dtype
+        _put_dtype(out, obj.dtype)
         _put_uint(out, obj.ndim)
         for dim in obj.shape:
             _put_uint(out, dim)
@@ -91,7 +108,7 @@ def _encode(obj: Any, out: bytearray) -> None:
     else:
         raise StateError(
             f"cannot encode an object of type {type(obj).__name__}: a carry must be plain data "
-            "(None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays)"
+            "(None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays and scalars)"
         )
 
 
@@ -126,6 +143,12 @@ class _Reader:
         self.pos += n
         return chunk
 
+    def dtype(self) -> np.dtype:
+        dtype = np.dtype(self.take(self.uint()).decode("ascii"))
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise ValueError(f"a stored dtype {dtype} is not numeric")
+        return dtype
+
     def value(self) -> Any:
         tag = self.data[self.pos]
         self.pos += 1
@@ -148,10 +171,19 @@ class _Reader:
             items = [self.value() for _ in range(self.uint())]
             return tuple(items) if tag == _TUPLE else items
         if tag == _DICT:
-            n = self.uint()
-            return {self.value(): self.value() for _ in range(n)}
+            out = {}
+            for _ in range(self.uint()):
+                key = self.value()
+                if not isinstance(key, str):
+                    raise ValueError(f"a dict key of type {type(key).__name__}")
+                out[key] = self.value()
+            return out
+        if tag == _SCALAR:
+            dtype = self.dtype()
+            raw = self.take(dtype.itemsize)
+            return np.frombuffer(raw, dtype=dtype)[0].astype(dtype.newbyteorder("="))
         if tag == _ARRAY:
-            dtype = np.dtype(self.take(self.uint()).decode("ascii"))
+            dtype = self.dtype()
             shape = tuple(self.uint() for _ in range(self.uint()))
             count = int(np.prod(shape, dtype=np.int64))
             raw = self.take(count * dtype.itemsize)
@@ -168,7 +200,8 @@ def decode(data: bytes | bytearray | memoryview | np.ndarray) -> Any:
     reader = _Reader(bytes(data))
     try:
         value = reader.value()
-    except (IndexError, ValueError, UnicodeDecodeError, TypeError) as e:
+    except (IndexError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
+        # Decoding only reads: any failure means the bytes are not what encode() made.
         raise StateError(
             f"corrupt state bytes ({e!r} at offset {reader.pos}); the state was truncated or "
             "altered: restore from an intact checkpoint"

@@ -16,15 +16,16 @@ import numpy as np
 
 from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
+from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
+from zephon_jax.state import check_lane_value
 from zephon_jax.transforms import DROP
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
-# 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
-LANE_FORMAT = 2
+LANE_FORMAT = LANE.version
 _MAX_AHEAD = 256
 
 
@@ -275,8 +276,11 @@ class Lane:
         """This lane's position, carries and unbatched rows, as compact bytes."""
         return encode_lane_state(self.snapshot())
 
-    def set_state(self, data: bytes) -> None:
-        """Restores a state made by :meth:`get_state` (regenerating what it points to)."""
+    def check_state(self, data: bytes) -> tuple[int, bool, tuple, tuple]:
+        """Checks lane bytes (checksum, version, form) without changing the lane.
+
+        Returns ``(next_position, input_done, carries, pending)``.
+        """
         data = bytes(data)
         body, checksum = data[:-4], data[-4:]
         if len(data) < 5 or zlib.crc32(body).to_bytes(4, "little") != checksum:
@@ -286,25 +290,37 @@ class Lane:
                 f"{len(data)} bytes); the state was truncated or altered after it was taken: "
                 "restore from an intact checkpoint"
             )
-        value = codec.decode(body)
-        if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
-            raise _format_error(self.lane, value)
-        _, next_position, input_done, carries, pending = value
-        if len(carries) != len(self.plan.operators):
-            raise StateError(
-                f"lane {self.lane}: the state has {len(carries)} operator carries, the pipeline "
-                f"{len(self.plan.operators)} operators"
-            )
+        return check_lane_value(
+            codec.decode(body), self.lane, len(self.plan.operators), self.end_position
+        )
+
+    def set_state(self, data: bytes) -> None:
+        """Restores a state made by :meth:`get_state` (regenerating what it points to).
+
+        Raises :class:`StateError` naming the entry if the state is malformed; the
+        lane is then unchanged.
+        """
+        next_position, input_done, carries, pending = self.check_state(data)
         rebuild = _Rebuilder(self)
-        rebuild.prefetch(carries, pending)
+        try:
+            rebuild.prefetch(carries, pending, next_position)
+            carries = [
+                op.carry_from_plain(plain, self.lane, rebuild.at(stage))
+                for stage, (op, plain) in enumerate(zip(self.plan.operators, carries))
+            ]
+            final = len(self.plan.operators)
+            pending = collections.deque(rebuild.at(final)(lin) for lin in pending)
+        except ZephonError:
+            raise
+        except Exception as e:  # an operator could not read its saved carry
+            raise StateError(
+                f"lane {self.lane}: the state's carries do not fit this pipeline's operators "
+                f"({e!r}); the state was altered or comes from another zephon_jax release"
+            ) from e
         self.next_position = next_position
         self.input_done = input_done
-        self.carries = [
-            op.carry_from_plain(plain, self.lane, rebuild.at(stage))
-            for stage, (op, plain) in enumerate(zip(self.plan.operators, carries))
-        ]
-        final = len(self.plan.operators)
-        self.pending = collections.deque(rebuild.at(final)(lin) for lin in pending)
+        self.carries = carries
+        self.pending = pending
         self._ahead.clear()
         self._ahead_size = 8
 
@@ -338,14 +354,30 @@ class _Rebuilder:
 
     def _collect(self, stage: int, lineage, out: set) -> None:
         if stage == 0:
+            if not is_int(lineage):
+                raise StateError(
+                    f"lane {self.lane.lane}: the state holds {lineage!r} where a sampler "
+                    "position was expected; the state was altered"
+                )
             out.add(int(lineage))
             return
         if isinstance(lineage, Opaque):
             return
-        for parent in self.lane.plan.operators[stage - 1].parents(lineage):
+        op = self.lane.plan.operators[stage - 1]
+        try:
+            parents = list(op.parents(lineage))
+        except ZephonError:
+            raise
+        except Exception as e:
+            raise StateError(
+                f"lane {self.lane.lane}: the state holds {lineage!r} where an output of "
+                f"{op.describe()} was expected ({e!r}); the state was altered"
+            ) from e
+        for parent in parents:
             self._collect(stage - 1, parent, out)
 
-    def prefetch(self, carries, pending) -> None:
+    def prefetch(self, carries, pending, next_position: int) -> None:
+        """Reads every position the state points to; all must be before ``next_position``."""
         operators = self.lane.plan.operators
         positions: set[int] = set()
         for stage, (op, plain) in enumerate(zip(operators, carries)):
@@ -353,6 +385,12 @@ class _Rebuilder:
                 self._collect(stage, lineage, positions)
         for lineage in pending:
             self._collect(len(operators), lineage, positions)
+        if positions and max(positions) >= next_position:
+            raise StateError(
+                f"lane {self.lane.lane}: the state points to lane-local position "
+                f"{max(positions)}, but the lane has read only positions before {next_position}; "
+                "the state was altered"
+            )
         if positions:
             ordered = np.array(sorted(positions), dtype=np.int64)
             for position, item in zip(ordered.tolist(), self.lane.read_roots(ordered)):
@@ -383,15 +421,27 @@ class _Rebuilder:
             post = lane.plan.post_transforms[stage - 1]
             try:
                 data = op.regenerate(lineage, self.at(stage - 1))
-                data = apply_transforms(post, data, lane.lane, stage, lineage)
             except ZephonError:
                 raise
             except Exception as e:
+                if not getattr(op, "calls_user_code", False):  # the lineage is malformed
+                    raise StateError(
+                        f"lane {lane.lane}: the state holds {lineage!r} where an output of "
+                        f"{op.describe()} was expected ({e!r}); the state was altered"
+                    ) from e
                 raise _user_error(
                     f"regenerating {op.describe()} output (restoring a state)",
                     lane.where(lineage),
                     e,
-                ) from (e.__cause__ if isinstance(e, _TransformFailed) else e)
+                ) from e
+            try:
+                data = apply_transforms(post, data, lane.lane, stage, lineage)
+            except _TransformFailed as e:
+                raise _user_error(
+                    f"regenerating {op.describe()} output (restoring a state)",
+                    lane.where(lineage),
+                    e,
+                ) from e.__cause__
             if data is DROP:
                 raise StateError(
                     f"lane {lane.lane}: element {lineage!r} is now dropped by a filter after "

@@ -7,6 +7,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.state import check_state, lane_bytes, make_state
 
 
@@ -259,11 +260,13 @@ class LoaderIterator(Iterator[Any]):
         runs; the iterator is then unchanged.
         """
         check_state(state, self._fingerprint)
+        # Every lane this process runs is checked before anything changes.
+        plan = LanePlan(self.loader.dataset)
+        for lane in self.loader.lanes:
+            Lane(plan, lane).check_state(lane_bytes(state, lane))
         if self._prefetcher is None:
             self._producer.restore(state)
         else:
-            for lane in self.loader.lanes:
-                lane_bytes(state, lane)  # raises before anything changes
             delivered = make_state(self._fingerprint, self.step, encode_snapshots(self._delivered))
             self._stop_prefetch()
             try:

@@ -18,10 +18,11 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from zephon_jax.envelope import LANE, STATE, is_int
 from zephon_jax.errors import StateError, StateMismatchError
 
-STATE_FORMAT = "zephon_jax.state"
-STATE_VERSION = 1
+STATE_FORMAT = STATE.format
+STATE_VERSION = STATE.version
 # Compared in this order, so a mismatch names the most telling field first.
 FINGERPRINT_FIELDS = (
     "global_batch_size",
@@ -72,8 +73,7 @@ def fingerprint(batched) -> dict[str, str]:
 def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> dict[str, Any]:
     """Builds a state dict from encoded lane states."""
     return {
-        "format": STATE_FORMAT,
-        "version": STATE_VERSION,
+        **STATE.header(),
         "fingerprint": dict(fp),
         "step": int(step),
         "lanes": {
@@ -83,7 +83,13 @@ def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> 
 
 
 def check_state(state: Any, fp: Mapping[str, str] | None = None) -> None:
-    """Validates a state's form and, if ``fp`` is given, its fingerprint against it."""
+    """Validates a state's whole form and, if ``fp`` is given, its fingerprint against it.
+
+    Every entry is checked for its type and for impossible values (a negative
+    step, a lane outside the pipeline's lanes, lane bytes that are not bytes),
+    so a malformed state raises :class:`StateError` naming the entry before
+    anything is restored.
+    """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict; got {type(state).__name__}")
     for key in ("format", "version", "fingerprint", "step", "lanes"):
@@ -92,20 +98,72 @@ def check_state(state: Any, fp: Mapping[str, str] | None = None) -> None:
                 f"the state has no {key!r} entry; it is not a zephon_jax loader state (or it "
                 "was truncated): pass what LoaderIterator.get_state() or merge_states() returned"
             )
-    if state["format"] != STATE_FORMAT:
-        raise StateError(f"the state's format is {state['format']!r}, not {STATE_FORMAT!r}")
-    if int(state["version"]) != STATE_VERSION:
+    STATE.check(state, "the state")
+    saved = state["fingerprint"]
+    if not isinstance(saved, Mapping):
         raise StateError(
-            f"the state has version {int(state['version'])}; this zephon_jax reads version "
-            f"{STATE_VERSION}: restore it with the zephon_jax release that wrote it"
+            f"the state's 'fingerprint' is a {type(saved).__name__}, not a dict of str; the "
+            "state was altered"
         )
+    for field in FINGERPRINT_FIELDS:
+        if field not in saved:
+            raise StateError(f"the state's fingerprint has no {field!r} field; it is corrupt")
+        if not isinstance(saved[field], str):
+            raise StateError(
+                f"the state's fingerprint field {field!r} is a {type(saved[field]).__name__}, "
+                "not a str; the state was altered"
+            )
     if fp is not None:
-        saved = state["fingerprint"]
         for field in FINGERPRINT_FIELDS:
-            if field not in saved:
-                raise StateError(f"the state's fingerprint has no {field!r} field; it is corrupt")
-            if str(saved[field]) != fp[field]:
-                raise StateMismatchError(field, str(saved[field]), fp[field])
+            if saved[field] != fp[field]:
+                raise StateMismatchError(field, saved[field], fp[field])
+    step = state["step"]
+    if not is_int(step) or step < 0:
+        raise StateError(
+            f"the state's 'step' is {step!r} ({type(step).__name__}); it must be an int >= 0 "
+            "(the number of global batches delivered): the state was altered"
+        )
+    lanes = state["lanes"]
+    if not isinstance(lanes, Mapping):
+        raise StateError(
+            f"the state's 'lanes' is a {type(lanes).__name__}, not a dict from lane to bytes; "
+            "the state was altered"
+        )
+    num_lanes = int(saved["num_lanes"]) if saved["num_lanes"].isdigit() else None
+    for key, data in lanes.items():
+        lane = _lane_key(key, num_lanes)
+        _blob(data, f"the state's lanes[{lane!r}]")
+
+
+def _lane_key(key: Any, num_lanes: int | None) -> str:
+    if not (isinstance(key, str) and key.isdigit() and str(int(key)) == key):
+        raise StateError(
+            f"the state's 'lanes' has the key {key!r}; lane keys are lane numbers written as "
+            "text ('0', '1', ...): the state was altered"
+        )
+    if num_lanes is not None and int(key) >= num_lanes:
+        raise StateError(
+            f"the state's 'lanes' has lane {key}, but its pipeline has {num_lanes} lanes; the "
+            "state was altered"
+        )
+    return key
+
+
+def _blob(data: Any, what: str) -> bytes:
+    """Lane bytes from their saved forms: a uint8 array, bytes, or a list of ints (JSON)."""
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data)
+    if isinstance(data, np.ndarray):
+        if data.dtype == np.uint8 and data.ndim == 1:
+            return data.tobytes()
+    elif isinstance(data, (list, tuple)):
+        if all(is_int(b) and 0 <= b < 256 for b in data):
+            return bytes(int(b) for b in data)
+    shown = f"a {data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else None
+    raise StateError(
+        f"{what} is {shown or type(data).__name__}; a lane state is bytes (a 1-D uint8 array, "
+        "or a list of ints 0..255 after JSON): the state was altered"
+    )
 
 
 def lane_bytes(state: Mapping[str, Any], lane: int) -> bytes:
@@ -119,7 +177,7 @@ def lane_bytes(state: Mapping[str, Any], lane: int) -> bytes:
             "one process covers only that process's lanes: merge the states of all processes "
             "with zephon_jax.merge_states(...) before restoring on another topology"
         )
-    return np.asarray(data, dtype=np.uint8).tobytes()
+    return _blob(data, f"the state's lanes[{str(lane)!r}]")
 
 
 def _ranges(values: list[int]) -> str:
@@ -156,8 +214,8 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 f"state {i} is at step {int(state['step'])} but state 0 at step "
                 f"{int(first['step'])}; merge states taken after the same global batch"
             )
-        for lane, data in state["lanes"].items():
-            data = np.asarray(data, dtype=np.uint8)
+        for lane, raw in state["lanes"].items():
+            data = np.frombuffer(_blob(raw, f"state {i}'s lanes[{lane!r}]"), dtype=np.uint8)
             if lane in lanes and not np.array_equal(lanes[lane], data):
                 raise StateError(
                     f"states disagree on lane {lane}; the processes ran different pipelines "
@@ -168,3 +226,89 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     merged["fingerprint"] = dict(first["fingerprint"])
     merged["lanes"] = {k: lanes[k] for k in sorted(lanes, key=int)}
     return merged
+
+
+def check_lane_value(
+    value: Any, lane: int, num_operators: int, end_position: int | None
+) -> tuple[int, bool, tuple, tuple]:
+    """Validates a decoded lane state; returns ``(next_position, input_done, carries, pending)``.
+
+    The form is ``(version, next_position, input_done, carries, pending)``. Pointers
+    (lineages) hold only ints >= 0, tuples and ``Opaque`` records; built-in carries
+    hold pointers and counts (ints >= 0) or ``None``; a user operator's carry is its
+    own encoding (bytes), checked by decoding it. Anything else raises
+    :class:`StateError` naming the lane and the entry.
+    """
+    if not (isinstance(value, tuple) and value):
+        raise StateError(
+            f"lane {lane}: the lane state is a {type(value).__name__}, not a lane state tuple; "
+            "the state was altered"
+        )
+    LANE.check_version(value[0], f"lane {lane}: the lane state")
+    if len(value) != 5:
+        raise StateError(
+            f"lane {lane}: the lane state has {len(value)} entries, not 5; the state was altered"
+        )
+    _, next_position, input_done, carries, pending = value
+    if not is_int(next_position) or next_position < 0:
+        raise StateError(
+            f"lane {lane}: 'next_position' is {next_position!r}; it must be an int >= 0: the "
+            "state was altered"
+        )
+    if not isinstance(input_done, bool):
+        raise StateError(
+            f"lane {lane}: 'input_done' is {input_done!r} ({type(input_done).__name__}); it must "
+            "be a bool: the state was altered"
+        )
+    if end_position is None and input_done:
+        raise StateError(
+            f"lane {lane}: 'input_done' is True, but this pipeline's input never ends; the "
+            "state was altered or comes from a finite pipeline"
+        )
+    if end_position is not None and (
+        next_position > end_position or (input_done and next_position != end_position)
+    ):
+        raise StateError(
+            f"lane {lane}: 'next_position' is {next_position} (input_done={input_done}), but "
+            f"this lane's input ends at lane-local position {end_position}; the state was altered"
+        )
+    if not isinstance(carries, tuple):
+        raise StateError(
+            f"lane {lane}: 'carries' is a {type(carries).__name__}, not a tuple; the state was "
+            "altered"
+        )
+    if len(carries) != num_operators:
+        raise StateError(
+            f"lane {lane}: the state has {len(carries)} operator carries, the pipeline "
+            f"{num_operators} operators"
+        )
+    for stage, carry in enumerate(carries):
+        if isinstance(carry, bytes):
+            from zephon_jax import codec
+
+            codec.decode(carry)  # a user carry: raises StateError if corrupt
+        else:
+            _check_pointers(carry, lane, f"carries[{stage}]", allow_none=True)
+    if not isinstance(pending, tuple):
+        raise StateError(
+            f"lane {lane}: 'pending' is a {type(pending).__name__}, not a tuple; the state was "
+            "altered"
+        )
+    for i, lineage in enumerate(pending):
+        _check_pointers(lineage, lane, f"pending[{i}]", allow_none=False)
+    return next_position, input_done, carries, pending
+
+
+def _check_pointers(value: Any, lane: int, where: str, allow_none: bool) -> None:
+    from zephon_jax.element import Opaque
+
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _check_pointers(item, lane, f"{where}[{i}]", allow_none)
+    elif isinstance(value, Opaque) or (allow_none and value is None):
+        return
+    elif not is_int(value) or value < 0:
+        raise StateError(
+            f"lane {lane}: {where} is {value!r} ({type(value).__name__}); record pointers and "
+            "counts are ints >= 0: the state was altered"
+        )

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable
 
 from zephon_jax.element import Element
 from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.operators.split import child_lineage
 
 
 class FlatMapOperator(LineageOperator):
@@ -17,6 +18,7 @@ class FlatMapOperator(LineageOperator):
     """
 
     name = "flat_map"
+    calls_user_code = True  # regenerate calls fn: its errors are the user's, not the state's
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]] | Any):
         from zephon_jax.transforms import callable_name
@@ -32,10 +34,10 @@ class FlatMapOperator(LineageOperator):
         return carry, [Element(out, (element.lineage, m)) for m, out in enumerate(outputs)]
 
     def parents(self, lineage):
-        return (lineage[0],)
+        return (child_lineage(lineage, self.describe())[0],)
 
     def regenerate(self, lineage, rebuild: Rebuild):
-        parent, m = lineage
+        parent, m = child_lineage(lineage, self.describe())
         for i, out in enumerate(self._fn(rebuild(parent).data)):
             if i == m:
                 return out

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.element import Element
-from zephon_jax.errors import PipelineError
+from zephon_jax.envelope import is_int
+from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 
@@ -22,6 +23,16 @@ def _length(data: Any, key: str) -> int:
     if np.ndim(value) != 1:
         raise PipelineError(f"split(key={key!r}) needs a 1-D {key!r}; got shape {np.shape(value)}")
     return len(value)
+
+
+def child_lineage(lineage: Any, op: str) -> tuple[Any, int]:
+    """``(parent_lineage, index)`` of a 1-to-n output; StateError if a state altered it."""
+    if not (isinstance(lineage, tuple) and len(lineage) == 2 and is_int(lineage[1])):
+        raise StateError(
+            f"the state holds {lineage!r} where an output of {op} (a (parent, index) pair) was "
+            "expected; the state was altered"
+        )
+    return lineage[0], int(lineage[1])
 
 
 def _keys(data: Any) -> str:
@@ -62,12 +73,17 @@ class SplitOperator(LineageOperator):
         ]
 
     def parents(self, lineage):
-        return (lineage[0],)
+        return (child_lineage(lineage, self.describe())[0],)
 
     def regenerate(self, lineage, rebuild: Rebuild):
-        parent, j = lineage
+        parent, j = child_lineage(lineage, self.describe())
         data = rebuild(parent).data
         n = _length(data, self.key)
+        if j >= max(1, -(-n // self.max_len)):
+            raise StateError(
+                f"the state holds piece {j} of a record that {self.describe()} cuts into "
+                f"{-(-n // self.max_len)} pieces; the state was altered or the sources changed"
+            )
         return data if n <= self.max_len else self._piece(data, n, j)
 
     def carry_bound(self) -> str:
