@@ -31,6 +31,8 @@ class UserOperator(LineageOperator):
 
         self.op = op
         self.op_name = name or callable_name(type(op))
+        # The class and its plain-data parameters (attributes), for the fingerprint.
+        self.op_description = callable_name(op)
 
     def init(self, lane):
         return self.op.init()
@@ -73,4 +75,4 @@ class UserOperator(LineageOperator):
 
     def describe(self) -> str:
         describe = getattr(self.op, "describe", None)
-        return f"apply({describe() if callable(describe) else self.op_name})"
+        return f"apply({describe() if callable(describe) else self.op_description})"
