@@ -141,7 +141,7 @@ USER_FUNCTIONS = {
         lambda ds: ds.flat_map(fails_on_bad_id_flat),
         "flat_map(test_errors.fails_on_bad_id_flat)",
     ),
-    "user operator": (lambda ds: ds.apply(FailsOnBadId()), "apply(test_errors.FailsOnBadId)"),
+    "user operator": (lambda ds: ds.apply(FailsOnBadId()), "apply(test_errors.FailsOnBadId())"),
     "map after split": (
         lambda ds: ds.split(100).map(fails_on_bad_id),
         "map(test_errors.fails_on_bad_id) after split",
