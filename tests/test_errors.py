@@ -184,7 +184,9 @@ def test_user_operator_flush_error_names_the_operator():
             raise ValueError("flush failed")
 
     ds = zj.Dataset.source(list(range(4))).repeat(1).apply(FailsOnFlush()).batch(2)
-    with pytest.raises(zj.RecordError, match=r"FailsOnFlush\(\)\)\.flush raised ValueError") as info:
+    with pytest.raises(
+        zj.RecordError, match=r"FailsOnFlush\(\)\)\.flush raised ValueError"
+    ) as info:
         first_batches(ds, steps=3)
     assert isinstance(info.value.__cause__, ValueError)
 

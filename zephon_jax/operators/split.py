@@ -25,6 +25,13 @@ def _length(data: Any, key: str) -> int:
     return len(value)
 
 
+def _cut_along(value: Any, n: int) -> bool:
+    """Whether a field is a sequence of ``n`` items, cut with the key field."""
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1 and value.shape[0] == n
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
 def child_lineage(lineage: Any, op: str) -> tuple[Any, int]:
     """``(parent_lineage, index)`` of a 1-to-n output; StateError if a state altered it."""
     if not (isinstance(lineage, tuple) and len(lineage) == 2 and is_int(lineage[1])):
@@ -42,8 +49,10 @@ def _keys(data: Any) -> str:
 class SplitOperator(LineageOperator):
     """Splits each record into consecutive pieces of at most ``max_len`` items.
 
-    Every 1-D array field as long as ``data[key]`` is cut at the same places;
-    other fields are copied into each piece. Piece ``j`` has lineage
+    Every sequence field as long as ``data[key]`` (a numpy array whose first
+    dimension is that length, a list or a tuple) is cut at the same places along
+    its first axis; other fields (scalars, strings, sequences of another length)
+    are copied into each piece. Piece ``j`` has lineage
     ``(parent_lineage, j)``. Carry: none. A record of ``n`` items emits
     ``ceil(n / max_len)`` pieces at once (an empty record emits none).
     """
@@ -58,10 +67,7 @@ class SplitOperator(LineageOperator):
 
     def _piece(self, data: dict, n: int, j: int) -> dict:
         start, stop = j * self.max_len, min(n, (j + 1) * self.max_len)
-        return {
-            f: (v[start:stop] if isinstance(v, np.ndarray) and v.ndim == 1 and len(v) == n else v)
-            for f, v in data.items()
-        }
+        return {f: (v[start:stop] if _cut_along(v, n) else v) for f, v in data.items()}
 
     def step(self, carry, element):
         n = _length(element.data, self.key)
