@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import zephon_jax as zj
 from zephon_jax.sampler import MixtureNode, SourceNode, permute, resolve
 from zephon_jax.sampler.mixture import normalize_weights
 
@@ -108,3 +109,39 @@ def test_finite_mixture_reads_every_record_exactly_num_epochs_times(order_seed):
             counts[leaf][record] += 1
     for c in counts:
         assert (c == epochs).all()
+
+
+@pytest.mark.parametrize(
+    "weights, shares",
+    [
+        ([1e308, 1e308], (0.5, 0.5)),
+        ([1e308, 5e307, 1e308], (0.4, 0.2, 0.4)),
+        ([5e-324, 5e-324], (0.5, 0.5)),
+        ([np.float32(3), np.int64(1)], (0.75, 0.25)),
+        ([2**80, 2**80 * 3], (0.25, 0.75)),
+    ],
+)
+def test_weights_of_any_magnitude_normalize_and_run(weights, shares):
+    parts = [zj.Dataset.source([i] * 4) for i in range(len(weights))]
+    ds = zj.Dataset.mix(parts, weights).batch(12)
+    assert ds.dataset._sampler.weights == pytest.approx(shares, rel=1e-12)
+    batch = next(iter(zj.Loader(ds)))
+    counts = np.bincount(batch, minlength=len(weights)) / len(batch)
+    np.testing.assert_allclose(counts, shares, atol=1 / 6)
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        ([1e308, 1e-308], r"weight 1 \(1e-308\) is 1e-616|weight 1 \(1e-308\) is 0 of the total"),
+        ([1, 1e-12], "below the smallest share a mixture keeps"),
+        ([True, 1], "weight 0 is True .bool."),
+        (["1", 1], "weight 0 is '1' .str."),
+        ("ab", "a sequence of numbers"),
+        (3, "a sequence of numbers"),
+    ],
+)
+def test_weights_that_cannot_be_kept_are_rejected_at_definition(weights, match):
+    parts = [zj.Dataset.source([1, 2]), zj.Dataset.source([3])]
+    with pytest.raises(zj.PipelineError, match=match):
+        zj.Dataset.mix(parts, weights)

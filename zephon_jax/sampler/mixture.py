@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -23,14 +25,28 @@ from zephon_jax.sampler.permutation import derive_key, permute
 _ONE = 1 << 32
 BLOCK = 1024
 MAX_DRAWS = _ONE
+MIN_SHARE = 1 / _ONE  # the schedule's resolution
 
 
-def normalize_weights(weights) -> tuple[float, ...]:
-    """Validates mixture weights and returns them normalized to sum to one."""
-    try:
-        values = [float(w) for w in weights]
-    except (TypeError, ValueError) as e:
-        raise PipelineError(f"mixture weights must be numbers; got {weights!r}") from e
+def normalize_weights(weights: Any) -> tuple[float, ...]:
+    """Validates mixture weights and returns them normalized to sum to one.
+
+    Weights are real numbers (not bools or text), finite and > 0, of any
+    magnitude: they are scaled by the largest before summing, so ``[1e308, 1e308]``
+    normalizes to ``(0.5, 0.5)`` instead of overflowing. A weight whose share is
+    below ``2**-32`` of the total is rejected: the schedule resolves shares in
+    units of ``2**-32``, so its proportion could not be kept.
+    """
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+        raise PipelineError(f"mixture weights must be a sequence of numbers; got {weights!r}")
+    values = []
+    for i, w in enumerate(weights):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
+            raise PipelineError(
+                f"mixture weight {i} is {w!r} ({type(w).__name__}); weights must be numbers "
+                "(int or float)"
+            )
+        values.append(float(w))
     if not values:
         raise PipelineError("Dataset.mix needs at least one dataset and one weight")
     for i, w in enumerate(values):
@@ -39,8 +55,18 @@ def normalize_weights(weights) -> tuple[float, ...]:
                 f"mixture weight {i} is {w!r}; every weight must be a finite number > 0 "
                 "(drop a component instead of giving it weight 0)"
             )
-    total = sum(values)
-    return tuple(w / total for w in values)
+    largest = max(values)
+    scaled = [w / largest for w in values]  # in [0, 1]: the sum cannot overflow
+    total = math.fsum(scaled)
+    normalized = tuple(w / total for w in scaled)
+    for i, share in enumerate(normalized):
+        if share < MIN_SHARE:
+            raise PipelineError(
+                f"mixture weight {i} ({values[i]!r}) is {share:.3g} of the total, below the "
+                f"smallest share a mixture keeps (2**-32, about {MIN_SHARE:.3g}); drop the "
+                "component or raise its weight"
+            )
+    return normalized
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +175,7 @@ class MixtureNode:
     def describe(self) -> dict:
         return {
             "mix": [c.describe() for c in self.children],
-            "weights": [round(w, 12) for w in self.weights],
+            "weights": [float(f"{w:.12g}") for w in self.weights],  # 12 significant digits
             "order_seed": self.order_seed,
             "transforms": [t.describe() for t in self.transforms],
         }
