@@ -116,3 +116,32 @@ def test_finite_epochs_end_identically_on_every_topology():
                 break
             got.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
         assert_batches_equal(got, expected)
+
+
+def _mixture_with_a_finite_component(epochs_of_both: bool) -> zj.BatchedDataset:
+    endless = zj.Dataset.source(make_docs(40, 9, seed=1))
+    finite = zj.Dataset.source(make_docs(5, 9, seed=2)).repeat(2)
+    if epochs_of_both:
+        endless = endless.repeat(1)
+    return zj.Dataset.mix([endless, finite], [3, 1]).split(4).pack(4).batch(12)
+
+
+def test_a_mixture_that_never_ends_runs_only_each_process_s_own_lanes():
+    ds = _mixture_with_a_finite_component(epochs_of_both=False)
+    assert not ds.is_finite
+    loaders = [zj.Loader(ds, process_index=i, process_count=6) for i in range(6)]
+    assert [loader.lanes for loader in loaders] == [[2 * i, 2 * i + 1] for i in range(6)]
+    iterators = [iter(loader) for loader in loaders]
+    assert [sorted(it._producer.lanes) for it in iterators] == [loader.lanes for loader in loaders]
+    assert [sorted(it.get_state()["lanes"]) for it in iterators] == [
+        [str(2 * i), str(2 * i + 1)] for i in range(6)
+    ]
+    expected = take(iter(zj.Loader(ds)), 30)  # past the finite component's 2 epochs
+    assert_batches_equal(run_topology(ds, 6, 30), expected)
+    assert_batches_equal(resume_across(ds, 30, 7, 6, 4), expected[7:])
+
+
+def test_a_mixture_that_can_end_runs_every_lane_on_each_process():
+    ds = _mixture_with_a_finite_component(epochs_of_both=True)
+    assert ds.is_finite
+    assert zj.Loader(ds, process_index=1, process_count=6).lanes == list(range(12))

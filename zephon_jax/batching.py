@@ -8,7 +8,7 @@ import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError
 from zephon_jax.lane import Lane, LanePlan, encode_lane_state
-from zephon_jax.sampler.resolve import leaves
+from zephon_jax.sampler.resolve import can_end
 from zephon_jax.state import lane_bytes
 
 
@@ -53,8 +53,12 @@ def encode_snapshots(snapshots: Mapping[int, tuple]) -> dict[int, bytes]:
 
 
 def is_finite(batched) -> bool:
-    """Whether the pipeline's input ends (some source is read for a finite number of epochs)."""
-    return any(leaf.num_epochs is not None for leaf in leaves(batched.sampler))
+    """Whether the pipeline's input can end (see :func:`~zephon_jax.sampler.resolve.can_end`).
+
+    A mixture with one never-ending component never ends, even if another
+    component is read for a finite number of epochs.
+    """
+    return can_end(batched.sampler)
 
 
 def checked_rows(batched, rows: Sequence[int]) -> list[int]:
@@ -71,7 +75,7 @@ def checked_rows(batched, rows: Sequence[int]) -> list[int]:
 def lanes_to_run(batched, rows: Sequence[int], agree_on_end: bool = True) -> list[int]:
     """The lanes a producer of global ``rows`` runs.
 
-    Those owning the rows; with a finite input and ``agree_on_end``, every lane:
+    Those owning the rows; with an input that can end and ``agree_on_end``, every lane:
     the batch at which a finite input ends depends on every lane, so producers
     (processes) that must stop at the same batch without communicating each run
     them all. The sharded loader agrees through jax instead and passes False.

@@ -257,10 +257,11 @@ class BatchedDataset:
 
     @property
     def is_finite(self) -> bool:
-        """True if some source is read a finite number of epochs (see ``repeat``)."""
-        from zephon_jax.sampler.resolve import leaves
+        """True if the input can end: every source a mixture draws from is read a
+        finite number of epochs (see ``repeat``)."""
+        from zephon_jax.sampler.resolve import can_end
 
-        return any(leaf.num_epochs is not None for leaf in leaves(self.sampler))
+        return can_end(self.sampler)
 
     @property
     def stages(self) -> tuple[Stage, ...]:

@@ -62,6 +62,14 @@ def _resolve(node, lane, draws, num_lanes, where, leaf_base, out) -> int:
     return base
 
 
+def can_end(node) -> bool:
+    """Whether the sampler's input ends: a source read for finitely many epochs, or a
+    mixture all of whose components end (one that never ends keeps it going)."""
+    if isinstance(node, SourceNode):
+        return node.num_epochs is not None
+    return all(can_end(child) for child in node.children)
+
+
 def end_position(node, lane: int, num_lanes: int) -> int | None:
     """The first lane-local position from which no position is valid (None: never).
 
