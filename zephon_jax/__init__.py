@@ -21,7 +21,7 @@ from zephon_jax.state import merge_states
 __version__ = "0.1.0"
 
 # Imported on first use, so that ``import zephon_jax`` does not start jax or orbax.
-_LAZY_SUBMODULES = ("checkpoint", "sharding")
+_LAZY_SUBMODULES: tuple[str, ...] = ("checkpoint", "sharding")
 
 
 def __getattr__(name: str):

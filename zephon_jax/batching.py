@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from zephon_jax.element import Element
 from zephon_jax.errors import PipelineError, RecordError
 from zephon_jax.lane import Lane, LanePlan, encode_lane_state
 from zephon_jax.sampler.resolve import can_end
@@ -136,9 +137,12 @@ class RowProducer:
         except BaseException as e:
             self._failure = e
             raise
-        if any(elements is None for elements in taken.values()):
-            return None
-        return [taken[l][i].data for l, i in self._picks]
+        rows: dict[int, list[Element]] = {}
+        for l, elements in taken.items():
+            if elements is None:
+                return None
+            rows[l] = elements
+        return [rows[l][i].data for l, i in self._picks]
 
     def next_batch(self) -> Any:
         rows = self.next_rows()

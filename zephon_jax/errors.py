@@ -43,3 +43,20 @@ class StateMismatchError(StateError):
             f"Restore into the pipeline the state was taken from (same {field}), "
             "or start a fresh run without restoring."
         )
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Adds ``note`` to ``error`` (``BaseException.add_note`` from Python 3.11).
+
+    On Python 3.10 the note is kept in ``error.__notes__``, as 3.11 would keep it;
+    3.10's traceback printing does not show it.
+    """
+    adder = getattr(error, "add_note", None)
+    if callable(adder):
+        adder(note)
+        return
+    notes = getattr(error, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        error.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(note)

@@ -300,16 +300,16 @@ class Lane:
         Raises :class:`StateError` naming the entry if the state is malformed; the
         lane is then unchanged.
         """
-        next_position, input_done, carries, pending = self.check_state(data)
+        next_position, input_done, plain_carries, lineages = self.check_state(data)
         rebuild = _Rebuilder(self)
         try:
-            rebuild.prefetch(carries, pending, next_position)
+            rebuild.prefetch(plain_carries, lineages, next_position)
             carries = [
                 op.carry_from_plain(plain, self.lane, rebuild.at(stage))
-                for stage, (op, plain) in enumerate(zip(self.plan.operators, carries))
+                for stage, (op, plain) in enumerate(zip(self.plan.operators, plain_carries))
             ]
             final = len(self.plan.operators)
-            pending = collections.deque(rebuild.at(final)(lin) for lin in pending)
+            pending = collections.deque(rebuild.at(final)(lin) for lin in lineages)
         except ZephonError:
             raise
         except Exception as e:  # an operator could not read its saved carry

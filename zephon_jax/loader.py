@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.state import check_state, lane_bytes, make_state
+
+if TYPE_CHECKING:  # jax is imported only with sharding
+    from zephon_jax.sharding import BatchSharding, DevicePrefetcher
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
@@ -77,7 +80,7 @@ class Loader:
         self.num_workers = num_workers
         self.worker_prefetch = worker_prefetch
         self.device_prefetch = device_prefetch
-        self.sharding = None
+        self.sharding: BatchSharding | None = None
         if sharding is None:
             self.process_index = 0 if process_index is None else process_index
             self.process_count = 1 if process_count is None else process_count
@@ -149,7 +152,7 @@ class Loader:
         if self.sharding is not None:
             lower = [p for p in self.sharding.process_indices() if p < self.process_index]
         else:
-            lower = range(self.process_index)
+            lower = list(range(self.process_index))
         taken: set[int] = set()
         for p in lower:
             taken.update(self._lanes_of(self.rows_of_process(p)))
@@ -183,7 +186,7 @@ class LoaderIterator(Iterator[Any]):
         self._fingerprint = loader.dataset.fingerprint()
         self._producer = loader.make_producer()
         self.step = 0
-        self._prefetcher = None
+        self._prefetcher: DevicePrefetcher | None = None
         # Lane states after the last batch handed out, while the producer runs ahead.
         self._delivered: Mapping[int, tuple] | None = None
 
@@ -198,9 +201,9 @@ class LoaderIterator(Iterator[Any]):
             self.step += 1
             return batch
         if self._prefetcher is None:
-            self._start_prefetch()
+            self._prefetcher = self._start_prefetch(sharding)
         item = self._prefetcher.get()
-        if not self._all_processes_have(item is not None):
+        if not self._all_processes_have(item is not None) or item is None:
             raise StopIteration
         batch, self._delivered = item
         self.step += 1
@@ -222,10 +225,10 @@ class LoaderIterator(Iterator[Any]):
         flags = multihost_utils.process_allgather(np.array([have_batch], dtype=np.int32))
         return bool(np.all(flags))
 
-    def _start_prefetch(self) -> None:
+    def _start_prefetch(self, sharding: BatchSharding) -> DevicePrefetcher:
         from zephon_jax.sharding import DevicePrefetcher
 
-        producer, sharding, rows = self._producer, self.loader.sharding, self.loader.rows
+        producer, rows = self._producer, self.loader.rows
 
         # A closure, not a method: the thread must not keep this iterator alive.
         def produce():
@@ -236,7 +239,7 @@ class LoaderIterator(Iterator[Any]):
             return sharding.make_global(rows, batch), lanes
 
         self._delivered = producer.lane_snapshots()
-        self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)
+        return DevicePrefetcher(produce, self.loader.device_prefetch)
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
@@ -245,7 +248,7 @@ class LoaderIterator(Iterator[Any]):
 
     def get_state(self) -> dict[str, Any]:
         """The state after the last batch returned; plain data covering this process's lanes."""
-        if self._prefetcher is not None:
+        if self._prefetcher is not None and self._delivered is not None:
             lanes = encode_snapshots(self._delivered)
         else:
             lanes = self._producer.lane_states()
@@ -264,7 +267,7 @@ class LoaderIterator(Iterator[Any]):
         plan = LanePlan(self.loader.dataset)
         for lane in self.loader.lanes:
             Lane(plan, lane).check_state(lane_bytes(state, lane))
-        if self._prefetcher is None:
+        if self._prefetcher is None or self._delivered is None:
             self._producer.restore(state)
         else:
             delivered = make_state(self._fingerprint, self.step, encode_snapshots(self._delivered))

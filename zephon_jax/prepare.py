@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from zephon_jax.tokenizers import (
     is_byte_tokenizer,
     load_tokenizer,
 )
+
+if TYPE_CHECKING:
+    from zephon_jax.sources.token_store import TokenStoreWriter
 
 MANIFEST_FORMAT = "zephon_jax.prepare"
 MANIFEST_VERSION = 1
@@ -378,8 +381,8 @@ class _Outputs:
         self.records_dir = self.out / ARRAY_RECORD_DIR
         self.want_store = opts.to in ("store", "both")
         self.want_records = opts.to in ("array_record", "both")
-        self.store = None
-        self.shard_writer = None
+        self.store: TokenStoreWriter | None = None
+        self.shard_writer: Any = None  # an array_record ArrayRecordWriter
         self.position = _Position()
         self.complete = False
         self.resumed = False
@@ -641,7 +644,9 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     :class:`PrepareInterrupted` on Ctrl-C or SIGTERM after committing every
     chunk finished so far (a second signal stops at once, keeping the last commit).
     """
-    if stream == "stderr":
+    if isinstance(stream, str):
+        if stream != "stderr":
+            raise PrepareError(f"stream must be a text stream, None or 'stderr'; got {stream!r}")
         stream = sys.stderr
     if opts.to not in TARGETS:
         raise PrepareError(f"--to {opts.to!r} is unknown; use one of {TARGETS}")

@@ -13,7 +13,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -60,7 +60,7 @@ class BatchSharding:
         if not leaves:
             raise PipelineError("sharding is empty; give a NamedSharding for the batch")
         self.leaves = [as_named_sharding(s) for s in leaves]
-        self.single = self.treedef.num_leaves == 1 and _is_sharding_leaf(sharding)
+        self.single = len(leaves) == 1 and _is_sharding_leaf(sharding)
         self._row_owners = [self._row_map(s) for s in self.leaves]
 
     def _row_map(self, sharding: NamedSharding) -> dict[Any, range]:
@@ -97,14 +97,14 @@ class BatchSharding:
         if self.single:
             return jax.tree.map(lambda _: self.leaves[0], batch)
         batch_def = jax.tree.structure(batch)
-        if batch_def != self.treedef:
+        if batch_def != self.treedef:  # type: ignore[operator]  # PyTreeDef defines !=, untyped
             raise PipelineError(
                 f"the sharding pytree {self.treedef} does not match the batch {batch_def}; give "
                 "one NamedSharding per batch field (same keys), or a single NamedSharding for all"
             )
         return jax.tree.unflatten(self.treedef, self.leaves)
 
-    def make_global(self, rows: list[int], local: Any) -> Any:
+    def make_global(self, rows: Sequence[int], local: Any) -> Any:
         """Global ``jax.Array``s from ``local``, whose first axis holds global ``rows``.
 
         All processes must produce the same trailing shape for a field; rows a
@@ -129,7 +129,7 @@ def _global_array(local: np.ndarray, sharding: NamedSharding, position: np.ndarr
         )
     global_shape = (batch,) + local.shape[1:]
 
-    def shard(index: tuple) -> np.ndarray:
+    def shard(index: Any) -> np.ndarray:  # a tuple of slices, one per axis
         held = position[index[0]]
         if (
             held.size
@@ -153,12 +153,12 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 class DevicePrefetcher:
     """A background thread keeping up to ``depth`` batches already placed on devices.
 
-    ``produce()`` returns ``(batch, lane_states)`` or ``None`` at the end; each
+    ``produce()`` returns ``(batch, lane_snapshots)`` or ``None`` at the end; each
     batch keeps the lane states taken right after it was produced, so a loader
     reports the state of the last batch it *handed out*, never of prefetched ones.
     """
 
-    def __init__(self, produce: Callable[[], tuple[Any, Mapping[int, bytes]] | None], depth: int):
+    def __init__(self, produce: Callable[[], tuple[Any, Mapping[int, tuple]] | None], depth: int):
         self._produce = produce
         self._slots = threading.Semaphore(depth)
         self._ready: queue.Queue = queue.Queue()
@@ -184,8 +184,8 @@ class DevicePrefetcher:
         except BaseException as e:  # handed to the consumer, raised from next()
             self._ready.put(e)
 
-    def get(self) -> tuple[Any, Mapping[int, bytes]] | None:
-        """The next ``(batch, lane_states)``; ``None`` at the end; re-raises producer errors."""
+    def get(self) -> tuple[Any, Mapping[int, tuple]] | None:
+        """The next ``(batch, lane_snapshots)``; ``None`` at the end; re-raises producer errors."""
         while True:
             try:
                 item = self._ready.get(timeout=0.5)

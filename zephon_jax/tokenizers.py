@@ -68,4 +68,6 @@ def is_byte_tokenizer(spec: str | None) -> bool:
 
 def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
     """The tokenizer ``spec`` names (``module:function``, ``str -> list[int]``); None: bytes."""
-    return byte_tokenize if is_byte_tokenizer(spec) else load_callable(spec)
+    if spec is None or is_byte_tokenizer(spec):
+        return byte_tokenize
+    return load_callable(spec)

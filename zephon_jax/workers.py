@@ -38,7 +38,7 @@ from zephon_jax.batching import (
     lanes_to_run,
     stack_rows,
 )
-from zephon_jax.errors import PipelineError, WorkerError
+from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
@@ -90,12 +90,15 @@ class _SlotWriter:
         self.segments: list[shared_memory.SharedMemory | None] = [None] * count
         self.generations = [-1] * count
 
-    def write(self, slot: int, batch: Any) -> tuple[str | None, tuple, dict]:
+    def write(self, slot: int, batch: Any) -> tuple[str | None, tuple | None, dict]:
         """Writes ``batch``'s arrays into ``slot``; returns (new segment name, layout, inline)."""
         if batch is None:  # a worker running lanes with no rows here (finite inputs)
             return None, None, {}
         fields = batch.items() if isinstance(batch, dict) else [(None, batch)]
-        layout, inline, arrays, offset = [], {}, [], 0
+        layout: list[tuple[Any, Any, Any, Any]] = []
+        inline: dict[Any, np.ndarray] = {}
+        arrays: list[tuple[np.ndarray, int]] = []
+        offset = 0
         for key, value in fields:
             array = np.asarray(value)
             if array.dtype.hasobject:
@@ -336,7 +339,7 @@ def _close_quietly(segment: shared_memory.SharedMemory | None) -> None:
 def _unlink_quietly(name: str) -> None:
     """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
     try:
-        from _posixshmem import shm_unlink  # what SharedMemory.unlink uses on POSIX
+        from _posixshmem import shm_unlink  # type: ignore[import-not-found]  # POSIX only
     except ImportError:  # Windows: a segment disappears with its last handle
         return
     path = "/" + name
@@ -367,7 +370,7 @@ def _raise_worker_error(worker: _Worker, payload: tuple[str, str, bytes | None])
         except Exception:
             error = None
     if isinstance(error, Exception):
-        error.add_note(f"(raised in {worker.describe()}; its traceback is the cause above)")
+        add_note(error, f"(raised in {worker.describe()}; its traceback is the cause above)")
         raise error from remote
     raise WorkerError(f"{worker.describe()} failed: {summary}") from remote
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zephon_jax.errors import StateError
 from zephon_jax.operators.base import LineageOperator, Rebuild
 from zephon_jax.operators.pack import RowBuffers, record_fields
 
@@ -76,6 +77,8 @@ class ConcatPackOperator(LineageOperator):
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
             rows.place(0, data, start, stop, piece, self._arange)
+        if rows is None:
+            raise StateError("the state holds a packed row made of no records; it was altered")
         return rows
 
     def carry_lineages(self, plain):

@@ -18,7 +18,7 @@ import bisect
 import numpy as np
 
 from zephon_jax.element import Element, root_position
-from zephon_jax.errors import PipelineError
+from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 DEFAULT_NUM_BINS = 32
@@ -169,7 +169,7 @@ class BinPackOperator(LineageOperator):
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        out = []
+        out: list[Element] = []
         if self.method == "best_fit":
             i = self._best_fit(carry, self.seq_len - n, out)
         else:
@@ -242,6 +242,8 @@ class BinPackOperator(LineageOperator):
             rows.place(
                 0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange
             )
+        if rows is None:
+            raise StateError("the state holds a packed row made of no records; it was altered")
         return rows.emit(0, lineage).data
 
     def carry_bound(self) -> str:

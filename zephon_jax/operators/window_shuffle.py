@@ -17,7 +17,7 @@ class _Window:
         self.key = key
         self.buffer = buffer
         self.count = count
-        self._draws = None
+        self._draws: list[int] = []
         self._draws_block = -1
 
     def draw(self, window: int) -> int:

@@ -256,7 +256,8 @@ def _open_store(path: Path) -> _Opened:
     offsets = np.asarray(offsets_arr[: num_docs + 1].read().result(), dtype=np.int64)
     _validate_offsets(path, offsets, num_tokens)
     offsets.setflags(write=False)
-    gap = int(tokens.chunk_layout.read_chunk.shape[0] or DEFAULT_READ_CHUNK_TOKENS)
+    chunk = tokens.chunk_layout.read_chunk.shape
+    gap = int((chunk[0] if chunk else None) or DEFAULT_READ_CHUNK_TOKENS)
     return _Opened(os.getpid(), meta, tokens, offsets, dtype, gap)
 
 
@@ -410,9 +411,9 @@ class TokenStore:
                 docs.append(spans[g][starts[u] - base : stops[u] - base].copy())
         seen = np.zeros(uniq.size, dtype=bool)
         out: list[dict[str, np.ndarray]] = []
-        for u in inverse.reshape(-1):
-            out.append({"tokens": docs[u].copy() if seen[u] else docs[u]})
-            seen[u] = True
+        for k in inverse.reshape(-1).tolist():
+            out.append({"tokens": docs[k].copy() if seen[k] else docs[k]})
+            seen[k] = True
         return out
 
     _getitems = __getitems__
