@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
+import zlib
 
 import numpy as np
 import pytest
@@ -37,22 +39,49 @@ WORKER_COUNTS = (
     (0, 1, 2) if HAS_WORKERS and os.environ.get("ZEPHON_PROPERTY_WORKERS") != "0" else (0,)
 )
 BATCH_SIZES = (1, 2, 3, 4, 6, 8)
+REFERENCE_TIMEOUT_S = 60
 
 
 # ----- pipeline pieces (module level, so that they pickle for worker processes) ----------
-def make_source(index: int, num_docs: int, max_len: int, seed: int) -> list[dict]:
-    """Documents of 1..max_len tokens; the first has one token, which every filter keeps."""
+def make_source(
+    index: int, num_docs: int, max_len: int, seed: int, empty: bool = False, scalars: bool = False
+) -> list[dict]:
+    """Documents of 1..max_len tokens (0..max_len with ``empty``), with numpy scalar fields
+    ``weight`` (float32) and ``doc`` (int16) with ``scalars``.
+
+    The first 8 documents have one token, which every filter and drop keeps: each lane
+    reads one of them whatever the lane count (<= 8), so every lane makes progress.
+    """
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, max_len + 1, size=num_docs)
-    lengths[0] = 1
+    lengths = rng.integers(0 if empty else 1, max_len + 1, size=num_docs)
+    lengths[:8] = 1
     base = 1000 * (index + 1)
-    return [
-        {"tokens": (base + rng.integers(0, 1000, size=int(n))).astype(np.int32)} for n in lengths
-    ]
+    docs: list[dict] = []
+    for i, n in enumerate(lengths):
+        doc = {"tokens": (base + rng.integers(0, 1000, size=int(n))).astype(np.int32)}
+        if scalars:
+            doc["weight"] = np.float32(rng.random()) / np.float32(3)
+            doc["doc"] = np.int16(i - 300)
+        docs.append(doc)
+    return docs
 
 
 def add_three(record):
     return {**record, "tokens": record["tokens"] + 3}
+
+
+def scalars_to_arrays(record):
+    """Numpy scalar fields become arrays as long as ``tokens``, keeping their dtype (for pack)."""
+    n = len(record["tokens"])
+    return {
+        k: v if isinstance(v, np.ndarray) else np.full(n, v, dtype=v.dtype)
+        for k, v in record.items()
+    }
+
+
+def drop_some(record):
+    """A pure flat_map that drops records whose length is 3 mod 4 (empty outputs)."""
+    return [] if len(record["tokens"]) % 4 == 3 else [record]
 
 
 def jitter(record, rng):
@@ -70,10 +99,11 @@ class KeepIfLengthNotMultiple:
 
 
 def halves(record):
-    """A pure flat_map: the two halves of every field (an empty second half is dropped)."""
+    """A pure flat_map: the two halves of every array field (scalars go to both halves;
+    an empty second half is dropped)."""
     cut = (len(record["tokens"]) + 1) // 2
-    first = {k: v[:cut] for k, v in record.items()}
-    second = {k: v[cut:] for k, v in record.items()}
+    first = {k: v[:cut] if np.ndim(v) else v for k, v in record.items()}
+    second = {k: v[cut:] if np.ndim(v) else v for k, v in record.items()}
     return [first, second] if len(second["tokens"]) else [first]
 
 
@@ -86,7 +116,12 @@ class MergePairs(zj.Operator):
     def step(self, carry, record):
         if carry is None:
             return dict(record), []
-        return None, [{k: np.concatenate([carry[k], record[k]]) for k in record}]
+        return None, [
+            {
+                k: np.concatenate([carry[k], record[k]]) if np.ndim(record[k]) else carry[k]
+                for k in record
+            }
+        ]
 
     def flush(self, carry):
         return None, ([] if carry is None else [carry])
@@ -108,9 +143,43 @@ class SwapPairs(zj.Operator):
         return {"held": None, "count": carry["count"]}, ([] if held is None else [held])
 
 
+class RunningScore(zj.Operator):
+    """A user operator whose carry holds numpy scalars (float32, int16, bool, uint8 array).
+
+    Each record gets a ``score`` field, a float32 running mean of a per-record value,
+    and its tokens are shifted by the int16 count: both change if a restore turns the
+    scalars into Python numbers (float64, int64).
+    """
+
+    def init(self):
+        return {
+            "total": np.float32(0),
+            "count": np.int16(0),
+            "odd": np.bool_(False),
+            "last": np.zeros(2, np.uint8),
+        }
+
+    def step(self, carry, record):
+        value = np.float32(len(record["tokens"])) / np.float32(7)
+        total = carry["total"] + value
+        count = np.int16(carry["count"] + np.int16(1))
+        carry = {
+            "total": total,
+            "count": count,
+            "odd": np.bool_(not carry["odd"]),
+            "last": carry["last"] + 1,
+        }
+        score = np.full(len(record["tokens"]), total / np.float32(count), dtype=total.dtype)
+        shift = (count % np.int16(5)).astype(np.int32) + np.int32(carry["odd"])
+        return carry, [{**record, "tokens": record["tokens"] + shift, "score": score}]
+
+
 def build(spec: dict) -> zj.BatchedDataset:
     """The batched dataset a spec (plain data drawn by hypothesis) describes."""
-    parts = [zj.Dataset.source(make_source(i, *src)) for i, src in enumerate(spec["sources"])]
+    extra = (spec.get("empty_docs", False), spec.get("scalar_fields", False))
+    parts = [
+        zj.Dataset.source(make_source(i, *src, *extra)) for i, src in enumerate(spec["sources"])
+    ]
     ds = parts[0] if len(parts) == 1 else zj.Dataset.mix(parts, spec["weights"])
     if spec["epochs"] is not None:
         ds = ds.repeat(spec["epochs"])
@@ -123,6 +192,8 @@ def build(spec: dict) -> zj.BatchedDataset:
     if spec["filter"] is not None:
         ds = ds.filter(KeepIfLengthNotMultiple(spec["filter"]))
     ds = add_ops(ds, spec["pre_ops"])
+    if spec.get("scalar_fields"):
+        ds = ds.map(scalars_to_arrays)
     method, seq_len, num_bins = spec["pack"]
     if method != "concat":
         ds = ds.split(seq_len)
@@ -146,12 +217,48 @@ def add_ops(ds: zj.Dataset, ops: list) -> zj.Dataset:
             ds = ds.apply(SwapPairs())
         elif name == "map":
             ds = ds.map(add_three)
+        elif name == "running_score":
+            ds = ds.apply(RunningScore())
+        elif name == "drop_some":
+            ds = ds.flat_map(drop_some)
         else:  # pragma: no cover
             raise AssertionError(op)
     return ds
 
 
 # ----- strategies ---------------------------------------------------------------------------
+BAD_VALUES = (-1, -7, "3", 1.5, None, [0], b"x")
+
+
+@st.composite
+def tampers(draw) -> tuple | None:
+    """How to alter a state so that no restore may accept it (None: leave it alone)."""
+    kind = draw(st.sampled_from([None, None, "byte", "cut", "entry", "lane_entry"]))
+    if kind is None:
+        return None
+    if kind == "byte":  # flip bits of one byte of one lane's bytes
+        return (
+            "byte",
+            draw(st.integers(0, 2**16)),
+            draw(st.integers(0, 2**16)),
+            draw(st.integers(1, 255)),
+        )
+    if kind == "cut":  # truncate one lane's bytes
+        return ("cut", draw(st.integers(0, 2**16)), draw(st.integers(0, 2**16)))
+    if kind == "entry":  # a top-level entry of the wrong type or an impossible value
+        key = draw(
+            st.sampled_from(["step", "version", "fingerprint", "lanes", "lane_key", "lane_value"])
+        )
+        return ("entry", key, draw(st.sampled_from(BAD_VALUES)))
+    # an entry inside one lane's state, behind a valid checksum
+    return (
+        "lane_entry",
+        draw(st.integers(0, 2**16)),
+        draw(st.integers(0, 2**16)),
+        draw(st.sampled_from(BAD_VALUES)),
+    )
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -169,11 +276,14 @@ def specs(draw) -> dict:
         st.tuples(st.just("window_shuffle"), st.integers(1, 5), st.integers(0, 99)),
         st.tuples(st.just("flat_map")),
         st.tuples(st.just("merge_pairs")),
+        st.tuples(st.just("running_score")),
+        st.tuples(st.just("drop_some")),
     )
     post = st.one_of(
         st.tuples(st.just("window_shuffle"), st.integers(1, 5), st.integers(0, 99)),
         st.tuples(st.just("swap_pairs")),
         st.tuples(st.just("map")),
+        st.tuples(st.just("running_score")),
     )
     method = draw(st.sampled_from(["best_fit", "first_fit", "concat"]))
     num_bins = None if method == "concat" else draw(st.integers(1, 6))
@@ -207,6 +317,10 @@ def specs(draw) -> dict:
         "cuts": cuts,
         "phases": phases,
         "state_form": draw(st.sampled_from(["codec", "json"])),
+        "empty_docs": draw(st.booleans()),
+        "scalar_fields": draw(st.booleans()),
+        # At each cut, states altered in these ways are offered first and must be refused.
+        "tampers": [draw(tampers()) for _ in cuts],
     }
 
 
@@ -244,19 +358,110 @@ def as_plain(state: dict, form: str) -> dict:
     return json.loads(json.dumps(plain))
 
 
+def _reseal(value, lane: str) -> list:
+    body = codec.encode(value)
+    return list(body + zlib.crc32(body, int(lane)).to_bytes(4, "little"))
+
+
+def _pointer_paths(value, path: tuple = ()) -> list[tuple]:
+    """Paths to the ints of a decoded lane state's pointers and counts (not inside records)."""
+    if isinstance(value, tuple):
+        return [p for i, item in enumerate(value) for p in _pointer_paths(item, path + (i,))]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [path]
+    return []  # None, an Opaque record, a user carry's bytes
+
+
+def _replace(value, path: tuple, new):
+    if not path:
+        return new
+    items = list(value)
+    items[path[0]] = _replace(items[path[0]], path[1:], new)
+    return tuple(items)
+
+
+def tampered(state: dict, tamper: tuple) -> tuple[dict, str | None] | None:
+    """``state`` altered as ``tamper`` says, and the lane altered (None: every lane).
+
+    None if the state has nothing to alter that way.
+    """
+    state = {**state, "fingerprint": dict(state["fingerprint"]), "lanes": dict(state["lanes"])}
+    lanes = sorted(state["lanes"], key=int)
+    kind = tamper[0]
+    if kind == "entry":
+        _, key, bad = tamper
+        if key == "lane_key":  # never a lane number: "03", "-1", "1.5", ...
+            name = str(bad)
+            state["lanes"][f"0{name}" if name.isdigit() else name] = state["lanes"].pop(lanes[0])
+        elif key == "lane_value":
+            if isinstance(bad, list):  # a list of ints is the JSON form of lane bytes
+                bad = [999]
+            state["lanes"][lanes[0]] = bad
+            if isinstance(bad, bytes):  # bytes are a lane state's form: only its readers fail
+                return state, lanes[0]
+        else:
+            state[key] = bad
+        return state, None
+    lane = lanes[tamper[1] % len(lanes)]
+    data = bytes(np.asarray(state["lanes"][lane], dtype=np.uint8).tolist())
+    if kind == "byte":
+        i = tamper[2] % len(data)
+        data = data[:i] + bytes([data[i] ^ tamper[3]]) + data[i + 1 :]
+        state["lanes"][lane] = list(data)
+    elif kind == "cut":
+        state["lanes"][lane] = list(data[: tamper[2] % len(data)])
+    else:
+        value = codec.decode(data[:-4])
+        # next_position, and the ints of the carries and pending lineages (not the version)
+        paths = [p for p in _pointer_paths(value) if p != (0,)]
+        bad = tamper[3]
+        if tamper[2] % 3 == 0:  # the flag instead
+            paths, bad = [(2,)], ("yes" if bad is None else bad)
+        path = paths[tamper[2] % len(paths)]
+        state["lanes"][lane] = _reseal(_replace(value, path, bad), lane)
+    return state, lane
+
+
+def offer_tampered(iterators: list, loaders: list, state: dict, tamper: tuple | None) -> None:
+    """Offers every iterator an altered state: each must raise StateError (never another
+    error) if the alteration touches what it reads, and continue unchanged either way."""
+    if tamper is None:
+        return
+    made = tampered(state, tamper)
+    if made is None:
+        return
+    bad, lane = made
+    for it, loader in zip(iterators, loaders):
+        steps = it.step
+        if lane is None or int(lane) in loader.lanes:
+            with pytest.raises(zj.StateError):
+                it.set_state(bad)
+            assert it.step == steps
+        else:
+            try:  # a lane this process does not read: refusing or ignoring it are both fine
+                it.set_state(bad)
+            except zj.StateError:
+                pass
+            else:
+                it.set_state(state)  # back to the intact state
+
+
 def run_phases(ds: zj.BatchedDataset, spec: dict) -> list:
     """Runs the phases of ``spec``, each on its topology, resuming from the merged state."""
     bounds = [*spec["cuts"], spec["steps"]]
     batches, state, start = [], None, 0
-    for (procs, workers), stop in zip(spec["phases"], bounds):
-        iterators = [
-            iter(zj.Loader(ds, process_index=i, process_count=procs, num_workers=workers))
+    tampers = [None, *spec.get("tampers", [None] * len(spec["cuts"]))]
+    for (procs, workers), stop, tamper in zip(spec["phases"], bounds, tampers, strict=True):
+        loaders = [
+            zj.Loader(ds, process_index=i, process_count=procs, num_workers=workers)
             for i in range(procs)
         ]
+        iterators = [iter(loader) for loader in loaders]
         try:
             if state is not None:
                 for it in iterators:
                     it.set_state(state)
+                offer_tampered(iterators, loaders, state, tamper)
             for _ in range(start, stop):
                 batch = next_global(iterators)
                 if batch is None:
@@ -274,8 +479,20 @@ def run_phases(ds: zj.BatchedDataset, spec: dict) -> list:
     return batches
 
 
+class _TooLong(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _TooLong
+
+
 def check(spec: dict) -> None:
     ds = build(spec)
+    # A lane whose operators drop everything it reads cannot make progress; the sources
+    # are built so that none is drawn, and this guard rejects one that would wait.
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(REFERENCE_TIMEOUT_S)
     try:
         expected = reference(ds, spec["steps"])
     except zj.RecordError as e:
@@ -284,6 +501,11 @@ def check(spec: dict) -> None:
         if "filters dropped all" not in str(e):
             raise
         reject()
+    except _TooLong:
+        reject()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     assert_batches_equal(run_phases(ds, spec), expected)
 
 

@@ -96,10 +96,10 @@ def state_at(ds, steps: int) -> dict:
     return it.get_state()
 
 
-def reseal(value) -> np.ndarray:
-    """Lane bytes for a decoded lane state, with a valid CRC."""
+def reseal(value, lane: str) -> np.ndarray:
+    """Lane bytes for a decoded lane state, with a valid checksum."""
     body = codec.encode(value)
-    return np.frombuffer(body + zlib.crc32(body).to_bytes(4, "little"), np.uint8)
+    return np.frombuffer(body + zlib.crc32(body, int(lane)).to_bytes(4, "little"), np.uint8)
 
 
 def lane_value(state: dict, lane: str = "1"):
@@ -107,7 +107,7 @@ def lane_value(state: dict, lane: str = "1"):
 
 
 def with_lane(state: dict, value, lane: str = "1") -> dict:
-    return {**state, "lanes": {**state["lanes"], lane: reseal(value)}}
+    return {**state, "lanes": {**state["lanes"], lane: reseal(value, lane)}}
 
 
 def replace_at(value, path: tuple, new):
@@ -217,6 +217,14 @@ def test_malformed_lane_entries_behind_a_valid_crc_raise_state_error(path, new, 
     with pytest.raises(zj.StateError, match=match):
         it.set_state(bad)
     assert_batches_equal(take(it, 4), expected)  # and the iterator is unchanged
+
+
+def test_lane_bytes_under_another_lane_s_number():
+    ds = packed()
+    state = state_at(ds, 3)
+    swapped = {**state, "lanes": {**state["lanes"], "1": state["lanes"]["2"]}}
+    with pytest.raises(zj.StateError, match="lane 1: corrupt state bytes .* another lane's bytes"):
+        iter(zj.Loader(ds)).set_state(swapped)
 
 
 def test_pointer_to_a_piece_that_does_not_exist():

@@ -50,7 +50,7 @@ def _stack_field(name: str, values: list) -> np.ndarray:
 
 def encode_snapshots(snapshots: Mapping[int, tuple]) -> dict[int, bytes]:
     """Encodes lane snapshots into lane states."""
-    return {l: encode_lane_state(snapshot) for l, snapshot in snapshots.items()}
+    return {l: encode_lane_state(snapshot, l) for l, snapshot in snapshots.items()}
 
 
 def is_finite(batched) -> bool:

@@ -65,5 +65,7 @@ def is_int(value: Any) -> bool:
 
 
 STATE = Envelope("zephon_jax.state", 1)
-LANE = Envelope("zephon_jax.lane", 2)  # 2: lane bytes end with a CRC-32 of the encoding
+# Lane 2: lane bytes end with a CRC-32 of the encoding; 3: the CRC starts from the lane
+# number, and numpy scalars keep their dtype.
+LANE = Envelope("zephon_jax.lane", 3)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)

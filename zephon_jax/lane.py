@@ -82,10 +82,16 @@ def _user_error(what: str, where: str, e: BaseException) -> RecordError:
     return error
 
 
-def encode_lane_state(snapshot: tuple) -> bytes:
-    """A :meth:`Lane.snapshot` as compact bytes, ending with a CRC-32 of the rest."""
+def lane_checksum(body: bytes, lane: int) -> bytes:
+    """The CRC-32 of a lane state's encoding, started from the lane number, so that a
+    lane's bytes saved under another lane's number fail the check like corrupt bytes."""
+    return zlib.crc32(body, lane & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def encode_lane_state(snapshot: tuple, lane: int) -> bytes:
+    """A :meth:`Lane.snapshot` of ``lane`` as compact bytes, ending with its checksum."""
     data = codec.encode(snapshot)
-    return data + zlib.crc32(data).to_bytes(4, "little")
+    return data + lane_checksum(data, lane)
 
 
 class Lane:
@@ -274,7 +280,7 @@ class Lane:
 
     def get_state(self) -> bytes:
         """This lane's position, carries and unbatched rows, as compact bytes."""
-        return encode_lane_state(self.snapshot())
+        return encode_lane_state(self.snapshot(), self.lane)
 
     def check_state(self, data: bytes) -> tuple[int, bool, tuple, tuple]:
         """Checks lane bytes (checksum, version, form) without changing the lane.
@@ -283,12 +289,12 @@ class Lane:
         """
         data = bytes(data)
         body, checksum = data[:-4], data[-4:]
-        if len(data) < 5 or zlib.crc32(body).to_bytes(4, "little") != checksum:
+        if len(data) < 5 or lane_checksum(body, self.lane) != checksum:
             _check_lane_format(self.lane, data)
             raise StateError(
                 f"lane {self.lane}: corrupt state bytes (checksum mismatch over "
-                f"{len(data)} bytes); the state was truncated or altered after it was taken: "
-                "restore from an intact checkpoint"
+                f"{len(data)} bytes); the state was truncated or altered after it was taken, "
+                "or holds another lane's bytes: restore from an intact checkpoint"
             )
         return check_lane_value(
             codec.decode(body), self.lane, len(self.plan.operators), self.end_position

@@ -234,9 +234,9 @@ def check_lane_value(
     """Validates a decoded lane state; returns ``(next_position, input_done, carries, pending)``.
 
     The form is ``(version, next_position, input_done, carries, pending)``. Pointers
-    (lineages) hold only ints >= 0, tuples and ``Opaque`` records; built-in carries
-    hold pointers and counts (ints >= 0) or ``None``; a user operator's carry is its
-    own encoding (bytes), checked by decoding it. Anything else raises
+    (lineages) hold only ints >= 0, tuples and ``Opaque`` records; a built-in carry
+    is ``None`` or tuples of pointers and counts (ints >= 0); a user operator's carry
+    is its own encoding (bytes), checked by decoding it. Anything else raises
     :class:`StateError` naming the lane and the entry.
     """
     if not (isinstance(value, tuple) and value):
@@ -287,25 +287,25 @@ def check_lane_value(
             from zephon_jax import codec
 
             codec.decode(carry)  # a user carry: raises StateError if corrupt
-        else:
-            _check_pointers(carry, lane, f"carries[{stage}]", allow_none=True)
+        elif carry is not None:  # None: an operator with nothing held
+            _check_pointers(carry, lane, f"carries[{stage}]")
     if not isinstance(pending, tuple):
         raise StateError(
             f"lane {lane}: 'pending' is a {type(pending).__name__}, not a tuple; the state was "
             "altered"
         )
     for i, lineage in enumerate(pending):
-        _check_pointers(lineage, lane, f"pending[{i}]", allow_none=False)
+        _check_pointers(lineage, lane, f"pending[{i}]")
     return next_position, input_done, carries, pending
 
 
-def _check_pointers(value: Any, lane: int, where: str, allow_none: bool) -> None:
+def _check_pointers(value: Any, lane: int, where: str) -> None:
     from zephon_jax.element import Opaque
 
     if isinstance(value, tuple):
         for i, item in enumerate(value):
-            _check_pointers(item, lane, f"{where}[{i}]", allow_none)
-    elif isinstance(value, Opaque) or (allow_none and value is None):
+            _check_pointers(item, lane, f"{where}[{i}]")
+    elif isinstance(value, Opaque):
         return
     elif not is_int(value) or value < 0:
         raise StateError(
