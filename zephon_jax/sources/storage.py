@@ -119,8 +119,10 @@ def fsspec_options(scheme: str | None, storage_options: Mapping[str, Any] | None
     if scheme == "s3":
         env = os.environ
         opts: dict[str, Any] = {}
-        endpoint = given.pop("endpoint_url", None) or env.get("AWS_ENDPOINT_URL_S3") or env.get(
-            "AWS_ENDPOINT_URL"
+        endpoint = (
+            given.pop("endpoint_url", None)
+            or env.get("AWS_ENDPOINT_URL_S3")
+            or env.get("AWS_ENDPOINT_URL")
         )
         if endpoint:
             opts["endpoint_url"] = endpoint
@@ -208,8 +210,10 @@ def kvstore_spec(
         return {"driver": "gcs", "bucket": bucket, "path": prefix}
     env = os.environ
     spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": prefix}
-    endpoint = given.pop("endpoint_url", None) or env.get("AWS_ENDPOINT_URL_S3") or env.get(
-        "AWS_ENDPOINT_URL"
+    endpoint = (
+        given.pop("endpoint_url", None)
+        or env.get("AWS_ENDPOINT_URL_S3")
+        or env.get("AWS_ENDPOINT_URL")
     )
     if endpoint:
         spec["endpoint"] = endpoint
