@@ -24,9 +24,11 @@ complete commit and produces the same documents as an uninterrupted run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -632,6 +634,15 @@ class PrepareSummary:
     input_mb: float
     resumed: bool
     complete: bool
+    target: str = "store"
+
+    def load_hint(self) -> str:
+        """Python that opens the output as a pipeline source."""
+        cls = "TokenStore" if self.target in ("store", "both") else "ArrayRecordTokens"
+        return (
+            f"import zephon_jax; from zephon_jax.sources import {cls}; "
+            f"ds = zephon_jax.Dataset.source({cls}({self.output!r}))"
+        )
 
     def format(self) -> str:
         p = self.length_percentiles
@@ -647,6 +658,8 @@ class PrepareSummary:
             lines.append(
                 f"  this run   {self.seconds:.2f} s, {self.input_mb / self.seconds:.1f} MB/s of input"
             )
+        if self.complete and self.documents:
+            lines.append(f"  load it    {self.load_hint()}")
         return "\n".join(lines)
 
 
@@ -683,6 +696,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     inputs = _describe_inputs(opts)
     outputs = _Outputs(opts, _job_identity(opts, inputs))
     if outputs.complete:
+        _check_not_empty(outputs, opts, BadRecordCauses())
         return _summary(outputs, 0.0, 0.0)
     if outputs.resumed and stream is not None:
         at = outputs.position
@@ -708,6 +722,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     else:
         _setup_worker(*args)
     start, run_bytes, reported, since_commit = time.perf_counter(), 0.0, 0, 0
+    causes = BadRecordCauses()
     chunks = _read_chunks(inputs, opts, pos.file, pos.record)
     in_flight: deque = deque()
     stop = _StopRequests()
@@ -735,10 +750,13 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
                             f"{where}: {reason} (--strict: stopped; the {pos.docs:,} documents "
                             "before it are committed)"
                         )
+                    causes.add(reason, reported >= opts.max_reported_bad)
                     if reported < opts.max_reported_bad:
                         progress.note(f"skipped {where}: {reason}")
                     elif reported == opts.max_reported_bad > 0:
-                        progress.note("more bad records are skipped and counted without a report")
+                        progress.note(
+                            "more bad records are skipped, counted and summarized at the end"
+                        )
                     reported += 1
                 outputs.append(docs)
                 pos.docs += len(docs)
@@ -761,6 +779,8 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
             else:
                 outputs.commit(pos, complete=True)
         progress.update(outputs.position, run_bytes, force=True)
+        if causes.unreported:
+            progress.note(causes.format_unreported())
     except BaseException:
         outputs.abandon()
         raise
@@ -773,7 +793,61 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
             f"interrupted ({stop.requested}): {outputs.position.docs:,} documents committed to "
             f"{opts.output}; run the same command again to resume"
         )
+    _check_not_empty(outputs, opts, causes)
     return _summary(outputs, time.perf_counter() - start, run_bytes)
+
+
+class BadRecordCauses:
+    """Bad records counted by cause (the reason without its record-specific details)."""
+
+    def __init__(self) -> None:
+        self.all: collections.Counter[str] = collections.Counter()
+        self.unreported: collections.Counter[str] = collections.Counter()
+        self.examples: dict[str, str] = {}
+
+    @staticmethod
+    def cause(reason: str) -> str:
+        return re.split(r" \(|: ", reason, maxsplit=1)[0]
+
+    def add(self, reason: str, unreported: bool) -> None:
+        cause = self.cause(reason)
+        self.all[cause] += 1
+        self.examples.setdefault(cause, reason)
+        if unreported:
+            self.unreported[cause] += 1
+
+    def format_unreported(self) -> str:
+        total = sum(self.unreported.values())
+        parts = ", ".join(f"{n:,} {cause}" for cause, n in self.unreported.most_common())
+        return f"... and {total:,} more bad records skipped: {parts}"
+
+
+def _check_not_empty(outputs: _Outputs, opts: PrepareOptions, causes: BadRecordCauses) -> None:
+    """Raise PrepareError when a complete job wrote no document, naming why and the fix."""
+    pos = outputs.position
+    if not outputs.complete or pos.docs > 0:
+        return
+    if pos.bad == 0 and pos.empty == 0:
+        raise PrepareError(f"no documents: the inputs {list(opts.inputs)} hold no records")
+    missing = f"no {opts.text_field!r} field"
+    if causes.all and causes.all.most_common(1)[0][0] == missing:
+        example = causes.examples[missing]
+        fields = example[example.find("(fields:") + 9 : -1] if "(fields:" in example else "?"
+        raise PrepareError(
+            f"no documents: {causes.all[missing]:,} of {pos.bad:,} records have no "
+            f"{opts.text_field!r} field (fields: {fields}); pass --text-field with the field that "
+            f"holds the text, and --overwrite to redo {opts.output}"
+        )
+    if causes.all:
+        parts = ", ".join(f"{n:,} {cause}" for cause, n in causes.all.most_common())
+        raise PrepareError(
+            f"no documents: every record was bad ({parts}); fix the input or the options "
+            f"(--format, --text-field, --tokenizer) and rerun with --overwrite"
+        )
+    raise PrepareError(
+        f"no documents in {opts.output}: all {pos.bad + pos.empty:,} records were bad or empty; "
+        "fix the input or the options (--format, --text-field) and rerun with --overwrite"
+    )
 
 
 class _StopRequests:
@@ -819,7 +893,7 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
     if outputs.want_store:
         from zephon_jax.sources.token_store import TokenStore
 
-        lengths = TokenStore(outputs.out).doc_lengths
+        lengths = TokenStore(outputs.out, storage_options=outputs.opts.storage_options).doc_lengths
     else:
         lengths = ArrayRecordTokens(outputs.out).lengths()
     return PrepareSummary(
@@ -833,4 +907,5 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
         input_mb=run_bytes / 1e6,
         resumed=outputs.resumed,
         complete=outputs.complete,
+        target=outputs.opts.to,
     )
