@@ -41,7 +41,7 @@ import numpy as np
 from zephon_jax.errors import ZephonError
 from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
 from zephon_jax.sources.files import expand_paths, file_info
-from zephon_jax.sources.storage import Location, StorageError, filesystem, is_url
+from zephon_jax.sources.storage import Location, StorageError, filesystem, is_url, split_url
 from zephon_jax.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,
@@ -138,11 +138,19 @@ def expand_inputs(
         try:
             files = expand_paths(item, storage_options, extensions=tuple(_EXTENSIONS))
         except FileNotFoundError as e:
-            raise PrepareError(f"{e} (known extensions: {sorted(_EXTENSIONS)})") from e
+            raise PrepareError(str(e)) from e
         except StorageError as e:
             raise PrepareError(str(e)) from e
         out.extend(f for f in files if f not in out)
     return out
+
+
+def check_output(opts: PrepareOptions) -> None:
+    """Raise PrepareError unless the output is a local path or a supported URL."""
+    try:
+        split_url(opts.output)
+    except StorageError as e:
+        raise PrepareError(str(e)) from e
 
 
 def _open(path: str, storage_options: dict[str, Any] | None = None):
@@ -693,6 +701,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
+    check_output(opts)
     inputs = _describe_inputs(opts)
     outputs = _Outputs(opts, _job_identity(opts, inputs))
     if outputs.complete:

@@ -47,6 +47,7 @@ from zephon_jax.prepare import (
     _process_chunk,
     _setup_worker,
     _worker,
+    check_output,
     length_percentiles,
 )
 from zephon_jax.sources.storage import Location, filesystem, join
@@ -334,6 +335,7 @@ def prepare_beam(
     if opts.to != "store":
         raise PrepareError("--engine beam writes a TokenStore only: use --to store")
     load_tokenizer(opts.tokenizer)
+    check_output(opts)
     try:
         np.iinfo(opts.out_dtype)
     except ValueError as e:

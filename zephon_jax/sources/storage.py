@@ -173,21 +173,29 @@ def url_of(scheme: str | None, path: str) -> str:
 
 # ----- TensorStore (TokenStore arrays) ------------------------------------------------
 
-_credential_files: dict[tuple, str] = {}
+_credential_files: dict[tuple, tuple[str, str]] = {}
 
 
 def _static_aws_profile(key: str, secret: str, token: str | None) -> dict[str, Any]:
     """A TensorStore profile credential spec for an explicit key pair (a private temp file)."""
     ident = (key, secret, token)
-    path = _credential_files.get(ident)
-    if path is None or not os.path.exists(path):
-        fd, path = tempfile.mkstemp(prefix="zephon_jax-aws-", suffix=".ini")
+    paths = _credential_files.get(ident)
+    if paths is None or not all(os.path.exists(p) for p in paths):
+        fd, cred = tempfile.mkstemp(prefix="zephon_jax-aws-", suffix=".ini")
         with os.fdopen(fd, "w") as f:  # mkstemp creates the file with mode 0600
             f.write(f"[zephon_jax]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
             if token:
                 f.write(f"aws_session_token = {token}\n")
-        _credential_files[ident] = path
-    return {"type": "profile", "profile": "zephon_jax", "credentials_file": path}
+        fd, config = tempfile.mkstemp(prefix="zephon_jax-aws-config-", suffix=".ini")
+        with os.fdopen(fd, "w") as f:
+            f.write("[profile zephon_jax]\n")
+        paths = _credential_files[ident] = (cred, config)
+    return {
+        "type": "profile",
+        "profile": "zephon_jax",
+        "credentials_file": paths[0],
+        "config_file": paths[1],
+    }
 
 
 def kvstore_spec(
