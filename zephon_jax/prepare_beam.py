@@ -242,7 +242,7 @@ def write_shard(task: tuple[int, list[tuple[int, int, int]]], opts: PrepareOptio
     parts = []
     for unit, lo, hi in pieces:
         fs, inner = filesystem(join(tmp, f"unit-{unit:08d}.tokens"), opts.storage_options)
-        raw = fs.cat_file(inner, lo * dtype.itemsize, hi * dtype.itemsize)
+        raw = fs.cat_file(inner, start=lo * dtype.itemsize, end=hi * dtype.itemsize)
         parts.append(np.frombuffer(raw, dtype=dtype))
     data = np.concatenate(parts).astype(opts.out_dtype)
     loc = Location(opts.output, opts.storage_options)

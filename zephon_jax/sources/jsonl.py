@@ -303,7 +303,7 @@ class JsonlSource:
         else:
             by_path = {p: fs_ for fs_, p in fss}
             blobs = [
-                retry_call(lambda p=p, a=a, b=b: by_path[p].cat_file(p, a, b), p)
+                retry_call(lambda p=p, a=a, b=b: by_path[p].cat_file(p, start=a, end=b), p)
                 for p, a, b in zip(paths, starts, ends)
             ]
         for blob in blobs:
