@@ -190,3 +190,21 @@ def test_hugging_face_dataset_is_read_in_batches():
     assert_batches_equal(got, want)
     assert calls and max(calls) > 1  # batched reads, not one row at a time
     assert_batches_equal(resume_across(packed(hf), 5, 2, 1, 2), want[2:])
+
+
+def test_prepare_with_no_documents_fails_and_summarizes_bad_records(tmp_path, capsys):
+    from zephon_jax.cli import main
+
+    data = tmp_path / "content.jsonl"
+    write_jsonl(data, [{"content": f"text {i}", "id": i} for i in range(30)] + [[1]] * 3)
+    assert main(["prepare", str(data), "-o", str(tmp_path / "out"), "--workers", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("skipped ") == 20  # the first 20 bad lines, one by one
+    assert "and 13 more bad records skipped: 10 no 'text' field, 3 expected a JSON object" in err
+    assert "30 of 33 records have no 'text' field" in err and "--text-field" in err
+    assert "['content', 'id']" in err
+    out = tmp_path / "ok"
+    args = ["prepare", str(data), "-o", str(out), "--text-field", "content", "--workers", "0"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"ds = zephon_jax.Dataset.source(TokenStore('{out}'))" in printed
