@@ -244,14 +244,25 @@ def kvstore_spec(
     return spec
 
 
+CACHE_POOL_BYTES = 64 << 20
+
+
 def tensorstore_context_spec() -> dict[str, Any]:
-    """Bounded request retries for TensorStore's object-store drivers."""
+    """Bounded request retries for the object-store drivers, and a bounded cache pool.
+
+    The cache pool keeps shard indexes and recently decoded chunks, so that a random
+    read of a TokenStore on an object store costs about one request, not two.
+    """
     retries = {
         "max_retries": MAX_RETRIES,
         "initial_delay": f"{INITIAL_DELAY_S}s",
         "max_delay": f"{MAX_DELAY_S}s",
     }
-    return {"s3_request_retries": retries, "gcs_request_retries": retries}
+    return {
+        "s3_request_retries": retries,
+        "gcs_request_retries": retries,
+        "cache_pool": {"total_bytes_limit": CACHE_POOL_BYTES},
+    }
 
 
 # ----- retries -------------------------------------------------------------------------

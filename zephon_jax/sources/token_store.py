@@ -111,6 +111,10 @@ def _offsets_create_spec(loc: Location) -> dict[str, Any]:
 
 def _open_array(loc: Location, name: str, *, write: bool = False) -> ts.TensorStore:
     spec = _array_spec(loc, name)
+    if not write:
+        # The committed prefix of a store never changes: what was cached since this open
+        # is fresh (data cached before it, e.g. of a rewritten store, is checked again).
+        spec["recheck_cached_data"] = "open"
     try:
         return retry_call(
             lambda: ts.open(spec, read=True, write=write, context=_ts_context()).result(),
