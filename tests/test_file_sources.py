@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -50,6 +51,9 @@ def test_jsonl_order_batched_reads_and_sidecar(jsonl_dir):
         "c.ndjson.zjidx",
     ]
     assert len(JsonlSource(str(d / "*"))) == 72
+    clone = pickle.loads(pickle.dumps(src))  # what loader workers receive
+    assert clone.__getitems__(picks) == [rows[i] for i in picks]
+    assert clone.fingerprint() == src.fingerprint()
     with pytest.raises(IndexError, match="out of range"):
         src[72]
 
@@ -129,6 +133,8 @@ def test_parquet_rows_columns_and_row_group_lru(parquet_dir):
     src.__getitems__([0])
     assert src.row_groups_read == 6
     assert set(ParquetSource(d)[0]) == {"text", "n", "k"}
+    clone = pickle.loads(pickle.dumps(src))
+    assert clone.__getitems__([74, 0]) == [rows[74], rows[0]] and clone.row_groups_read == 2
     with pytest.raises(ValueError, match="no column.*'body'.*columns="):
         ParquetSource(d, columns=["body"])
 

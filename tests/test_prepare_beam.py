@@ -11,7 +11,7 @@ import pytest
 from object_stores import S3_BUCKET, s3_server, upload_tree
 
 from zephon_jax.cli import main
-from zephon_jax.prepare import PrepareOptions, prepare
+from zephon_jax.prepare import PrepareOptions, expand_inputs, prepare
 from zephon_jax.prepare_beam import prepare_beam
 from zephon_jax.sources import JsonlSource, TokenStore
 
@@ -40,6 +40,7 @@ def corpus(tmp_path_factory):
     )
     JsonlSource(d)  # leaves index sidecars in the input directory
     assert any(p.name.endswith(".zjidx") for p in d.iterdir())
+    assert not [f for f in expand_inputs([str(d / "*")]) if f.endswith(".zjidx")]
     return d
 
 
@@ -64,10 +65,8 @@ def local_engine(corpus, tmp_path_factory):
 
 def test_beam_one_worker_from_the_cli_equals_local(corpus, local_engine, tmp_path, capsys):
     out = tmp_path / "beam"
-    assert (
-        main(["prepare", str(corpus), "-o", str(out), "--engine", "beam", "--num-workers", "1"])
-        == 0
-    )
+    args = ["prepare", str(corpus), "-o", str(out), "--engine", "beam", "--num-workers", "1"]
+    assert main([*args, "--", "--direct_running_mode=in_memory"]) == 0
     assert store_digests(fsspec.filesystem("file"), str(out)) == local_engine[0]
     assert TokenStore(out).num_docs == local_engine[1].documents
     captured = capsys.readouterr()
