@@ -17,6 +17,7 @@ import numpy as np
 from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
+from zephon_jax.provenance import leaf_labels
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
@@ -36,6 +37,7 @@ class LanePlan:
         self.sampler = batched.sampler
         self.leaves = leaves(self.sampler)
         self.leaf_transforms = leaf_paths(self.sampler)
+        self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.num_operators = len(self.operators)
