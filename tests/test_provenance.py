@@ -164,3 +164,84 @@ def test_provenance_before_the_first_batch_raises():
     it = iter(zj.Loader(pipeline()))
     with pytest.raises(zj.PipelineError, match="call next\\(\\) first"):
         it.provenance()
+
+
+EXPLAIN_PIPELINE = """
+import numpy as np
+import zephon_jax as zj
+
+TEXTS = [("doc %d " % i) * (1 + i % 7) for i in range(200)]
+
+
+def tokens(record):
+    return {"tokens": np.frombuffer(record["text"].encode(), np.uint8).astype(np.int32)}
+
+
+def decode(tokens):
+    return bytes(np.asarray(tokens, np.uint8)).decode()
+
+
+def pipeline():
+    source = zj.Dataset.source([{"text": t} for t in TEXTS], name="texts")
+    return source.shuffle(1).map(tokens).split(16).pack(16).batch(4)
+"""
+
+
+def test_explain_command_from_a_state_file_and_a_checkpoint(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import orbax.checkpoint as ocp
+
+    import zephon_jax.checkpoint as zc
+    from zephon_jax.cli import main
+
+    (tmp_path / "explain_pipeline.py").write_text(EXPLAIN_PIPELINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("explain_pipeline", None)
+    import explain_pipeline
+
+    ds = explain_pipeline.pipeline()
+    it = iter(zj.Loader(ds))
+    for _ in range(6):
+        next(it)
+    zj.save_state(it.get_state(), tmp_path / "state.zjs")
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(6, args=ocp.args.Composite(data=zc.Save(it)))
+        mngr.wait_until_finished()
+    batch = next(it)
+    want = it.provenance()
+
+    common = ["explain", "explain_pipeline:pipeline", "--step", "6", "--row", "2"]
+    common += ["--decode", "explain_pipeline:decode"]
+    outputs = []
+    for state in (None, tmp_path / "state.zjs", tmp_path / "ckpt" / "6"):
+        assert main(common + ([] if state is None else ["--state", str(state)])) == 0
+        out = capsys.readouterr().out
+        outputs.append(out.split("\n", 1)[1])  # after the timing line
+    assert outputs[0] == outputs[1] == outputs[2]
+    text = outputs[0]
+    assert f"row 2: {len(want[2])} segment" in text
+    ids = batch["tokens_segment_ids"][2]
+    for k, seg in enumerate(want[2]):
+        assert f"record {seg['record']}, epoch {seg['epoch']}" in text
+        assert f"slice [{seg['start']}:{seg['stop']}]" in text
+        shown = explain_pipeline.decode(batch["tokens"][2][ids == k + 1])
+        assert repr(shown)[1:-1] in text  # the slice's own text, decoded
+    assert zj.load_state(tmp_path / "state.zjs")["step"] == 6
+    assert main(common[:-2] + ["--step", "2", "--state", str(tmp_path / "state.zjs")]) == 1
+    assert "after step 2" in capsys.readouterr().err
+
+
+def test_state_files_reject_damage(tmp_path):
+    it = iter(zj.Loader(pipeline()))
+    next(it)
+    path = tmp_path / "s.zjs"
+    zj.save_state(it.get_state(), path)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(zj.StateError, match="corrupt"):
+        zj.load_state(path)
+    (tmp_path / "other").write_text("hello")
+    with pytest.raises(zj.StateError, match="not a zephon_jax state file"):
+        zj.load_state(tmp_path / "other")

@@ -154,7 +154,7 @@ class RowProducer:
                 "provenance() describes the last batch returned, and there is none yet (or the "
                 "input ended): call next() first"
             )
-        return rows_provenance(self.plan, self._last)
+        return rows_provenance(self.plan, self._last, self.lanes)
 
     def next_batch(self) -> Any:
         rows = self.next_rows()

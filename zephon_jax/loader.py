@@ -232,7 +232,10 @@ class LoaderIterator(Iterator[Any]):
                 "(or the iterator was just restored): call next() first"
             )
         if self._last_picks is not None:
-            return rows_provenance(self._producer.plan, self._last_picks)
+            producer = self._producer
+            return rows_provenance(
+                producer.plan, self._last_picks, getattr(producer, "lanes", None)
+            )
         from zephon_jax.batching import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows, agree_on_end=False)

@@ -25,7 +25,7 @@ pointers has ``source``, ``record`` and ``epoch`` ``None``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.source import source_label
 
 Segment = dict[str, Any]
+Locate = Callable[[Sequence[int]], list[tuple[int, int, int]]]
 
 
 class _Piece:
@@ -73,10 +74,13 @@ def row_pieces(operators: Sequence[Any], lineage: Any) -> list[_Piece]:
     return pieces
 
 
-def lane_provenance(plan: Any, lane: int, lineages: Sequence[Any]) -> list[list[Segment]]:
+def lane_provenance(
+    plan: Any, lane: int, lineages: Sequence[Any], locate: Locate | None = None
+) -> list[list[Segment]]:
     """The segments of rows ``lineages`` of ``lane``: one list per row, in row order.
 
-    All sampler positions are resolved in one vectorized call; nothing is read.
+    ``locate(positions)`` gives (leaf, record, epoch) of sorted lane-local
+    positions (default: the sampler, a pure function); nothing is read.
     """
     rows = [row_pieces(plan.operators, lineage) for lineage in lineages]
     positions = sorted(
@@ -84,9 +88,12 @@ def lane_provenance(plan: Any, lane: int, lineages: Sequence[Any]) -> list[list[
     )
     located: dict[int, tuple[int, int, int]] = {}
     if positions:
-        res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
-        for i, position in enumerate(positions):
-            located[position] = (int(res.leaf[i]), int(res.record[i]), int(res.epoch[i]))
+        if locate is None:
+            res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
+            found = list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
+        else:
+            found = locate(positions)
+        located = dict(zip(positions, found))
     labels = plan.leaf_labels
     out = []
     for pieces in rows:
@@ -110,14 +117,22 @@ def leaf_labels(leaves: Sequence[Any]) -> list[str]:
     return [leaf.name if leaf.name is not None else source_label(leaf.source) for leaf in leaves]
 
 
-def rows_provenance(plan: Any, picks: Sequence[tuple[int, Any]]) -> list[list[Segment]]:
-    """Provenance of rows given as ``(lane, lineage)`` pairs, in that order."""
+def rows_provenance(
+    plan: Any, picks: Sequence[tuple[int, Any]], lanes: Mapping[int, Any] | None = None
+) -> list[list[Segment]]:
+    """Provenance of rows given as ``(lane, lineage)`` pairs, in that order.
+
+    ``lanes`` (lane id -> :class:`~zephon_jax.lane.Lane`), when given, locate
+    the positions they read recently without resolving them again.
+    """
     by_lane: dict[int, list[int]] = {}
     for i, (lane, _) in enumerate(picks):
         by_lane.setdefault(lane, []).append(i)
     out: list[list[Segment]] = [[] for _ in picks]
     for lane, where in by_lane.items():
-        for i, segments in zip(where, lane_provenance(plan, lane, [picks[i][1] for i in where])):
+        locate = lanes[lane].locate if lanes is not None and lane in lanes else None
+        lineages = [picks[i][1] for i in where]
+        for i, segments in zip(where, lane_provenance(plan, lane, lineages, locate)):
             out[i] = segments
     return out
 
