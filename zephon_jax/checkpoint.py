@@ -22,23 +22,17 @@ import dataclasses
 import json
 from typing import Any
 
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from zephon_jax.envelope import CHECKPOINT
-from zephon_jax.errors import StateError
 from zephon_jax.loader import LoaderIterator
-from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
-
-CHECKPOINT_FORMAT = CHECKPOINT.format
-CHECKPOINT_VERSION = CHECKPOINT.version
-META_FILE = "meta.json"
-
-
-def lane_file(lane: int) -> str:
-    """The name of lane ``lane``'s file in a checkpoint item directory."""
-    return f"lane_{lane:05d}.bin"
+from zephon_jax.state_file import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    META_FILE,
+    lane_file,
+    read_checkpoint_item,
+)
 
 
 def _check_iterator(iterator: Any, what: str) -> LoaderIterator:
@@ -73,7 +67,8 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         meta = None
         if ocp.multihost.is_primary_host(self._primary_host):
             meta = {
-                **CHECKPOINT.header(),
+                "format": CHECKPOINT_FORMAT,
+                "version": CHECKPOINT_VERSION,
                 "state_format": state["format"],
                 "state_version": state["version"],
                 "fingerprint": state["fingerprint"],
@@ -110,44 +105,9 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         incomplete.
         """
         iterator = _check_iterator(args.iterator, "Restore")
-        directory = epath.Path(directory)
-        meta_path = directory / META_FILE
-        if not meta_path.exists():
-            raise StateError(
-                f"{meta_path} is missing: the checkpoint item was not written by "
-                "zephon_jax.checkpoint.Save or is incomplete"
-            )
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise StateError(
-                f"{meta_path} is not valid JSON ({e}); the checkpoint is corrupt"
-            ) from e
-        CHECKPOINT.check(meta, str(meta_path))
-        for key in ("fingerprint", "step", "num_lanes"):
-            if key not in meta:
-                raise StateError(f"{meta_path} has no {key!r} entry; the checkpoint is corrupt")
-        state = {
-            "format": meta.get("state_format", STATE_FORMAT),
-            "version": meta.get("state_version", STATE_VERSION),
-            "fingerprint": meta["fingerprint"],
-            "step": meta["step"],
-            "lanes": {},
-        }
-        check_state(state, iterator.loader.dataset.fingerprint())  # before reading any lane
-        needed = iterator.loader.lanes
-        missing = [lane for lane in needed if not (directory / lane_file(lane)).exists()]
-        if missing:
-            raise StateError(
-                f"the checkpoint in {directory} has no file for lanes {missing[:16]}"
-                f"{'...' if len(missing) > 16 else ''} of the {meta['num_lanes']} lanes this "
-                "pipeline runs; it is incomplete (a process failed while saving, or files were "
-                "removed): restore an earlier checkpoint step"
-            )
-        state["lanes"] = {
-            str(lane): np.frombuffer((directory / lane_file(lane)).read_bytes(), dtype=np.uint8)
-            for lane in needed
-        }
+        state = read_checkpoint_item(
+            directory, iterator.loader.lanes, iterator.loader.dataset.fingerprint()
+        )
         iterator.set_state(state)
         return iterator
 

@@ -8,7 +8,8 @@ what this release reads:
 * a lane state (bytes): its encoded tuple starts with the lane format version
   (the format name is implied by where it sits, to keep lane states small);
 * an Orbax checkpoint item's ``meta.json``:
-  ``{"format": "zephon_jax.checkpoint", "version": 1, ...}``.
+  ``{"format": "zephon_jax.checkpoint", "version": 1, ...}``;
+* a state saved as one file: a first line ``zephon_jax.state-file 1``.
 """
 
 from __future__ import annotations
@@ -69,3 +70,5 @@ STATE = Envelope("zephon_jax.state", 1)
 # number, and numpy scalars keep their dtype.
 LANE = Envelope("zephon_jax.lane", 3)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)
+# A state saved as one file starts with the line "zephon_jax.state-file 1".
+STATE_FILE = Envelope("zephon_jax.state-file", 1)

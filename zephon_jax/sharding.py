@@ -13,7 +13,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -153,12 +153,12 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 class DevicePrefetcher:
     """A background thread keeping up to ``depth`` batches already placed on devices.
 
-    ``produce()`` returns ``(batch, lane_snapshots)`` or ``None`` at the end; each
+    ``produce()`` returns ``(batch, lane_snapshots, ...)`` or ``None`` at the end; each
     batch keeps the lane states taken right after it was produced, so a loader
     reports the state of the last batch it *handed out*, never of prefetched ones.
     """
 
-    def __init__(self, produce: Callable[[], tuple[Any, Mapping[int, tuple]] | None], depth: int):
+    def __init__(self, produce: Callable[[], tuple | None], depth: int):
         self._produce = produce
         self._slots = threading.Semaphore(depth)
         self._ready: queue.Queue = queue.Queue()
@@ -184,8 +184,8 @@ class DevicePrefetcher:
         except BaseException as e:  # handed to the consumer, raised from next()
             self._ready.put(e)
 
-    def get(self) -> tuple[Any, Mapping[int, tuple]] | None:
-        """The next ``(batch, lane_snapshots)``; ``None`` at the end; re-raises producer errors."""
+    def get(self) -> tuple | None:
+        """The next item ``produce()`` made; ``None`` at the end; re-raises producer errors."""
         while True:
             try:
                 item = self._ready.get(timeout=0.5)
