@@ -165,7 +165,9 @@ def test_fingerprint_field_of_the_wrong_type():
 
 # (path into the decoded lane state, replacement, message). The lane state is
 # (version, next_position, input_done, carries, pending); carries are
-# (split: None, pack: bins of pointers, window_shuffle: (count, pointers)).
+# (split: None, pack: bins of pieces, window_shuffle: (count, pointers)); a packed
+# row's pointer is a tuple of pieces (split output, start, stop), a split output's
+# pointer is (position, piece).
 LANE_ENTRIES = [
     ((0,), "2", "'version' is '2'"),
     ((1,), -3, "'next_position' is -3"),
@@ -182,7 +184,7 @@ LANE_ENTRIES = [
     ((3, 2, 0), "1", r"carries\[2\]\[0\] is '1'"),
     ((3, 2, 1, 0), -5, r"carries\[2\]\[1\]\[0\] is -5"),
     ((3, 2, 1, 0), 2.5, r"carries\[2\]\[1\]\[0\] is 2.5"),
-    ((3, 2, 1, 0), (5,), "where an output of split"),
+    ((3, 2, 1, 0, 0, 0), (5,), "where an output of split"),
     ((3, 2, 1, 0), ((5, 0), "x"), r"carries\[2\]\[1\]\[0\]\[1\] is 'x'"),
     ((3, 2, 1, 0), ("x",), "is 'x'"),
     ((3, 2, 1, 0), 7, "where an output of pack"),
@@ -231,8 +233,8 @@ def test_pointer_to_a_piece_that_does_not_exist():
     ds = packed()
     state, lane = lane_with_everything(ds)
     value = lane_value(state, lane)
-    first = value[3][2][1][0]  # a window_shuffle pointer: ((position, piece), ...) of a pack
-    bad = with_lane(state, replace_at(value, (3, 2, 1, 0, 0), (first[0][0], 50)), lane)
+    first = value[3][2][1][0][0][0]  # a split output in a packed row in the window_shuffle
+    bad = with_lane(state, replace_at(value, (3, 2, 1, 0, 0, 0), (first[0], 50)), lane)
     with pytest.raises(zj.StateError, match="piece 50 of a record"):
         iter(zj.Loader(ds)).set_state(bad)
 
@@ -252,8 +254,8 @@ def bad_states(ds) -> list[dict]:
     late, lane = lane_with_everything(ds)
     value = lane_value(late, lane)
     # A pointer that passes every form check but fails while regenerating its record.
-    first = value[3][2][1][0]
-    no_such_piece = replace_at(value, (3, 2, 1, 0, 0), (first[0][0], 50))
+    first = value[3][2][1][0][0][0]
+    no_such_piece = replace_at(value, (3, 2, 1, 0, 0, 0), (first[0], 50))
     return [
         {**late, "step": "5"},
         {**late, "step": -1},
