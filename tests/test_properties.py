@@ -11,8 +11,9 @@ byte-identical to the uninterrupted single-process run, and every process must
 end at the same batch when the input is finite.
 
 The normal suite runs a small derandomized profile. Set
-``ZEPHON_PROPERTY_EXAMPLES=N`` to run ``N`` examples instead, and
-``ZEPHON_PROPERTY_WORKERS=0`` to search without loader workers.
+``ZEPHON_PROPERTY_EXAMPLES=N`` to run ``N`` examples instead,
+``ZEPHON_PROPERTY_SEED=S`` to draw them from seed ``S`` (to run a large search in
+chunks), and ``ZEPHON_PROPERTY_WORKERS=0`` to search without loader workers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, given, reject, seed, settings
 from hypothesis import strategies as st
 from pipelines import assert_batches_equal, concat_parts
 
@@ -33,6 +34,9 @@ import zephon_jax as zj
 from zephon_jax import codec
 
 EXAMPLES = int(os.environ.get("ZEPHON_PROPERTY_EXAMPLES", "25"))
+# ZEPHON_PROPERTY_SEED=S draws the examples from seed S instead of the fixed sequence, so
+# that a large search can run in chunks, each with its own seed.
+SEED = os.environ.get("ZEPHON_PROPERTY_SEED")
 HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers") is not None
 # ZEPHON_PROPERTY_WORKERS=0 searches without loader workers (no process starts).
 WORKER_COUNTS = (
@@ -511,13 +515,14 @@ def check(spec: dict) -> None:
 
 @settings(
     max_examples=EXAMPLES,
-    derandomize=True,
+    derandomize=SEED is None,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
 @given(specs())
+@seed(int(SEED or 0))
 def test_any_pipeline_topology_and_resume_gives_the_same_batches(spec):
     check(spec)
 
