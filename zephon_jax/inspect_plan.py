@@ -179,7 +179,7 @@ def _instrument(plan, batched: BatchedDataset, clock: _Clock) -> None:
 
 def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     """Runs ``steps`` global batches on one process; seconds per stage and throughput."""
-    from zephon_jax.batching import RowProducer, stack_rows
+    from zephon_jax.rows import RowProducer, stack_rows
 
     producer = RowProducer(batched, range(batched.global_batch_size))
     clock = _Clock()

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from zephon_jax import codec
-from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
+from zephon_jax.lineage import Element, Opaque, root_position
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP

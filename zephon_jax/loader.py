@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.state import check_state, lane_bytes, make_state
 
 

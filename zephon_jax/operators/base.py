@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from zephon_jax.element import Element
+from zephon_jax.lineage import Element
 
 Rebuild = Callable[[Any], Element]
 

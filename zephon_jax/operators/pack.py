@@ -17,8 +17,8 @@ import bisect
 
 import numpy as np
 
-from zephon_jax.element import Element, root_position
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Element, root_position
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 DEFAULT_NUM_BINS = 32

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.element import Element
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Element
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_jax import codec
-from zephon_jax.element import Element, Opaque
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Element, Opaque
 from zephon_jax.operators.base import LineageOperator, Rebuild
 
 
