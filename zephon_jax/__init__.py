@@ -14,8 +14,9 @@ from zephon_jax.errors import (
     WorkerError,
     ZephonError,
 )
+from zephon_jax.lineage import Element, derive
 from zephon_jax.loader import Loader, LoaderIterator
-from zephon_jax.operators import LineageOperator, Operator
+from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
 from zephon_jax.state import merge_states
 
 __version__ = "0.1.0"
@@ -35,17 +36,21 @@ def __getattr__(name: str):
 __all__ = [
     "BatchedDataset",
     "Dataset",
+    "Element",
     "LineageOperator",
     "Loader",
     "LoaderIterator",
     "Operator",
     "PipelineError",
+    "Saved",
     "RecordError",
     "StateError",
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "derive",
     "merge_states",
+    "stateless",
 ]
 
 # Command-line tools and interop, also imported on first use (zephon_jax.prepare, ...).

@@ -1,18 +1,27 @@
-"""Elements flowing through a lane: record data plus the lineage that regenerates it."""
+"""Elements flowing through a lane: record data plus the lineage (pointer) that regenerates it.
+
+A lineage is plain data, one of:
+
+* an ``int``: the lane-local sampler position of a record (stage 0);
+* ``(parents, recipe)``: an output of an operator, made from the input elements
+  whose lineages are the tuple ``parents`` by ``operator.remake(recipe, inputs)``
+  (see :func:`derive`); ``recipe`` is small plain data (a piece number, slice
+  bounds, ``None``);
+* an input's lineage unchanged, for operators that pass elements through
+  (reorder, delay or drop them, ``passthrough = True``);
+* an :class:`Opaque`: a record that cannot be regenerated, stored by value (the
+  fallback for record-level user operators).
+
+States store lineages, never tokens, wherever the operators allow it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 
 class Element:
-    """A record and its lineage.
-
-    The lineage is plain data (ints and tuples; an ``Opaque`` holds literal
-    data) from which the record can be rebuilt: the lane-local sampler position
-    it came from plus the sub-indices the operators gave it. States store
-    lineages, never tokens, wherever the operators allow it.
-    """
+    """A record and its lineage."""
 
     __slots__ = ("data", "lineage")
 
@@ -31,6 +40,20 @@ class Opaque:
 
     def __init__(self, data: Any):
         self.data = data
+
+
+def derive(data: Any, inputs: Sequence[Element], recipe: Any = None) -> Element:
+    """An output made from ``inputs`` (elements an operator received) by ``recipe``.
+
+    ``data`` must equal ``operator.remake(recipe, [e.data for e in inputs])``: on
+    restore the engine regenerates the output that way, from the inputs' lineages.
+    """
+    return Element(data, (tuple(e.lineage for e in inputs), recipe))
+
+
+def is_derived(lineage: Any) -> bool:
+    """Whether ``lineage`` has the ``(parents, recipe)`` form :func:`derive` makes."""
+    return type(lineage) is tuple and len(lineage) == 2 and type(lineage[0]) is tuple
 
 
 def root_position(lineage: Any) -> int | None:

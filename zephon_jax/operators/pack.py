@@ -17,9 +17,10 @@ import bisect
 
 import numpy as np
 
+from zephon_jax.checks import positive_int
 from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import Element, root_position
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.lineage import derive, root_position
+from zephon_jax.operators.base import LineageOperator, Saved
 
 DEFAULT_NUM_BINS = 32
 _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
@@ -117,8 +118,8 @@ class RowBuffers:
         self.used[i] = end
         self.used_array[i] = end
 
-    def emit(self, i: int, lineage) -> Element:
-        """Returns row ``i`` as a packed element and starts a fresh row in its place."""
+    def emit(self, i: int) -> dict:
+        """Returns row ``i`` as a packed record and starts a fresh row in its place."""
         out = {}
         segment_ids, positions = self.segment_ids[i], self.positions[i]
         for n, (f, row) in enumerate(zip(self.fields, self.values[i])):
@@ -126,15 +127,15 @@ class RowBuffers:
             out[f + "_segment_ids"] = segment_ids if n == 0 else segment_ids.copy()
             out[f + "_positions"] = positions if n == 0 else positions.copy()
         self._new_row(i)
-        return Element(out, lineage)
+        return out
 
 
 class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
-    Carry: at most ``num_bins`` open rows; for a state, only the lineages of the
-    records in them (one pointer per record). A packed row's lineage is the tuple
-    of its records' lineages.
+    Carry: at most ``num_bins`` open rows; saved as the records in them (one
+    pointer per record) and each bin's record count. A packed row is derived
+    from its records.
     """
 
     name = "pack"
@@ -142,14 +143,12 @@ class BinPackOperator(LineageOperator):
     def __init__(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None):
         if method not in ("first_fit", "best_fit"):
             raise PipelineError(f"unknown pack method {method!r}")
-        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-            raise PipelineError(f"pack(seq_len) needs a positive int; got {seq_len!r}")
-        num_bins = DEFAULT_NUM_BINS if num_bins is None else num_bins
-        if not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-            raise PipelineError(f"pack(num_bins) needs a positive int; got {num_bins!r}")
-        self.seq_len = int(seq_len)
+        self.seq_len = positive_int(seq_len, "pack(seq_len)")
         self.method = method
-        self.num_bins = int(num_bins)
+        self.num_bins = positive_int(
+            DEFAULT_NUM_BINS if num_bins is None else num_bins, "pack(num_bins)"
+        )
+        self.max_held = self.num_bins * self.seq_len
         self._arange = np.arange(self.seq_len, dtype=np.int32)
 
     def _new_bins(self, data) -> RowBuffers:
@@ -176,8 +175,8 @@ class BinPackOperator(LineageOperator):
             i = self._first_fit(carry, self.seq_len - n)
             if i < 0:
                 i = carry.used.index(max(carry.used))
-                out.append(carry.emit(i, tuple(carry.segments[i])))
-        carry.place(i, data, 0, n, element.lineage, self._arange)
+                out.append(self._emit(carry, i))
+        carry.place(i, data, 0, n, element, self._arange)
         if carry.fill_order is not None:
             bisect.insort(carry.fill_order, (carry.used[i], -i))
         return carry, out
@@ -191,8 +190,13 @@ class BinPackOperator(LineageOperator):
         k = bisect.bisect_right(order, (room, 1)) - 1
         i = -order.pop(k if k >= 0 else -1)[1]
         if k < 0:
-            out.append(carry.emit(i, tuple(carry.segments[i])))
+            out.append(self._emit(carry, i))
         return i
+
+    @staticmethod
+    def _emit(carry: RowBuffers, i: int):
+        segments = carry.segments[i]
+        return derive(carry.emit(i), segments)
 
     def _first_fit(self, carry: RowBuffers, room: int) -> int:
         """The lowest bin filled to at most ``room``, or -1."""
@@ -204,45 +208,39 @@ class BinPackOperator(LineageOperator):
     def flush(self, carry: RowBuffers | None):
         if carry is None:
             return carry, []
-        out = [carry.emit(i, tuple(carry.segments[i])) for i, u in enumerate(carry.used) if u]
+        out = [self._emit(carry, i) for i, u in enumerate(carry.used) if u]
         carry.fill_order = None
         return carry, out
 
-    def carry_to_plain(self, carry: RowBuffers | None):
+    def save(self, carry: RowBuffers | None) -> Saved:
         if carry is None:
-            return None
-        return tuple(tuple(segments) for segments in carry.segments)
+            return Saved()
+        held = tuple(e for segments in carry.segments for e in segments)
+        return Saved(held, tuple(len(segments) for segments in carry.segments))
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        if plain is None:
+    def load(self, saved: Saved, lane: int) -> RowBuffers | None:
+        if saved.aux is None:
             return None
         carry = None
-        for i, segments in enumerate(plain):
-            for lineage in segments:
-                data = rebuild(lineage).data
+        held = iter(saved.held)
+        for i, count in enumerate(saved.aux):
+            for _ in range(count):
+                element = next(held)
+                data = element.data
                 if carry is None:
                     carry = self._new_bins(data)
-                carry.place(
-                    i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange
-                )
+                n = record_fields(data, self.seq_len, "pack")[1]
+                carry.place(i, data, 0, n, element, self._arange)
         return carry
 
-    def carry_lineages(self, plain):
-        return [lineage for segments in plain for lineage in segments]
-
-    def parents(self, lineage):
-        return lineage
-
-    def regenerate(self, lineage, rebuild: Rebuild):
+    def remake(self, recipe, inputs):
         rows = None
-        for segment in lineage:
-            data = rebuild(segment).data
+        for data in inputs:
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(
-                0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange
-            )
-        return rows.emit(0, lineage).data
+            n = record_fields(data, self.seq_len, "pack")[1]
+            rows.place(0, data, 0, n, None, self._arange)
+        return rows.emit(0)
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
