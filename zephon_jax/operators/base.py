@@ -81,8 +81,10 @@ class LineageOperator(Protocol):
         return saved.aux
 
     def describe(self) -> str:
-        """The operator and its parameters, for the pipeline fingerprint."""
-        return self.name
+        """The operator and its parameters, for the pipeline fingerprint (default: the class)."""
+        from zephon_jax.transforms import callable_name
+
+        return callable_name(type(self))
 
     def carry_bound(self) -> str:
         """Human-readable bound on the carry, for docs and ``inspect``."""
@@ -99,6 +101,11 @@ class stateless(LineageOperator):
     def __init__(self, fn: Callable[[Any], Iterable[Any]], name: str = "stateless"):
         self.fn = fn
         self.name = name
+
+    def describe(self) -> str:
+        from zephon_jax.transforms import callable_name
+
+        return f"{self.name}({callable_name(self.fn)})"
 
     def step(self, carry, element):
         return carry, [derive(out, (element,), m) for m, out in enumerate(self.fn(element.data))]
