@@ -48,7 +48,7 @@ def derive(data: Any, inputs: Sequence[Element], recipe: Any = None) -> Element:
     ``data`` must equal ``operator.remake(recipe, [e.data for e in inputs])``: on
     restore the engine regenerates the output that way, from the inputs' lineages.
     """
-    return Element(data, (tuple(e.lineage for e in inputs), recipe))
+    return Element(data, (tuple([e.lineage for e in inputs]), recipe))
 
 
 def is_derived(lineage: Any) -> bool:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
 
-from zephon_jax.lineage import Element, derive
+from zephon_jax.lineage import Element
 
 Carry = Any
 
@@ -108,7 +108,8 @@ class stateless(LineageOperator):
         return f"{self.name}({callable_name(self.fn)})"
 
     def step(self, carry, element):
-        return carry, [derive(out, (element,), m) for m, out in enumerate(self.fn(element.data))]
+        parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
+        return carry, [Element(out, (parents, m)) for m, out in enumerate(self.fn(element.data))]
 
     def remake(self, recipe, inputs):
         for m, out in enumerate(self.fn(inputs[0])):

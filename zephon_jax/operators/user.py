@@ -33,6 +33,7 @@ class UserOperator(LineageOperator):
 
         self.op = op
         self.op_name = name or callable_name(type(op))
+        self.max_held = int(getattr(op, "max_held", 0) or 0)
 
     def init(self, lane):
         return self.op.init()

@@ -1,5 +1,7 @@
 """Pure per-record transforms: map, random_map and filter."""
 
+from zephon_jax.checks import TransformFailed
+from zephon_jax.errors import ZephonError
 from zephon_jax.transforms.filter import FilterTransform
 from zephon_jax.transforms.map import MapTransform
 from zephon_jax.transforms.random_map import RandomMapTransform
@@ -30,9 +32,6 @@ def apply_transforms(transforms, data, lane: int, stage: int, lineage):
     A transform that raises is reported as ``TransformFailed`` naming it, with
     the original exception chained.
     """
-    from zephon_jax.checks import TransformFailed
-    from zephon_jax.errors import ZephonError
-
     for transform in transforms:
         try:
             data = transform.apply(data, (lane, stage, lineage))
