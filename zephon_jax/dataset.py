@@ -194,11 +194,13 @@ class Dataset:
         return self._add_operator(FlatMapOperator(fn))
 
     def apply(self, operator: Any) -> Dataset:
-        """Adds a user-defined operator (see :class:`zephon_jax.Operator`).
+        """Adds a user-defined operator.
 
-        A :class:`zephon_jax.operators.LineageOperator` subclass runs as it is;
-        any other object with ``init/step/flush`` runs over records with a
-        plain-data carry.
+        A :class:`zephon_jax.LineageOperator` (the contract of every operator)
+        runs as it is and its state holds record pointers. Any other object with
+        ``init()``, ``step(carry, record)`` and ``flush(carry)`` (a
+        :class:`zephon_jax.Operator`) runs over records, its carry and in-flight
+        outputs stored by value.
         """
         if isinstance(operator, LineageOperator):
             return self._add_operator(operator)
