@@ -17,7 +17,9 @@ from zephon_jax.errors import (
 from zephon_jax.lineage import Element, derive
 from zephon_jax.loader import Loader, LoaderIterator
 from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
+from zephon_jax.provenance import explain_step
 from zephon_jax.state import merge_states
+from zephon_jax.state_file import load_state, save_state
 
 __version__ = "0.1.0"
 
@@ -49,7 +51,10 @@ __all__ = [
     "WorkerError",
     "ZephonError",
     "derive",
+    "explain_step",
+    "load_state",
     "merge_states",
+    "save_state",
     "stateless",
 ]
 

@@ -24,6 +24,7 @@ and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+from typing import Sequence
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, root_position
 from zephon_jax.operators.base import Saved
+from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import Rebuilder
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
@@ -42,6 +44,7 @@ __all__ = ["Lane", "LanePlan", "encode_lane_state"]
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
 _MAX_AHEAD = 256
+_LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
 
 class LanePlan:
@@ -52,6 +55,7 @@ class LanePlan:
         self.sampler = batched.sampler
         self.leaves = leaves(self.sampler)
         self.leaf_transforms = leaf_paths(self.sampler)
+        self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.num_operators = len(self.operators)
@@ -80,6 +84,8 @@ class Lane:
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
+        # The last blocks of positions read and where they read from, for provenance.
+        self._located: collections.deque = collections.deque(maxlen=_LOCATED_BLOCKS)
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
@@ -87,6 +93,8 @@ class Lane:
         (skipped) or ``_END`` (at or past the lane's end position)."""
         plan = self.plan
         res = resolve(plan.sampler, self.lane, positions, plan.num_lanes)
+        if len(positions):
+            self._located.append((int(positions[0]), int(positions[-1]), positions, res))
         end = self.end_position
         out: list = [_SKIP if end is None or p < end else _END for p in positions.tolist()]
         valid = np.flatnonzero(res.valid)
@@ -125,6 +133,35 @@ class Lane:
                             e,
                         ) from e.__cause__
                 out[i] = data if data is DROP else Element(data, position)
+        return out
+
+    def locate(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(leaf, record, epoch) of each lane-local position in ``positions``.
+
+        Positions read recently are found in the blocks this lane resolved when
+        it read them; others are resolved again (the sampler is a pure function).
+        """
+        out: list = [None] * len(positions)
+        missing = []
+        for i, p in enumerate(positions):
+            for first, last, read, res in reversed(self._located):  # newest first
+                if not first <= p <= last:
+                    continue
+                j = p - first
+                if j >= len(read) or read[j] != p:  # not contiguous (a restore's reads)
+                    j = int(np.searchsorted(read, p))
+                    if read[j] != p:
+                        continue
+                out[i] = (int(res.leaf[j]), int(res.record[j]), int(res.epoch[j]))
+                break
+            else:
+                missing.append(i)
+        if missing:
+            plan = self.plan
+            where = np.array([positions[i] for i in missing], np.int64)
+            res = resolve(plan.sampler, self.lane, where, plan.num_lanes)
+            for k, i in enumerate(missing):
+                out[i] = (int(res.leaf[k]), int(res.record[k]), int(res.epoch[k]))
         return out
 
     def where(self, lineage) -> str:

@@ -72,6 +72,17 @@ class LineageOperator(Protocol):
         """The data of the output ``derive(data, inputs, recipe)`` made, from ``inputs``' data."""
         raise NotImplementedError(f"{type(self).__name__} derives outputs but has no remake()")
 
+    def trace(
+        self, recipe: Any, parents: tuple, start: int | None, stop: int | None
+    ) -> list[tuple[Any, int | None, int | None, int | None]]:
+        """Provenance: the input slices slice ``[start, stop)`` of a derived output comes from.
+
+        One ``(parent_lineage, start, stop, output)`` per piece, in the output's
+        order; ``None`` bounds mean a whole input, ``output`` numbers an output
+        that is not a slice (a ``flat_map`` result). Default: every input, whole.
+        """
+        return [(parent, None, None, None) for parent in parents]
+
     def save(self, carry: Carry) -> Saved:
         """The carry's saved form; the default suits carries that are plain data."""
         return Saved((), carry)
@@ -110,6 +121,9 @@ class stateless(LineageOperator):
     def step(self, carry, element):
         parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
         return carry, [Element(out, (parents, m)) for m, out in enumerate(self.fn(element.data))]
+
+    def trace(self, recipe, parents, start, stop):
+        return [(parents[0], None, None, recipe)]  # output ``recipe`` of the input
 
     def remake(self, recipe, inputs):
         for m, out in enumerate(self.fn(inputs[0])):

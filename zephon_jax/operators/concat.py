@@ -79,6 +79,10 @@ class ConcatPackOperator(LineageOperator):
             rows.place(0, data, start, stop, None, self._arange)
         return rows.emit(0)
 
+    def trace(self, recipe, parents, start, stop):
+        """A row is its pieces ``(record, start, stop)``, in order."""
+        return [(parent, a, b, None) for parent, (a, b) in zip(parents, recipe)]
+
     def carry_bound(self) -> str:
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"
 

@@ -18,7 +18,7 @@ import bisect
 import numpy as np
 
 from zephon_jax.checks import positive_int
-from zephon_jax.errors import PipelineError
+from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.lineage import derive, root_position
 from zephon_jax.operators.base import LineageOperator, Saved
 
@@ -135,7 +135,7 @@ class BinPackOperator(LineageOperator):
 
     Carry: at most ``num_bins`` open rows; saved as the records in them (one
     pointer per record) and each bin's record count. A packed row is derived
-    from its records.
+    from its records, with their lengths as the recipe.
     """
 
     name = "pack"
@@ -196,7 +196,8 @@ class BinPackOperator(LineageOperator):
     @staticmethod
     def _emit(carry: RowBuffers, i: int):
         segments = carry.segments[i]
-        return derive(carry.emit(i), segments)
+        field = carry.fields[0]
+        return derive(carry.emit(i), segments, tuple([len(e.data[field]) for e in segments]))
 
     def _first_fit(self, carry: RowBuffers, room: int) -> int:
         """The lowest bin filled to at most ``room``, or -1."""
@@ -235,12 +236,21 @@ class BinPackOperator(LineageOperator):
 
     def remake(self, recipe, inputs):
         rows = None
-        for data in inputs:
+        for data, length in zip(inputs, recipe):
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
             n = record_fields(data, self.seq_len, "pack")[1]
+            if n != length:
+                raise StateError(
+                    f"a record packed with {length} items now has {n}; the sources or the "
+                    "functions before pack changed since the state was taken"
+                )
             rows.place(0, data, 0, n, None, self._arange)
         return rows.emit(0)
+
+    def trace(self, recipe, parents, start, stop):
+        """A row is its records, whole, in segment order."""
+        return [(parent, 0, n, None) for parent, n in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"

@@ -63,6 +63,15 @@ class SplitOperator(stateless):
         n = _length(data, self.key)
         return data if n <= self.max_len else self._piece(data, n, recipe)
 
+    def trace(self, recipe, parents, start, stop):
+        """Piece ``j`` is ``[j*max_len, (j+1)*max_len)`` of its record."""
+        parent, offset = parents[0], recipe * self.max_len
+        if start is None:
+            return [(parent, None, None, None)]
+        if stop is None:
+            stop = self.max_len
+        return [(parent, offset + start, offset + stop, None)]
+
     def carry_bound(self) -> str:
         return "none (pieces are emitted at once)"
 
