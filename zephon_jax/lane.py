@@ -24,6 +24,7 @@ and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = ["Lane", "LanePlan", "encode_lane_state"]
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
 _MAX_AHEAD = 256
+_lineage = operator.attrgetter("lineage")
 _LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
 
@@ -191,7 +193,7 @@ class Lane:
         if stage > self._deepest and elements:
             self._deepest = stage
         if stage == plan.num_operators:
-            self.pending.extend(elements)
+            self._row_reached(elements)
             return
         op = plan.operators[stage]
         post = plan.post_transforms[stage]
@@ -209,9 +211,15 @@ class Lane:
             if not outputs:
                 continue
             if last:
-                self.pending.extend(outputs)
+                self._row_reached(outputs)
             else:
                 self._push(stage + 1, self._post(stage, post, outputs))
+
+    def _row_reached(self, rows) -> None:
+        if rows:
+            self.pending.extend(rows)
+            self._without_row = 0
+            self._deepest = -1
 
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
@@ -263,14 +271,9 @@ class Lane:
             self.next_position += 1
             if item is _SKIP:
                 continue
+            self._without_row += 1  # reset by _push when a row reaches ``pending``
             if item is not DROP:
-                before = len(pending)
                 push(0, (item,))
-                if len(pending) > before:
-                    self._without_row = 0
-                    self._deepest = -1
-                    continue
-            self._without_row += 1
             if self._without_row > limit:
                 self._raise_no_progress()
         return [pending.popleft() for _ in range(n)]
@@ -307,8 +310,8 @@ class Lane:
         carries = []
         for op, carry in zip(self.plan.operators, self.carries):
             held, aux = op.save(carry)
-            carries.append((tuple(e.lineage for e in held), aux))
-        pending = tuple(e.lineage for e in self.pending)
+            carries.append((tuple(map(_lineage, held)), aux))
+        pending = tuple(map(_lineage, self.pending))
         return LaneSnapshot(
             LANE_FORMAT, self.next_position, self.input_done, tuple(carries), pending
         )

@@ -119,8 +119,11 @@ class stateless(LineageOperator):
         return f"{self.name}({callable_name(self.fn)})"
 
     def step(self, carry, element):
+        outputs = self.fn(element.data)
         parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
-        return carry, [Element(out, (parents, m)) for m, out in enumerate(self.fn(element.data))]
+        if type(outputs) is list and len(outputs) == 1:
+            return carry, [Element(outputs[0], (parents, 0))]
+        return carry, [Element(out, (parents, m)) for m, out in enumerate(outputs)]
 
     def trace(self, recipe, parents, start, stop):
         return [(parents[0], None, None, recipe)]  # output ``recipe`` of the input

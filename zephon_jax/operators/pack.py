@@ -14,6 +14,7 @@ Output follows Grain's packers: every 1-D field ``f`` becomes a row of
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 
@@ -216,8 +217,8 @@ class BinPackOperator(LineageOperator):
     def save(self, carry: RowBuffers | None) -> Saved:
         if carry is None:
             return Saved()
-        held = tuple(e for segments in carry.segments for e in segments)
-        return Saved(held, tuple(len(segments) for segments in carry.segments))
+        held = tuple(itertools.chain.from_iterable(carry.segments))
+        return Saved(held, tuple(map(len, carry.segments)))
 
     def load(self, saved: Saved, lane: int) -> RowBuffers | None:
         if saved.aux is None:
