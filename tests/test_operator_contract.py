@@ -355,3 +355,42 @@ def test_a_slow_but_progressing_lane_does_not_raise():
     with time_limit(60):
         batches = [b for b, _ in zip(zj.Loader(ds), range(5))]
     assert len(batches) == 5
+
+
+# ----- the lane state is the saved form ------------------------------------------------
+
+
+def test_a_restored_lane_saves_exactly_the_state_it_was_restored_from():
+    from pipelines import full_pipeline
+
+    from zephon_jax.lane import Lane, LanePlan
+
+    ds = (
+        zj.Dataset.source(_docs(200))
+        .shuffle(seed=5)
+        .apply(JoinShort(200))
+        .apply(RunningSum())
+        .split(128)
+        .pack(128, num_bins=3)
+        .window_shuffle(3, seed=1)
+        .batch(4, num_lanes=2)
+    )
+    for batched in (full_pipeline(), ds):
+        plan = LanePlan(batched)
+        lane = Lane(plan, 1)
+        for _ in range(7):
+            lane.take(batched.rows_per_lane)
+        state = lane.get_state()
+        restored = Lane(plan, 1)
+        restored.set_state(state)
+        assert restored.get_state() == state
+        for _ in range(5):
+            assert_rows_equal(
+                restored.take(batched.rows_per_lane), lane.take(batched.rows_per_lane)
+            )
+
+
+def assert_rows_equal(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert_same_data(a.data, b.data)
