@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zephon_jax.envelope import LANE, STATE, is_int
+from zephon_jax.envelope import STATE, is_int
 from zephon_jax.errors import StateError, StateMismatchError
 
 STATE_FORMAT = STATE.format
@@ -226,89 +226,3 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     merged["fingerprint"] = dict(first["fingerprint"])
     merged["lanes"] = {k: lanes[k] for k in sorted(lanes, key=int)}
     return merged
-
-
-def check_lane_value(
-    value: Any, lane: int, num_operators: int, end_position: int | None
-) -> tuple[int, bool, tuple, tuple]:
-    """Validates a decoded lane state; returns ``(next_position, input_done, carries, pending)``.
-
-    The form is ``(version, next_position, input_done, carries, pending)``. Pointers
-    (lineages) hold only ints >= 0, tuples and ``Opaque`` records; a built-in carry
-    is ``None`` or tuples of pointers and counts (ints >= 0); a user operator's carry
-    is its own encoding (bytes), checked by decoding it. Anything else raises
-    :class:`StateError` naming the lane and the entry.
-    """
-    if not (isinstance(value, tuple) and value):
-        raise StateError(
-            f"lane {lane}: the lane state is a {type(value).__name__}, not a lane state tuple; "
-            "the state was altered"
-        )
-    LANE.check_version(value[0], f"lane {lane}: the lane state")
-    if len(value) != 5:
-        raise StateError(
-            f"lane {lane}: the lane state has {len(value)} entries, not 5; the state was altered"
-        )
-    _, next_position, input_done, carries, pending = value
-    if not is_int(next_position) or next_position < 0:
-        raise StateError(
-            f"lane {lane}: 'next_position' is {next_position!r}; it must be an int >= 0: the "
-            "state was altered"
-        )
-    if not isinstance(input_done, bool):
-        raise StateError(
-            f"lane {lane}: 'input_done' is {input_done!r} ({type(input_done).__name__}); it must "
-            "be a bool: the state was altered"
-        )
-    if end_position is None and input_done:
-        raise StateError(
-            f"lane {lane}: 'input_done' is True, but this pipeline's input never ends; the "
-            "state was altered or comes from a finite pipeline"
-        )
-    if end_position is not None and (
-        next_position > end_position or (input_done and next_position != end_position)
-    ):
-        raise StateError(
-            f"lane {lane}: 'next_position' is {next_position} (input_done={input_done}), but "
-            f"this lane's input ends at lane-local position {end_position}; the state was altered"
-        )
-    if not isinstance(carries, tuple):
-        raise StateError(
-            f"lane {lane}: 'carries' is a {type(carries).__name__}, not a tuple; the state was "
-            "altered"
-        )
-    if len(carries) != num_operators:
-        raise StateError(
-            f"lane {lane}: the state has {len(carries)} operator carries, the pipeline "
-            f"{num_operators} operators"
-        )
-    for stage, carry in enumerate(carries):
-        if isinstance(carry, bytes):
-            from zephon_jax import codec
-
-            codec.decode(carry)  # a user carry: raises StateError if corrupt
-        elif carry is not None:  # None: an operator with nothing held
-            _check_pointers(carry, lane, f"carries[{stage}]")
-    if not isinstance(pending, tuple):
-        raise StateError(
-            f"lane {lane}: 'pending' is a {type(pending).__name__}, not a tuple; the state was "
-            "altered"
-        )
-    for i, lineage in enumerate(pending):
-        _check_pointers(lineage, lane, f"pending[{i}]")
-    return next_position, input_done, carries, pending
-
-
-def _check_pointers(value: Any, lane: int, where: str) -> None:
-    from zephon_jax.element import Opaque
-
-    if isinstance(value, tuple):
-        for i, item in enumerate(value):
-            _check_pointers(item, lane, f"{where}[{i}]")
-    elif isinstance(value, Opaque):
-        return
-    elif not is_int(value) or value < 0:
-        raise StateError(
-            f"lane {lane}: {where} is {value!r} ({type(value).__name__}); record pointers and "
-            "counts are ints >= 0: the state was altered"
-        )

@@ -5,13 +5,22 @@ import hashlib
 import inspect
 from typing import Any
 
+from zephon_jax.checks import TransformFailed
+from zephon_jax.errors import ZephonError
 from zephon_jax.transforms.filter import FilterTransform
 from zephon_jax.transforms.map import MapTransform
 from zephon_jax.transforms.random_map import RandomMapTransform
 
 DROP = FilterTransform.DROP
 
-__all__ = ["DROP", "FilterTransform", "MapTransform", "RandomMapTransform", "callable_name"]
+__all__ = [
+    "DROP",
+    "FilterTransform",
+    "MapTransform",
+    "RandomMapTransform",
+    "apply_transforms",
+    "callable_name",
+]
 
 
 def callable_name(fn: Any) -> str:
@@ -131,3 +140,21 @@ def describe_value(value: Any, depth: int = _DEPTH) -> str:
     if len(text) > _MAX_TEXT:
         text = f"sha256:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
     return text
+
+
+def apply_transforms(transforms, data, lane: int, stage: int, lineage):
+    """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
+
+    A transform that raises is reported as ``TransformFailed`` naming it, with
+    the original exception chained.
+    """
+    for transform in transforms:
+        try:
+            data = transform.apply(data, (lane, stage, lineage))
+        except ZephonError:
+            raise
+        except Exception as e:
+            raise TransformFailed(transform.describe()) from e
+        if data is DROP:
+            return DROP
+    return data

@@ -6,9 +6,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.element import Element
 from zephon_jax.errors import PipelineError, RecordError
-from zephon_jax.lane import Lane, LanePlan, encode_lane_state
+from zephon_jax.lane import Lane, LanePlan
+from zephon_jax.lane_state import encode_lane_state
+from zephon_jax.lineage import Element
 from zephon_jax.sampler.resolve import can_end
 from zephon_jax.state import lane_bytes
 

@@ -1,0 +1,160 @@
+"""The lane state format: a lane's snapshot as plain data, and as checksummed bytes.
+
+A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
+pending)``: ``carries`` holds, per operator, ``(held_lineages, aux)`` (its
+:class:`~zephon_jax.operators.base.Saved` form with elements written as their
+lineages) and ``pending`` the lineages of the finished rows not yet batched.
+Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
+started from the lane number, so a lane's bytes saved under another lane's
+number fail the check like corrupt bytes. Decoding validates the whole form
+(types, impossible values) and raises :class:`StateError` naming the entry.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, NamedTuple
+
+from zephon_jax import codec
+from zephon_jax.envelope import LANE, is_int
+from zephon_jax.errors import StateError
+
+LANE_FORMAT = LANE.version
+
+
+class LaneSnapshot(NamedTuple):
+    """A lane's state as immutable plain data (see the module docstring)."""
+
+    format: int
+    next_position: int
+    input_done: bool
+    carries: tuple
+    pending: tuple
+
+
+def lane_checksum(body: bytes, lane: int) -> bytes:
+    """The CRC-32 of a lane state's encoding, started from the lane number."""
+    return zlib.crc32(body, lane & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def encode_lane_state(snapshot: tuple, lane: int) -> bytes:
+    """Lane ``lane``'s snapshot as compact bytes, ending with its checksum."""
+    data = codec.encode(tuple(snapshot))
+    return data + lane_checksum(data, lane)
+
+
+def decode_lane_state(
+    lane: int, data: bytes, num_operators: int, end_position: int | None = None
+) -> LaneSnapshot:
+    """The snapshot in ``data``, validated; a StateError naming the entry if it is corrupt,
+    of another format or malformed.
+
+    ``end_position`` is the lane's end (None: its input never ends), against which
+    ``next_position`` and ``input_done`` are checked.
+    """
+    data = bytes(data)
+    body, checksum = data[:-4], data[-4:]
+    if len(data) < 5 or lane_checksum(body, lane) != checksum:
+        _check_format(lane, data)
+        raise StateError(
+            f"lane {lane}: corrupt state bytes (checksum mismatch over "
+            f"{len(data)} bytes); the state was truncated or altered after it was taken, "
+            "or holds another lane's bytes: restore from an intact checkpoint"
+        )
+    value = codec.decode(body)
+    if not (isinstance(value, tuple) and value):
+        raise _format_error(lane, value)
+    LANE.check_version(value[0], f"lane {lane}: the lane state")
+    if len(value) != 5:
+        raise StateError(
+            f"lane {lane}: the lane state has {len(value)} entries, not 5; the state was altered"
+        )
+    snapshot = LaneSnapshot(*value)
+    _check_position(lane, snapshot, end_position)
+    if not isinstance(snapshot.carries, tuple) or len(snapshot.carries) != num_operators:
+        found = len(snapshot.carries) if isinstance(snapshot.carries, tuple) else snapshot.carries
+        raise StateError(
+            f"lane {lane}: the state has {found!r} operator carries, the pipeline "
+            f"{num_operators} operators"
+        )
+    for stage, saved in enumerate(snapshot.carries):
+        if not (isinstance(saved, tuple) and len(saved) == 2 and isinstance(saved[0], tuple)):
+            raise StateError(
+                f"lane {lane}: the saved carry of operator {stage} is not (held lineages, aux)"
+            )
+        for i, lineage in enumerate(saved[0]):
+            check_lineage(lineage, lane, f"carries[{stage}] held[{i}]")
+    if not isinstance(snapshot.pending, tuple):
+        raise StateError(f"lane {lane}: pending rows must be a tuple of lineages")
+    for i, lineage in enumerate(snapshot.pending):
+        check_lineage(lineage, lane, f"pending[{i}]")
+    return snapshot
+
+
+def _check_position(lane: int, snapshot: LaneSnapshot, end_position: int | None) -> None:
+    position, done = snapshot.next_position, snapshot.input_done
+    if not is_int(position) or position < 0:
+        raise StateError(
+            f"lane {lane}: 'next_position' is {position!r}; it must be an int >= 0: the "
+            "state was altered"
+        )
+    if not isinstance(done, bool):
+        raise StateError(
+            f"lane {lane}: 'input_done' is {done!r} ({type(done).__name__}); it must be a "
+            "bool: the state was altered"
+        )
+    if end_position is None and done:
+        raise StateError(
+            f"lane {lane}: 'input_done' is True, but this pipeline's input never ends; the "
+            "state was altered or comes from a finite pipeline"
+        )
+    if end_position is not None and (
+        position > end_position or (done and position != end_position)
+    ):
+        raise StateError(
+            f"lane {lane}: 'next_position' is {position} (input_done={done}), but this "
+            f"lane's input ends at lane-local position {end_position}; the state was altered"
+        )
+
+
+def check_lineage(lineage: Any, lane: int, where: str) -> None:
+    """Raises unless ``lineage`` has a lineage's form: a sampler position (an int >= 0),
+    an ``Opaque`` record, or ``(parents, recipe)`` with a tuple of lineages as parents.
+
+    Recipes are the operators' own plain data; each operator checks its recipes.
+    """
+    from zephon_jax.lineage import Opaque
+
+    if isinstance(lineage, Opaque):
+        return
+    if isinstance(lineage, tuple):
+        if len(lineage) == 2 and isinstance(lineage[0], tuple):
+            for i, parent in enumerate(lineage[0]):
+                check_lineage(parent, lane, f"{where} parent {i}")
+            return
+    elif is_int(lineage) and lineage >= 0:
+        return
+    raise StateError(
+        f"lane {lane}: {where} is {lineage!r} ({type(lineage).__name__}); a record pointer is "
+        "a lane-local position (an int >= 0), a stored record or (parents, recipe): the state "
+        "was altered"
+    )
+
+
+def _format_error(lane: int, value: Any) -> StateError:
+    found = value[0] if isinstance(value, tuple) and value else value
+    return StateError(
+        f"lane {lane}: unrecognized lane state (lane format {found!r}, this zephon_jax reads "
+        f"{LANE_FORMAT}); it was written by another zephon_jax version: restore it with the "
+        "release that wrote it"
+    )
+
+
+def _check_format(lane: int, data: bytes) -> None:
+    """Raises a version error if ``data`` is an intact lane state of another format."""
+    try:
+        value = codec.decode(data)
+    except StateError:
+        return
+    if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] != LANE_FORMAT:
+        raise _format_error(lane, value)
