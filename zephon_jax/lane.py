@@ -1,7 +1,9 @@
 """One lane: sampler -> transforms -> operators, run sequentially with its own carry.
 
-A lane's state is its next sampler position, each operator's carry and the
-finished rows not yet batched, all written as lineages. Restoring regenerates
+A lane's state is its next sampler position, the global step it produces
+next, each operator's carry, the finished rows not yet batched (all written as
+lineages) and, for a mixture by tokens or with weight stages, the mixture's
+carry of plain ints. Restoring regenerates
 every element a state points to (reading those records again, in one batched
 read per source) and continues exactly where the state left off.
 """
@@ -18,13 +20,15 @@ from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
 # 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
-LANE_FORMAT = 2
+# 3: the state also holds the lane's step and its mixture carry (None for a pure sampler).
+LANE_FORMAT = 3
 _MAX_AHEAD = 256
 
 
@@ -34,6 +38,9 @@ class LanePlan:
     def __init__(self, batched):
         self.num_lanes = batched.num_lanes
         self.sampler = batched.sampler
+        self.rows_per_lane_at = batched.rows_per_lane_at
+        # A mixture by tokens or with weight stages is drawn sequentially by each lane.
+        self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
         self.leaves = leaves(self.sampler)
         self.leaf_transforms = leaf_paths(self.sampler)
         self.operators = [stage.operator for stage in batched.stages]
@@ -94,7 +101,13 @@ class Lane:
         self.plan = plan
         self.lane = lane
         self.next_position = 0
+        self.step = 0  # the global step this lane produces next
         self.input_done = False
+        self.drawer = None
+        if plan.mixture is not None:
+            self.drawer = MixtureDrawer(
+                plan.mixture, lane, plan.num_lanes, self._read_leaf, self._transform_root
+            )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
@@ -115,23 +128,7 @@ class Lane:
             where = valid[res.leaf[valid] == leaf_id]
             source = plan.leaves[leaf_id].source
             records = res.record[where].tolist()
-            try:
-                getitems = getattr(source, "__getitems__", None)
-                datas = getitems(records) if getitems else [source[r] for r in records]
-            except Exception as e:
-                raise RecordError(
-                    f"lane {self.lane}: reading records {records[:8]}"
-                    f"{'...' if len(records) > 8 else ''} (lane-local positions "
-                    f"{positions[where[:8]].tolist()}) from source {source_label(source)} "
-                    f"failed: {e!r}. Check that the source's files exist, are readable and "
-                    "intact (the original error is chained as __cause__)"
-                ) from e
-            if len(datas) != len(records):
-                raise RecordError(
-                    f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
-                    f"records for {len(records)} indices from __getitems__; it must return one "
-                    "record per index, in order"
-                )
+            datas = self._read_leaf(int(leaf_id), records, positions[where[:8]].tolist())
             transforms = plan.leaf_transforms[leaf_id]
             for i, record, data in zip(where.tolist(), records, datas):
                 position = int(positions[i])
@@ -148,6 +145,35 @@ class Lane:
                 out[i] = data if data is DROP else Element(data, position)
         return out
 
+    def _read_leaf(self, leaf_id: int, records: list[int], positions: list | None = None) -> list:
+        """The records ``records`` of sampler leaf ``leaf_id``, in one batched read."""
+        source = self.plan.leaves[leaf_id].source
+        try:
+            getitems = getattr(source, "__getitems__", None)
+            datas = getitems(records) if getitems else [source[r] for r in records]
+        except Exception as e:
+            at = "" if positions is None else f" (lane-local positions {positions})"
+            raise RecordError(
+                f"lane {self.lane}: reading records {records[:8]}"
+                f"{'...' if len(records) > 8 else ''}{at} from source {source_label(source)} "
+                f"failed: {e!r}. Check that the source's files exist, are readable and "
+                "intact (the original error is chained as __cause__)"
+            ) from e
+        if len(datas) != len(records):
+            raise RecordError(
+                f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
+                f"records for {len(records)} indices from __getitems__; it must return one "
+                "record per index, in order"
+            )
+        return datas
+
+    def _transform_root(self, transforms, data, lineage, where: str) -> Any:
+        """Sampler-level transforms of a mixture drawer's record (errors name ``where``)."""
+        try:
+            return apply_transforms(transforms, data, self.lane, 0, lineage)
+        except _TransformFailed as e:
+            raise _user_error(e.name, where, e) from e.__cause__
+
     def where(self, lineage) -> str:
         """Where an element comes from: lane, lane-local position, source and record."""
         position = root_position(lineage)
@@ -155,6 +181,15 @@ class Lane:
         if position is None:
             return text + " (an output of a user operator)"
         plan = self.plan
+        if plan.mixture is not None:
+            root = lineage
+            while isinstance(root, tuple) and root and isinstance(root[0], tuple):
+                root = root[0]
+            if isinstance(root, tuple) and len(root) == 3:
+                return f"{text} (from lane-local position {position}: mixture component " + (
+                    f"{root[1]}, component draw {root[2]})"
+                )
+            return text
         res = resolve(plan.sampler, self.lane, np.array([position], np.int64), plan.num_lanes)
         source = plan.leaves[int(res.leaf[0])].source
         return (
@@ -225,15 +260,33 @@ class Lane:
             if outputs:
                 self._push(stage + 1, self._post(stage, self.plan.post_transforms[stage], outputs))
 
-    def take(self, n: int) -> list[Element] | None:
-        """The next ``n`` rows of this lane, or ``None`` once a finite input is exhausted."""
+    def take(self, n: int | None = None) -> list[Element] | None:
+        """This lane's rows of its next global step, or ``None`` once a finite input ends.
+
+        ``n`` rows (default: the step's rows per lane); the lane then moves to the next step.
+        """
+        if n is None:
+            n = self.plan.rows_per_lane_at(self.step)
+        rows = self._take(n)
+        self.step += 1
+        return rows
+
+    def _take(self, n: int) -> list[Element] | None:
         pending, ahead, push = self.pending, self._ahead, self._push
+        drawer = self.drawer
+        if drawer is not None:
+            stage = self.plan.mixture.stages.index_at(self.step)
         while len(pending) < n:
             if self.input_done:
                 return None
-            if not ahead:
-                self._read_ahead()
-            item = ahead.popleft()
+            if drawer is not None:
+                item = drawer.draw(stage, self.next_position)
+                if item is None:
+                    item = _END
+            else:
+                if not ahead:
+                    self._read_ahead()
+                item = ahead.popleft()
             if item is _END:  # the position is not consumed
                 self._finish_input()
                 continue
@@ -269,7 +322,16 @@ class Lane:
         """
         carries = tuple(op.carry_to_plain(c) for op, c in zip(self.plan.operators, self.carries))
         pending = tuple(e.lineage for e in self.pending)
-        return (LANE_FORMAT, self.next_position, self.input_done, carries, pending)
+        mixture = None if self.drawer is None else self.drawer.carry()
+        return (
+            LANE_FORMAT,
+            self.next_position,
+            self.input_done,
+            carries,
+            pending,
+            self.step,
+            mixture,
+        )
 
     def get_state(self) -> bytes:
         """This lane's position, carries and unbatched rows, as compact bytes."""
@@ -287,17 +349,25 @@ class Lane:
                 "restore from an intact checkpoint"
             )
         value = codec.decode(body)
-        if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
+        if not (isinstance(value, tuple) and len(value) == 7 and value[0] == LANE_FORMAT):
             raise _format_error(self.lane, value)
-        _, next_position, input_done, carries, pending = value
+        _, next_position, input_done, carries, pending, step, mixture = value
+        if (mixture is None) != (self.drawer is None):
+            raise StateError(
+                f"lane {self.lane}: the state {'has no' if mixture is None else 'has a'} mixture "
+                f"carry but this pipeline's sampler {'needs' if mixture is None else 'has'} none"
+            )
         if len(carries) != len(self.plan.operators):
             raise StateError(
                 f"lane {self.lane}: the state has {len(carries)} operator carries, the pipeline "
                 f"{len(self.plan.operators)} operators"
             )
+        if self.drawer is not None:
+            self.drawer.set_carry(mixture)
         rebuild = _Rebuilder(self)
         rebuild.prefetch(carries, pending)
         self.next_position = next_position
+        self.step = step
         self.input_done = input_done
         self.carries = [
             op.carry_from_plain(plain, self.lane, rebuild.at(stage))
@@ -338,7 +408,7 @@ class _Rebuilder:
 
     def _collect(self, stage: int, lineage, out: set) -> None:
         if stage == 0:
-            out.add(int(lineage))
+            out.add(lineage if isinstance(lineage, tuple) else int(lineage))
             return
         if isinstance(lineage, Opaque):
             return
@@ -353,7 +423,9 @@ class _Rebuilder:
                 self._collect(stage, lineage, positions)
         for lineage in pending:
             self._collect(len(operators), lineage, positions)
-        if positions:
+        if positions and self.lane.drawer is not None:
+            self.roots.update(self.lane.drawer.regenerate(sorted(positions)))
+        elif positions:
             ordered = np.array(sorted(positions), dtype=np.int64)
             for position, item in zip(ordered.tolist(), self.lane.read_roots(ordered)):
                 self.roots[position] = item
@@ -367,9 +439,11 @@ class _Rebuilder:
             return self.cache[key]
         lane = self.lane
         if stage == 0:
-            position = int(lineage)
-            item = self.roots.get(position)
-            if item is None:
+            position = root_position(lineage)
+            item = self.roots.get(lineage if isinstance(lineage, tuple) else position)
+            if item is None and lane.drawer is not None:
+                item = lane.drawer.regenerate([lineage]).get(lineage)
+            elif item is None:
                 item = lane.read_roots(np.array([position], dtype=np.int64))[0]
             if not isinstance(item, Element):
                 raise StateError(
