@@ -8,6 +8,12 @@ checked per lane against the documented bound.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pipelines import (
@@ -94,6 +100,67 @@ def test_state_is_small_and_holds_plain_ints(reference):
     assert late["step"] == 66
     for state in (early, late):
         assert all(len(v) < 700 for v in state["lanes"].values())
+
+
+# ----- sharded loaders and Orbax checkpoints ----------------------------------------------
+
+MESH_CHECKS = [
+    "meshes_of_one_to_eight_devices",
+    "replicated_model_axis",
+    "state_from_eight_devices_resumes_on_two_across_a_size_change",
+    "orbax_checkpoint_on_eight_restores_on_two_and_numpy",
+    "size_not_divisible_by_shards_is_rejected",
+]
+
+
+@pytest.fixture(scope="module")
+def mesh_results(tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("ramp_mesh") / "results.json"
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    script = Path(__file__).with_name("schedule_mesh_checks.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", MESH_CHECKS)
+def test_sharded_loader_follows_the_ramp_on_eight_devices(mesh_results, name):
+    assert set(mesh_results) == set(MESH_CHECKS)
+    assert mesh_results[name] == "ok", mesh_results[name]
+
+
+@pytest.mark.parametrize("save_at", [5, 8, 14])
+def test_checkpoint_from_two_processes_restores_on_one_and_four(tmp_path, reference, save_at):
+    import zephon_jax.checkpoint as zc
+
+    ds, expected = reference
+    handler = zc.LoaderCheckpointHandler()
+    directory = tmp_path / "item"
+    directory.mkdir()
+    for process in range(2):
+        it = iter(zj.Loader(ds, process_index=process, process_count=2))
+        take(it, save_at)
+        assert it.loader.lanes_to_save() == [2 * process, 2 * process + 1]
+        handler.save(directory, args=zc.Save(it))
+    whole = handler.restore(directory, args=zc.Restore(iter(zj.Loader(ds))))
+    assert_batches_equal(take(whole, 4), expected[save_at : save_at + 4])
+    its = [
+        handler.restore(
+            directory, args=zc.Restore(iter(zj.Loader(ds, process_index=i, process_count=4)))
+        )
+        for i in range(4)
+    ]
+    for t in range(save_at, save_at + 4):
+        parts = [next(it) for it in its]
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        assert_batches_equal([joined], [expected[t]])
 
 
 # ----- shares ----------------------------------------------------------------------------
