@@ -207,8 +207,9 @@ def test_finite_input_ends_at_the_same_step_on_every_process(tmp_path):
 
 def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_4x1(tmp_path):
     """The schedule pipeline under jax.distributed: a ramp step and a stage step inside."""
-    import zephon_jax as zj
     from pipelines import schedule_pipeline
+
+    import zephon_jax as zj
 
     dataset = schedule_pipeline(sizes=worker.SCHEDULE_SIZES)
     reference = [worker.batch_digests(b) for _, b in zip(range(STEPS), zj.Loader(dataset))]
