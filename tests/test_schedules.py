@@ -20,6 +20,7 @@ from pipelines import (
     RAMP,
     STAGED_TOKEN_WEIGHTS,
     assert_batches_equal,
+    concat_parts,
     make_docs,
     resume_across,
     run_topology,
@@ -373,14 +374,31 @@ def test_ramp_sizes_must_split_over_processes():
     zj.Loader(ds, process_index=1, process_count=2)
 
 
-def test_ramp_refuses_workers_and_constant_only_accessors():
+def test_ramp_has_no_constant_only_accessors():
     ds = SRC.batch({0: 2, 3: 4})
-    with pytest.raises(PipelineError, match="num_workers"):
-        zj.Loader(ds, num_workers=2)
     with pytest.raises(PipelineError, match="rows_per_lane_at"):
         _ = ds.rows_per_lane
     with pytest.raises(PipelineError, match="rows_at"):
         _ = zj.Loader(ds).rows
+
+
+def test_loader_workers_follow_the_ramp_and_resume(reference):
+    """Two processes with two worker processes each, then one with two, across boundaries."""
+    ds, expected = reference
+    its = [iter(zj.Loader(ds, process_index=i, process_count=2, num_workers=2)) for i in range(2)]
+    try:
+        got = [concat_parts([next(it) for it in its]) for _ in range(8)]
+        state = zj.merge_states([it.get_state() for it in its])
+    finally:
+        for it in its:
+            it.close()
+    assert_batches_equal(got, expected[:8])
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        it.set_state(state)
+        assert_batches_equal(take(it, STEPS - 8), expected[8:])
+    finally:
+        it.close()
 
 
 def test_token_mixture_needs_a_tokens_field():

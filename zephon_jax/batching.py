@@ -91,15 +91,18 @@ def lanes_to_run(
     return sorted({int(r) // per_lane for r in rows})
 
 
-RowsOfSize = Callable[[int], Sequence[int]]
+RowsOfSize = Callable[[int], Sequence[int]] | Mapping[int, Sequence[int]]
 
 
 def rows_by_size(batched, rows: Sequence[int] | RowsOfSize) -> dict[int, list[int]]:
     """For every batch size of ``batched``, the global rows a producer makes (checked).
 
-    ``rows`` is a fixed list (a constant batch size) or ``rows(size) -> rows``.
+    ``rows`` is a fixed list (a constant batch size), ``rows(size) -> rows`` or a
+    mapping ``{size: rows}``.
     """
-    if not callable(rows):
+    if isinstance(rows, Mapping):
+        rows = rows.__getitem__
+    elif not callable(rows):
         return {_size(batched, None): checked_rows(batched, rows)}
     return {size: checked_rows(batched, rows(size), size) for size in batched.batch_sizes}
 

@@ -77,11 +77,6 @@ class Loader:
         self.worker_prefetch = worker_prefetch
         self.device_prefetch = device_prefetch
         self.sharding = None
-        if num_workers and dataset.is_ramp:
-            raise PipelineError(
-                "num_workers > 0 is not supported with a batch-size ramp-up "
-                f"(global_batch_size={dataset.global_batch_size!r}); use num_workers=0"
-            )
         if sharding is None:
             self.process_index = 0 if process_index is None else process_index
             self.process_count = 1 if process_count is None else process_count
@@ -211,7 +206,7 @@ class Loader:
 
         return WorkerRowProducer(
             self.dataset,
-            self.rows,
+            self.rows_of_size,
             self.num_workers,
             self.worker_prefetch,
             agree_on_end=agree_on_end,
