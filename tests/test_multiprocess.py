@@ -205,8 +205,9 @@ def test_finite_input_ends_at_the_same_step_on_every_process(tmp_path):
     assert_batches_equal(reports, expected, "fresh", range(1, len(expected) + 1))
 
 
-def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_4x1(tmp_path):
-    """The schedule pipeline under jax.distributed: a ramp step and a stage step inside."""
+def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_1x2(tmp_path):
+    """The schedule pipeline under jax.distributed, saved after 5 batches (past the first size
+    change) and resumed on one process, across the first stage change and the second ramp."""
     from pipelines import schedule_pipeline
 
     import zephon_jax as zj
@@ -231,9 +232,9 @@ def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_4x1(tmp_path):
     resumed = launch(
         tmp_path,
         "sched-resume",
-        4,
         1,
-        "data=4",
+        2,
+        "data=2",
         "data",
         "--schedule",
         "--resume",
