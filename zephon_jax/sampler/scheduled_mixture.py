@@ -302,6 +302,10 @@ class MixtureDrawer:
         at = "" if position is None else f", lane-local position {position}"
         return f"lane {self.lane}{at}, mixture component {component}, component draw {sub}"
 
+    def locate(self, roots: Sequence[tuple]) -> list[tuple[int, int, int]]:
+        """(leaf, record, epoch) of root lineages ``(position, component, sub)``; reads nothing."""
+        return locate_roots(self.node, self.lane, self.num_lanes, roots)
+
     # ----- restoring -----------------------------------------------------------------
     def regenerate(self, lineages: Sequence[tuple]) -> dict[tuple, Any]:
         """Elements (or ``DROP``) for root lineages ``(position, component, sub)``."""
@@ -318,3 +322,30 @@ class MixtureDrawer:
                 else:
                     out[lineage] = self._finish(entry.data, *lineage)
         return out
+
+
+def locate_roots(
+    node: ScheduledMixtureNode, lane: int, num_lanes: int, roots: Sequence[tuple]
+) -> list[tuple[int, int, int]]:
+    """(leaf, record, epoch) of root lineages ``(position, component, sub)`` of ``lane``.
+
+    A root names its component and that component's own draw, so this is a pure
+    function of the lineage (no history of the lane is needed); nothing is read.
+    """
+    from zephon_jax.sampler.resolve import leaves, resolve
+
+    bases, base = [], 0
+    for child in node.children:
+        bases.append(base)
+        base += len(leaves(child))
+    out: list = [None] * len(roots)
+    by_component: dict[int, list[int]] = {}
+    for i, root in enumerate(roots):
+        by_component.setdefault(int(root[1]), []).append(i)
+    for component, where in by_component.items():
+        subs = np.array([roots[i][2] for i in where], dtype=np.int64)
+        res = resolve(node.children[component], lane, subs, num_lanes)
+        for k, i in enumerate(where):
+            leaf = bases[component] + int(res.leaf[k])
+            out[i] = (leaf, int(res.record[k]), int(res.epoch[k]))
+    return out
