@@ -1,9 +1,11 @@
 """The lane state format: a lane's snapshot as plain data, and as checksummed bytes.
 
 A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
-pending)``: ``carries`` holds, per operator, ``(held_lineages, aux)`` (its
-:class:`~zephon_jax.operators.base.Saved` form with elements written as their
-lineages) and ``pending`` the lineages of the finished rows not yet batched.
+pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
+aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
+as their lineages), ``pending`` the lineages of the finished rows not yet
+batched, ``step`` the global step the lane produces next and ``mixture`` the
+carry of plain ints of a mixture by tokens or with weight stages (else None).
 Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
@@ -19,7 +21,7 @@ from zephon_jax import codec
 from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import StateError
 
-LANE_FORMAT = LANE.version
+LANE_FORMAT = LANE.version  # see zephon_jax.envelope for the versions
 
 
 class LaneSnapshot(NamedTuple):
@@ -30,6 +32,8 @@ class LaneSnapshot(NamedTuple):
     input_done: bool
     carries: tuple
     pending: tuple
+    step: int
+    mixture: Any
 
 
 def lane_checksum(body: bytes, lane: int) -> bytes:
@@ -65,9 +69,9 @@ def decode_lane_state(
     if not (isinstance(value, tuple) and value):
         raise _format_error(lane, value)
     LANE.check_version(value[0], f"lane {lane}: the lane state")
-    if len(value) != 5:
+    if len(value) != 7:
         raise StateError(
-            f"lane {lane}: the lane state has {len(value)} entries, not 5; the state was altered"
+            f"lane {lane}: the lane state has {len(value)} entries, not 7; the state was altered"
         )
     snapshot = LaneSnapshot(*value)
     _check_position(lane, snapshot, end_position)
@@ -88,6 +92,8 @@ def decode_lane_state(
         raise StateError(f"lane {lane}: pending rows must be a tuple of lineages")
     for i, lineage in enumerate(snapshot.pending):
         check_lineage(lineage, lane, f"pending[{i}]")
+    if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
+        raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
     return snapshot
 
 
@@ -119,7 +125,8 @@ def _check_position(lane: int, snapshot: LaneSnapshot, end_position: int | None)
 
 def check_lineage(lineage: Any, lane: int, where: str) -> None:
     """Raises unless ``lineage`` has a lineage's form: a sampler position (an int >= 0),
-    an ``Opaque`` record, or ``(parents, recipe)`` with a tuple of lineages as parents.
+    a mixture draw ``(position, component, draw)`` of ints >= 0, an ``Opaque`` record,
+    or ``(parents, recipe)`` with a tuple of lineages as parents.
 
     Recipes are the operators' own plain data; each operator checks its recipes.
     """
@@ -132,12 +139,14 @@ def check_lineage(lineage: Any, lane: int, where: str) -> None:
             for i, parent in enumerate(lineage[0]):
                 check_lineage(parent, lane, f"{where} parent {i}")
             return
+        if len(lineage) == 3 and all(is_int(x) and x >= 0 for x in lineage):
+            return
     elif is_int(lineage) and lineage >= 0:
         return
     raise StateError(
         f"lane {lane}: {where} is {lineage!r} ({type(lineage).__name__}); a record pointer is "
-        "a lane-local position (an int >= 0), a stored record or (parents, recipe): the state "
-        "was altered"
+        "a lane-local position (an int >= 0), a mixture draw, a stored record or (parents, "
+        "recipe): the state was altered"
     )
 
 

@@ -67,6 +67,8 @@ def can_end(node) -> bool:
     mixture all of whose components end (one that never ends keeps it going)."""
     if isinstance(node, SourceNode):
         return node.num_epochs is not None
+    if not isinstance(node, MixtureNode):  # a scheduled mixture finds its end as it draws:
+        return any(leaf.num_epochs is not None for leaf in leaves(node))  # assume it can
     return all(can_end(child) for child in node.children)
 
 
