@@ -69,6 +69,63 @@ def apply_transforms(transforms, data, lane: int, stage: int, lineage) -> Any:
     return data
 
 
+class _RecordFailed(Exception):
+    """Transforms failed on record ``index`` of a block; ``error`` is a ``_TransformFailed``
+    (a user function raised) or the ZephonError a transform raised."""
+
+    def __init__(self, index: int, error: Exception):
+        super().__init__(index)
+        self.index = index
+        self.error = error
+
+
+def apply_transforms_block(transforms, datas, lane: int, stage: int, lineages) -> list:
+    """:func:`apply_transforms` on every record of a block; ``DROP`` marks dropped records.
+
+    Transforms run one at a time over the records still kept. One that has
+    ``apply_batch(records, rng_keys)`` (same outputs as ``apply`` on each) gets
+    them in one call, e.g. to encode a block of texts at once. Raises
+    ``_RecordFailed`` naming the record whose transform failed.
+    """
+    datas = list(datas)
+    alive = list(range(len(datas)))
+    for transform in transforms:
+        batch = getattr(transform, "apply_batch", None)
+        outs = None
+        if batch is not None and len(alive) > 1:
+            try:
+                outs = batch([datas[i] for i in alive], [(lane, stage, lineages[i]) for i in alive])
+            except Exception:
+                outs = None  # redo it one by one below, to name the failing record
+            if outs is not None and len(outs) != len(alive):
+                raise PipelineError(
+                    f"{transform.describe()}.apply_batch returned {len(outs)} records for "
+                    f"{len(alive)}; it must return one record per input, in order"
+                )
+        if outs is None:
+            outs = []
+            for i in alive:
+                try:
+                    outs.append(apply_transforms((transform,), datas[i], lane, stage, lineages[i]))
+                except (_TransformFailed, ZephonError) as e:
+                    raise _RecordFailed(i, e) from e
+        for i, data in zip(alive, outs):
+            datas[i] = data
+        alive = [i for i in alive if datas[i] is not DROP]
+    return datas
+
+
+def _located(failed: _RecordFailed, what: str, where: str) -> tuple[Exception, Any]:
+    """The error to raise for a failed record of a block, naming where it comes from,
+    and its cause."""
+    e = failed.error
+    if isinstance(e, _TransformFailed):
+        return _user_error(f"{e.name}{what}", where, e), e.__cause__
+    if isinstance(e, PipelineError):
+        return PipelineError(f"{e}\n  (at {where})"), e
+    return e, e.__cause__
+
+
 def _user_error(what: str, where: str, e: BaseException) -> RecordError:
     """A RecordError for a failed user function, chaining the original exception."""
     cause = e.__cause__ if isinstance(e, _TransformFailed) else e
@@ -133,18 +190,20 @@ class Lane:
                     "record per index, in order"
                 )
             transforms = plan.leaf_transforms[leaf_id]
-            for i, record, data in zip(where.tolist(), records, datas):
-                position = int(positions[i])
-                if transforms:
-                    try:
-                        data = apply_transforms(transforms, data, self.lane, 0, position)
-                    except _TransformFailed as e:
-                        raise _user_error(
-                            e.name,
-                            f"lane {self.lane}, lane-local position {position}, source "
-                            f"{source_label(source)}, record {record}",
-                            e,
-                        ) from e.__cause__
+            index = where.tolist()
+            block_positions = positions[where].tolist()
+            if transforms:
+                try:
+                    datas = apply_transforms_block(transforms, datas, self.lane, 0, block_positions)
+                except _RecordFailed as failed:
+                    error, cause = _located(
+                        failed,
+                        "",
+                        f"lane {self.lane}, lane-local position {block_positions[failed.index]}, "
+                        f"source {source_label(source)}, record {records[failed.index]}",
+                    )
+                    raise error from cause
+            for i, position, data in zip(index, block_positions, datas):
                 out[i] = data if data is DROP else Element(data, position)
         return out
 
@@ -198,19 +257,19 @@ class Lane:
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
             return outputs
-        kept = []
-        for element in outputs:
-            try:
-                data = apply_transforms(post, element.data, self.lane, stage + 1, element.lineage)
-            except _TransformFailed as e:
-                raise _user_error(
-                    f"{e.name} after {self.plan.operators[stage].describe()}",
-                    self.where(element.lineage),
-                    e,
-                ) from e.__cause__
-            if data is not DROP:
-                kept.append(Element(data, element.lineage))
-        return kept
+        lineages = [element.lineage for element in outputs]
+        try:
+            datas = apply_transforms_block(
+                post, [element.data for element in outputs], self.lane, stage + 1, lineages
+            )
+        except _RecordFailed as failed:
+            error, cause = _located(
+                failed,
+                f" after {self.plan.operators[stage].describe()}",
+                self.where(lineages[failed.index]),
+            )
+            raise error from cause
+        return [Element(d, lin) for d, lin in zip(datas, lineages) if d is not DROP]
 
     def _finish_input(self) -> None:
         self.input_done = True
