@@ -148,7 +148,9 @@ class HFTokenizersTokenizer(TextTokenizer):
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.20) skips character offsets: same ids, faster.
+        batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        encodings = batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, np.int32) for e in encodings]
 
     def _fingerprint_parts(self) -> tuple:
@@ -205,18 +207,16 @@ class TransformersTokenizer(TextTokenizer):
 class TiktokenTokenizer(TextTokenizer):
     """A ``tiktoken.Encoding``, encoded with ``encode_ordinary`` (no special tokens).
 
-    Identity: the split pattern, the mergeable ranks and the special tokens.
+    Records are encoded in a loop: tiktoken's batch API is a Python thread pool
+    around the same call, which measured several times slower on blocks of
+    short texts. Identity: the split pattern, the mergeable ranks and the
+    special tokens.
     """
 
     kind = "tiktoken"
-    batched = True
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode_ordinary(text), np.int32)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        ids = self.tokenizer.encode_ordinary_batch(list(texts))
-        return [np.asarray(x, np.int32) for x in ids]
 
     def _fingerprint_parts(self) -> tuple:
         enc = self.tokenizer
