@@ -19,6 +19,7 @@ mask folded into ``targets_segmentation``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,9 @@ PACKED_FIELDS = ("tokens", "tokens_segment_ids", "tokens_positions")
 
 def _packed(row: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The packed arrays of a row, validated; raises if the row is not packed."""
-    missing = [f for f in PACKED_FIELDS if not (isinstance(row, dict) and f in row)]
+    missing = [f for f in PACKED_FIELDS if not (isinstance(row, Mapping) and f in row)]
     if missing:
-        have = f"fields {sorted(row)}" if isinstance(row, dict) else type(row).__name__
+        have = f"fields {sorted(row)}" if isinstance(row, Mapping) else type(row).__name__
         raise PipelineError(
             f"to_training needs packed rows (fields {list(PACKED_FIELDS)}, as pack(...) makes "
             f"them); got {have}, without {missing}. Add .pack(seq_len) before .to_training()"

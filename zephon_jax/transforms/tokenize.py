@@ -8,6 +8,7 @@ with exactly the output of encoding them one by one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ def record_field(record: Any, field: str, op: str) -> Any:
         return record[field]
     except (KeyError, TypeError, IndexError):
         pass
-    have = f"a dict with fields {sorted(record)}" if isinstance(record, dict) else type(record)
+    have = f"a dict with fields {sorted(record)}" if isinstance(record, Mapping) else type(record)
     raise PipelineError(
         f"{op}(field={field!r}) needs records with a {field!r} field; got {have}. Pass "
         f"field=... naming the field that holds the input, or map the records to have one"
