@@ -21,6 +21,7 @@ from zephon_jax.provenance import leaf_labels
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
+from zephon_jax.transforms.block import BlockFailed, apply_transforms_block, block_error
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
@@ -70,63 +71,6 @@ def apply_transforms(transforms, data, lane: int, stage: int, lineage) -> Any:
         if data is DROP:
             return DROP
     return data
-
-
-class _RecordFailed(Exception):
-    """Transforms failed on record ``index`` of a block; ``error`` is a ``_TransformFailed``
-    (a user function raised) or the ZephonError a transform raised."""
-
-    def __init__(self, index: int, error: Exception):
-        super().__init__(index)
-        self.index = index
-        self.error = error
-
-
-def apply_transforms_block(transforms, datas, lane: int, stage: int, lineages) -> list:
-    """:func:`apply_transforms` on every record of a block; ``DROP`` marks dropped records.
-
-    Transforms run one at a time over the records still kept. One that has
-    ``apply_batch(records, rng_keys)`` (same outputs as ``apply`` on each) gets
-    them in one call, e.g. to encode a block of texts at once. Raises
-    ``_RecordFailed`` naming the record whose transform failed.
-    """
-    datas = list(datas)
-    alive = list(range(len(datas)))
-    for transform in transforms:
-        batch = getattr(transform, "apply_batch", None)
-        outs = None
-        if batch is not None and len(alive) > 1:
-            try:
-                outs = batch([datas[i] for i in alive], [(lane, stage, lineages[i]) for i in alive])
-            except Exception:
-                outs = None  # redo it one by one below, to name the failing record
-            if outs is not None and len(outs) != len(alive):
-                raise PipelineError(
-                    f"{transform.describe()}.apply_batch returned {len(outs)} records for "
-                    f"{len(alive)}; it must return one record per input, in order"
-                )
-        if outs is None:
-            outs = []
-            for i in alive:
-                try:
-                    outs.append(apply_transforms((transform,), datas[i], lane, stage, lineages[i]))
-                except (_TransformFailed, ZephonError) as e:
-                    raise _RecordFailed(i, e) from e
-        for i, data in zip(alive, outs):
-            datas[i] = data
-        alive = [i for i in alive if datas[i] is not DROP]
-    return datas
-
-
-def _located(failed: _RecordFailed, what: str, where: str) -> tuple[Exception, Any]:
-    """The error to raise for a failed record of a block, naming where it comes from,
-    and its cause."""
-    e = failed.error
-    if isinstance(e, _TransformFailed):
-        return _user_error(f"{e.name}{what}", where, e), e.__cause__
-    if isinstance(e, PipelineError):
-        return PipelineError(f"{e}\n  (at {where})"), e
-    return e, e.__cause__
 
 
 def _user_error(what: str, where: str, e: BaseException) -> RecordError:
@@ -197,20 +141,19 @@ class Lane:
                     "record per index, in order"
                 )
             transforms = plan.leaf_transforms[leaf_id]
-            index = where.tolist()
             block_positions = positions[where].tolist()
             if transforms:
                 try:
                     datas = apply_transforms_block(transforms, datas, self.lane, 0, block_positions)
-                except _RecordFailed as failed:
-                    error, cause = _located(
+                except BlockFailed as failed:
+                    error, cause = block_error(
                         failed,
-                        "",
                         f"lane {self.lane}, lane-local position {block_positions[failed.index]}, "
                         f"source {source_label(source)}, record {records[failed.index]}",
+                        _user_error,
                     )
                     raise error from cause
-            for i, position, data in zip(index, block_positions, datas):
+            for i, position, data in zip(where.tolist(), block_positions, datas):
                 out[i] = data if data is DROP else Element(data, position)
         return out
 
@@ -294,15 +237,15 @@ class Lane:
         if not post:
             return outputs
         lineages = [element.lineage for element in outputs]
+        datas = [element.data for element in outputs]
         try:
-            datas = apply_transforms_block(
-                post, [element.data for element in outputs], self.lane, stage + 1, lineages
-            )
-        except _RecordFailed as failed:
-            error, cause = _located(
+            datas = apply_transforms_block(post, datas, self.lane, stage + 1, lineages)
+        except BlockFailed as failed:
+            error, cause = block_error(
                 failed,
-                f" after {self.plan.operators[stage].describe()}",
                 self.where(lineages[failed.index]),
+                _user_error,
+                f" after {self.plan.operators[stage].describe()}",
             )
             raise error from cause
         return [Element(d, lin) for d, lin in zip(datas, lineages) if d is not DROP]
