@@ -81,6 +81,35 @@ def test_lanes_encode_blocks_of_records_in_one_call(monkeypatch):
     assert max(calls) >= 32 and sum(calls) >= 8 * len(calls)
 
 
+def test_token_mixtures_encode_blocks_of_each_component_in_one_call(monkeypatch):
+    calls = []
+    original = HFTokenizersTokenizer.encode_batch
+
+    def spy(self, texts):
+        calls.append(len(texts))
+        return original(self, texts)
+
+    def forbidden(self, text):
+        raise AssertionError("one-by-one encode used where a block could be batched")
+
+    def pipeline():
+        parts = [
+            zj.Dataset.source(_records(300, seed=s)).tokenize(tf.bpe_tokenizer(), eos_id=tf.EOS)
+            for s in (7, 8)
+        ]
+        ds = zj.Dataset.mix(parts, {0: [0.5, 0.5], 5: [0.2, 0.8]}, unit="tokens")
+        return ds.split(32).pack(32, num_bins=4).batch(4, num_lanes=2)
+
+    expected = [next(it) for it in [iter(zj.Loader(pipeline()))] for _ in range(12)]
+    monkeypatch.setattr(HFTokenizersTokenizer, "encode_batch", spy)
+    monkeypatch.setattr(HFTokenizersTokenizer, "encode", forbidden)
+    it = iter(zj.Loader(pipeline(), process_index=1, process_count=2))
+    got = [next(it) for _ in range(12)]
+    assert max(calls) >= 16
+    for want, part in zip(expected, got):
+        assert part["tokens"].tobytes() == want["tokens"][2:].tobytes()
+
+
 def test_a_failing_record_in_a_block_is_named():
     records = _records(30, seed=4)
     records[13] = {"text": 17}
