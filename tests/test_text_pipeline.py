@@ -138,3 +138,40 @@ def test_bin_packing_keeps_each_pieces_loss_mask_with_its_tokens():
                 seen += 1
             assert not batch["loss_mask"][r][segments == 0].any()
     assert seen > 100
+
+
+# ----- with a staged, token-weighted mixture and a batch-size ramp ---------------------
+
+
+def staged_pipeline() -> zj.BatchedDataset:
+    """The pipeline above, mixed by tokens with a stage change at step 6 and a batch
+    ramp from 4 to 8 rows at step 9."""
+    text = (
+        zj.Dataset.source([{"text": t} for t in tf.texts(300, seed=10)])
+        .tokenize(tf.bpe_tokenizer(), eos_id=tf.EOS)
+        .map(tf.with_full_loss_mask)
+    )
+    chat = zj.Dataset.source([{"messages": m} for m in tf.conversations(200, seed=11)])
+    chat = chat.tokenize_chat(tf.hf_tokenizer(tf.MARKED_TEMPLATE))
+    return (
+        zj.Dataset.mix([text, chat], {0: [0.7, 0.3], 6: [0.2, 0.8]}, unit="tokens")
+        .shuffle(seed=3)
+        .split(SEQ_LEN)
+        .pack(SEQ_LEN, num_bins=4)
+        .window_shuffle(3, seed=4)
+        .to_training()
+        .batch({0: 4, 9: 8}, num_lanes=4)
+    )
+
+
+def test_staged_token_mixture_with_a_ramp_on_every_topology_and_resume():
+    ds = staged_pipeline()
+    steps = 16
+    expected = take(iter(zj.Loader(ds)), steps)
+    assert [b["inputs"].shape[0] for b in expected] == [4] * 9 + [8] * 7
+    for process_count in (2, 4):
+        assert_batches_equal(run_topology(ds, process_count, steps), expected)
+    # Inside the first stage, across the stage change, across the ramp.
+    for save_at, save_procs, restore_procs in [(3, 2, 4), (7, 1, 4), (10, 4, 2)]:
+        resumed = resume_across(ds, steps, save_at, save_procs, restore_procs)
+        assert_batches_equal(resumed, expected[save_at:])
