@@ -33,6 +33,7 @@ component's own order is kept across stages. A drawn record's lineage is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -284,7 +285,7 @@ class MixtureDrawer:
                     transforms,
                     datas,
                     [(component, sub) for sub in block_subs],
-                    lambda j, block_subs=block_subs: self._where(component, block_subs[j]),
+                    functools.partial(_where_in, self._where, component, block_subs),
                 )
             elif transforms:
                 datas = [
@@ -362,3 +363,8 @@ def locate_roots(
             leaf = bases[component] + int(res.leaf[k])
             out[i] = (leaf, int(res.record[k]), int(res.epoch[k]))
     return out
+
+
+def _where_in(where: Any, component: int, subs: Any, j: int) -> str:
+    """``where(component, subs[j])``: where item ``j`` of a block of draws comes from."""
+    return where(component, subs[j])
