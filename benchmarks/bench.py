@@ -41,13 +41,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-import numpy as np  # noqa: E402
-
 import corpus as corpus_mod  # noqa: E402
 import grain_baselines as grain_side  # noqa: E402
 import heavy  # noqa: E402
 import measure  # noqa: E402
+import numpy as np  # noqa: E402
 import zephon_side  # noqa: E402
+
 import zephon_jax as zj  # noqa: E402
 
 SEQ_LEN = 2048
@@ -285,7 +285,7 @@ def workers_case(
         load_before = os.getloadavg()[0]
         sides = [measure.Side(f"workers={w}", it, count) for w, it, _ in its]
         result = measure.interleave(sides, timing)
-        for (w, it, startup), side in zip(its, sides, strict=True):
+        for (_, it, startup), side in zip(its, sides, strict=True):
             result[side.name]["startup_s"] = startup
             measure.close(it)
         base = result["workers=0"]["rate_median"]
