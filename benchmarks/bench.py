@@ -253,6 +253,35 @@ def lane_sweep(
     }
 
 
+def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
+    """CPU seconds per batch of the loader process and of each worker (busy-machine proof).
+
+    On a machine shared with other work, wall-clock speed-ups understate what
+    idle cores give; the CPU time per batch of the busiest process bounds it.
+    """
+    import psutil
+
+    pids = getattr(getattr(it, "_producer", None), "worker_pids", lambda: [])()
+    procs = [psutil.Process()] + [psutil.Process(p) for p in pids]
+
+    def cpu():
+        return [sum(p.cpu_times()[:2]) for p in procs]
+
+    for _ in range(2):
+        next(it)
+    before, t0, batches = cpu(), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:  # CPU times tick in 10 ms
+        next(it)
+        batches += 1
+    used = [(b - a) / batches for a, b in zip(before, cpu(), strict=True)]
+    return {
+        "cpu_s_per_batch_loader": used[0],
+        "cpu_s_per_batch_workers": used[1:],
+        "cpu_s_per_batch_total": sum(used),
+        "cpu_s_per_batch_busiest": max(used),
+    }
+
+
 def workers_case(
     docs: list, timing: measure.Timing, counts: tuple[int, ...], batch_size: int = 64
 ) -> dict[str, Any]:
@@ -287,9 +316,17 @@ def workers_case(
         result = measure.interleave(sides, timing)
         for (_, it, startup), side in zip(its, sides, strict=True):
             result[side.name]["startup_s"] = startup
+            result[side.name].update(_cpu_per_batch(it, 4 * timing.window_s))
             measure.close(it)
         base = result["workers=0"]["rate_median"]
+        busiest0 = result["workers=0"]["cpu_s_per_batch_busiest"]
         out[name] = {
+            **{
+                f"cpu_bound_speedup_{w}": busiest0
+                / result[f"workers={w}"]["cpu_s_per_batch_busiest"]
+                for w in counts
+                if w
+            },
             "sides": result,
             "load_average_1min": [load_before, os.getloadavg()[0]],
             **{f"speedup_{w}": result[f"workers={w}"]["rate_median"] / base for w in counts if w},
@@ -372,7 +409,13 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 for k, v in w.items()
                 if k.startswith("speedup")
             )
-            lines.append(f"workers {name}: {speedups} over none (load {w['load_average_1min']})")
+            bound = ", ".join(
+                f"{k.split('_')[-1]} workers {v:.2f}x" for k, v in w.items() if k.startswith("cpu_")
+            )
+            lines.append(
+                f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
+                f"by CPU time of the busiest process: {bound}"
+            )
     return lines
 
 

@@ -1,6 +1,6 @@
 """Markdown tables of a ``bench.py`` results file, as pasted into ``docs/performance.md``.
 
-    python benchmarks/report.py bench.json
+python benchmarks/report.py bench.json
 """
 
 from __future__ import annotations
