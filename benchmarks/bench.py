@@ -43,6 +43,7 @@ if _HERE not in sys.path:
 
 import corpus as corpus_mod  # noqa: E402
 import grain_baselines as grain_side  # noqa: E402
+import grain_workers  # noqa: E402
 import heavy  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
@@ -261,7 +262,8 @@ def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
     """
     import psutil
 
-    pids = getattr(getattr(it, "_producer", None), "worker_pids", lambda: [])()
+    producer = getattr(it, "_producer", it)
+    pids = producer.worker_pids() if hasattr(producer, "worker_pids") else []
     procs = [psutil.Process()] + [psutil.Process(p) for p in pids]
 
     def cpu():
@@ -280,6 +282,10 @@ def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
         "cpu_s_per_batch_total": sum(used),
         "cpu_s_per_batch_busiest": max(used),
     }
+
+
+def _label(side: str) -> str:
+    return side.split("=")[1] if side.startswith("workers=") else "grain_2"
 
 
 def workers_case(
@@ -311,8 +317,15 @@ def workers_case(
             it = iter(zj.Loader(ds, num_workers=w))
             next(it)
             its.append((w, it, time.perf_counter() - t0))
-        load_before = os.getloadavg()[0]
         sides = [measure.Side(f"workers={w}", it, count) for w, it, _ in its]
+        if name == "heavy map + pack" and 2 in counts:
+            # The same lanes in Grain's own worker processes (see grain_workers.py).
+            t0 = time.perf_counter()
+            it = grain_workers.GrainWorkerBatches(ds, 2)
+            next(it)
+            its.append((2, it, time.perf_counter() - t0))
+            sides.append(measure.Side("grain mp_prefetch, 2 workers", it, count))
+        load_before = os.getloadavg()[0]
         result = measure.interleave(sides, timing)
         for (_, it, startup), side in zip(its, sides, strict=True):
             result[side.name]["startup_s"] = startup
@@ -322,14 +335,17 @@ def workers_case(
         busiest0 = result["workers=0"]["cpu_s_per_batch_busiest"]
         out[name] = {
             **{
-                f"cpu_bound_speedup_{w}": busiest0
-                / result[f"workers={w}"]["cpu_s_per_batch_busiest"]
-                for w in counts
-                if w
+                f"cpu_bound_speedup_{_label(key)}": busiest0 / r["cpu_s_per_batch_busiest"]
+                for key, r in result.items()
+                if key != "workers=0"
             },
             "sides": result,
             "load_average_1min": [load_before, os.getloadavg()[0]],
-            **{f"speedup_{w}": result[f"workers={w}"]["rate_median"] / base for w in counts if w},
+            **{
+                f"speedup_{_label(key)}": r["rate_median"] / base
+                for key, r in result.items()
+                if key != "workers=0"
+            },
         }
     return out
 
@@ -405,12 +421,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         w = results.get("workers", {}).get(name)
         if w:
             speedups = ", ".join(
-                f"{k.split('_')[1]} workers {v:.2f}x"
+                f"{k[len('speedup_') :]} workers {v:.2f}x"
                 for k, v in w.items()
                 if k.startswith("speedup")
             )
             bound = ", ".join(
-                f"{k.split('_')[-1]} workers {v:.2f}x" for k, v in w.items() if k.startswith("cpu_")
+                f"{k[len('cpu_bound_speedup_') :]} workers {v:.2f}x"
+                for k, v in w.items()
+                if k.startswith("cpu_")
             )
             lines.append(
                 f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "

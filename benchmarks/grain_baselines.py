@@ -72,3 +72,11 @@ def map_batch(records: list[dict[str, Any]], batch_size: int, seed: int = 0) -> 
         .to_iter_dataset(READ_OPTIONS)
         .batch(batch_size, drop_remainder=True)
     )
+
+
+def flags_parsed() -> None:
+    """Marks absl flags parsed: Grain's worker processes read one outside ``absl.app.run``."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
