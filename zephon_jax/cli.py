@@ -99,10 +99,31 @@ Runs on all cores (output order does not depend on it), shows progress on
 stderr, and commits periodically: interrupt it (Ctrl-C) and rerun the same
 command to resume where it stopped, with the same result as one run.
 Bad records (invalid JSON, missing field, not UTF-8, ...) are reported with
-file and line and skipped, or stop the job with --strict.""",
+file and line and skipped (the first 20, then a summary by cause), or stop the
+job with --strict; a job that produces no document fails.
+Inputs and OUT may be s3:// or gs:// URLs (endpoint and credentials from the
+standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
+--engine beam runs the conversion as an Apache Beam pipeline (DirectRunner with
+--num-workers, or any runner given by Beam options after `--`, e.g.
+`-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp`);
+its TokenStore is byte-identical to the local engine's.""",
     )
-    prep.add_argument("inputs", nargs="+", help="input files or directories")
-    prep.add_argument("-o", "--output", required=True, help="output directory OUT")
+    prep.add_argument(
+        "inputs", nargs="+", help="input files, directories, globs or s3:// / gs:// URLs"
+    )
+    prep.add_argument("-o", "--output", required=True, help="output directory or URL OUT")
+    prep.add_argument(
+        "--engine",
+        choices=("local", "beam"),
+        default="local",
+        help="local: this machine (default); beam: an Apache Beam pipeline",
+    )
+    prep.add_argument(
+        "--num-workers",
+        type=_positive,
+        default=None,
+        help="--engine beam on DirectRunner: parallel workers (default: Beam's)",
+    )
     prep.add_argument(
         "--to",
         choices=("store", "array_record", "both"),
@@ -204,7 +225,57 @@ Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments.""",
         default=None,
         help="also check a resume after this many batches (default: steps // 2; 0: no resume)",
     )
+    # ----- explain
+    exp = sub.add_parser(
+        "explain",
+        help="which documents made the rows of a global batch",
+        formatter_class=fmt,
+        description="""\
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
+without it, the demo's pipeline on the built-in corpus. Prints, for each row of
+global batch --step (0-based), the documents it holds: source, record, epoch
+and the slice of the record, with the first characters of the text where the
+source can show it. With --state (a file written by zephon_jax.save_state, or
+a checkpoint directory written by zephon_jax.checkpoint.Save), only the batches
+from that state on are produced, and only by the lanes of the rows asked for.""",
+    )
+    exp.add_argument("pipeline", metavar="PIPELINE", nargs="?", help="MODULE:FUNCTION")
+    exp.add_argument("--step", type=_non_negative, required=True, help="the global batch (0-based)")
+    exp.add_argument(
+        "--row", type=_non_negative, action="append", help="a row to explain (repeat; default all)"
+    )
+    exp.add_argument("--state", help="a saved loader state at or before --step")
+    exp.add_argument(
+        "--decode",
+        default=None,
+        help="how to show tokens as text: 'bytes' (the built-in byte tokenizer; the default for "
+        "the demo pipeline) or MODULE:FUNCTION taking a token array",
+    )
     return parser
+
+
+def _cmd_explain(args) -> int:
+    from zephon_jax.explain import explain
+    from zephon_jax.state_file import load_state
+    from zephon_jax.tokenizers import byte_detokenize, load_callable
+
+    if args.pipeline is None:
+        from zephon_jax.demo import DemoConfig, build_pipeline, corpus_sources
+
+        cfg = DemoConfig()
+        batched = build_pipeline(cfg, corpus_sources(cfg))
+        decode = args.decode or "bytes"
+    else:
+        from zephon_jax.inspect_plan import load_pipeline
+
+        batched = load_pipeline(args.pipeline)
+        decode = args.decode
+    decoder = None
+    if decode is not None:
+        decoder = byte_detokenize if decode == "bytes" else load_callable(decode)
+    state = load_state(args.state) if args.state else None
+    print(explain(batched, args.step, rows=args.row, state=state, decode=decoder))
+    return 0
 
 
 def _cmd_demo(args) -> int:
@@ -243,6 +314,11 @@ def _cmd_demo(args) -> int:
 def _cmd_prepare(args) -> int:
     from zephon_jax.prepare import PrepareInterrupted, PrepareOptions, prepare
 
+    if args.engine != "beam" and (args.num_workers is not None or args.beam_args):
+        raise SystemExit(
+            "zephon-jax prepare: --num-workers and `-- BEAM_OPTIONS` need --engine beam"
+        )
+
     opts = PrepareOptions(
         inputs=tuple(args.inputs),
         output=args.output,
@@ -259,8 +335,16 @@ def _cmd_prepare(args) -> int:
         commit_every=args.commit_every,
         overwrite=args.overwrite,
     )
+    stream = None if args.quiet else sys.stderr
     try:
-        summary = prepare(opts, stream=None if args.quiet else sys.stderr)
+        if args.engine == "beam":
+            from zephon_jax.prepare_beam import prepare_beam
+
+            summary = prepare_beam(
+                opts, num_workers=args.num_workers, pipeline_args=args.beam_args, stream=stream
+            )
+        else:
+            summary = prepare(opts, stream=stream)
     except PrepareInterrupted as e:
         print(f"zephon-jax prepare: {e}", file=sys.stderr)
         return 130
@@ -303,13 +387,20 @@ COMMANDS = {
     "prepare": _cmd_prepare,
     "inspect": _cmd_inspect,
     "verify": _cmd_verify,
+    "explain": _cmd_explain,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-jax`` command; returns the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    beam_args: list[str] = []
+    if argv[:1] == ["prepare"] and "--" in argv:  # `prepare ... -- BEAM_PIPELINE_OPTIONS`
+        cut = argv.index("--")
+        argv, beam_args = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.beam_args = beam_args
     if args.command is None:
         parser.print_help()
         return 2
