@@ -154,30 +154,37 @@ def lanes_plot(results: dict[str, Any], path: str) -> str:
 
 
 def workers_plot(results: dict[str, Any], path: str) -> str:
+    """Speed over no workers: zephon_jax's workers, and lanes in Grain's worker processes."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.0), dpi=120)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), dpi=120)
     names = [n for n in ("heavy map", "heavy map + pack") if n in results["workers"]]
-    w = 0.25
-    counts = [int(k.split("=")[1]) for k in results["workers"][names[0]]["sides"]]
-    for k, workers in enumerate(counts):
-        values = [
-            results["workers"][n]["sides"][f"workers={workers}"]["rate_median"]
-            / results["workers"][n]["sides"]["workers=0"]["rate_median"]
-            for n in names
-        ]
+    sides: list[str] = []
+    for n in names:
+        sides += [s for s in results["workers"][n]["sides"] if s not in sides]
+    w = 0.8 / len(sides)
+    for k, side in enumerate(sides):
+        values = []
+        for n in names:
+            r = results["workers"][n]["sides"]
+            values.append(
+                r[side]["rate_median"] / r["workers=0"]["rate_median"] if side in r else 0.0
+            )
+        grain = side.startswith("grain")
         bars = ax.bar(
-            [i + (k - 1) * w for i in range(len(names))],
+            [i + (k - (len(sides) - 1) / 2) * w for i in range(len(names))],
             values,
             w,
-            label=f"{workers} workers",
-            color=ZEPHON,
-            alpha=0.35 + 0.3 * k,
+            label="zephon_jax lanes in Grain's mp_prefetch, workers=2"
+            if grain
+            else side.replace("workers=", "zephon_jax, workers="),
+            color=GRAIN if grain else ZEPHON,
+            alpha=1.0 if grain else 0.35 + 0.65 * k / max(1, len(sides) - 2),
         )
-        _label_bars(ax, bars, "{:.2f}x")
+        _label_bars(ax, [b for b, v in zip(bars, values, strict=True) if v], "{:.2f}x")
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_ylabel("speed over no workers")
-    ax.legend(fontsize=8, frameon=False)
-    ax.margins(y=0.2)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.margins(y=0.25)
     ax.set_title(f"Loader workers on {results['machine']['cpu_count']} cores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -62,7 +62,10 @@ def lanes_table(results: dict[str, Any]) -> str:
 
 def workers_table(results: dict[str, Any]) -> str:
     w = results["workers"]
-    counts = list(next(v for k, v in w.items() if k != "settings")["sides"])
+    counts: list[str] = []
+    for k, v in w.items():
+        if k != "settings":
+            counts += [c for c in v["sides"] if c not in counts]
     lines = [
         "| pipeline | " + " | ".join(counts) + " |",
         "|---|" + "---:|" * len(counts),
@@ -74,6 +77,9 @@ def workers_table(results: dict[str, Any]) -> str:
         base = w[name]["sides"]["workers=0"]["rate_median"]
         cells = []
         for c in counts:
+            if c not in w[name]["sides"]:
+                cells.append("")
+                continue
             rate = w[name]["sides"][c]["rate_median"]
             value = f"{rate / 1e3:.0f} k" if rate < 1e6 else _m(rate)
             cells.append(f"{value} {unit}" + ("" if c == "workers=0" else f" ({rate / base:.2f}x)"))
