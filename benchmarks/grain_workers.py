@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from grain_baselines import flags_parsed  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
-from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run  # noqa: E402
+from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run  # noqa: E402
 
 
 class LaneBlocks(grain.IterDataset):

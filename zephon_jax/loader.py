@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
+from zephon_jax.checks import positive_int
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.state import check_state, lane_bytes, make_state
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
     """Rows ``[i*B/n, (i+1)*B/n)`` of a global batch of ``B`` rows held by process ``i`` of ``n``."""
-    if isinstance(process_count, bool) or not isinstance(process_count, int) or process_count < 1:
-        raise PipelineError(f"process_count must be a positive int; got {process_count!r}")
+    process_count = positive_int(process_count, "process_count")
     if not isinstance(process_index, int) or not 0 <= process_index < process_count:
         raise PipelineError(f"process_index must be in [0, {process_count}); got {process_index!r}")
     if global_batch_size % process_count:
@@ -188,20 +188,23 @@ class LoaderIterator(Iterator[Any]):
         # What provenance() needs about the last batch: its rows' (lane, lineage) pairs,
         # or, from worker processes, the lane snapshots taken just before it.
         self._last_picks: list | None = None
-        self._before_last: Mapping[int, tuple] | None = None
+        self._before_last: Any = None  # snapshots, or a function returning them (workers)
 
     def __next__(self) -> Any:
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
             last_picks = getattr(self._producer, "last_picks", None)
-            before = self._producer.lane_snapshots() if last_picks is None else None
+            # Worker processes keep the snapshots and send them only when asked.
+            lazy = getattr(self._producer, "snapshots_before_last", None)
+            eager = last_picks is None and lazy is None
+            before = self._producer.lane_snapshots() if eager else None
             batch = self._producer.next_batch()
             if not self._all_processes_have(batch is not None):
                 raise StopIteration
             if sharding is not None:
                 batch = sharding.make_global(self.loader.rows, batch)
             self._last_picks = last_picks() if last_picks is not None else None
-            self._before_last = before
+            self._before_last = lazy if lazy is not None else before
             self.step += 1
             return batch
         if self._prefetcher is None:
@@ -236,10 +239,11 @@ class LoaderIterator(Iterator[Any]):
             return rows_provenance(
                 producer.plan, self._last_picks, getattr(producer, "lanes", None)
             )
-        from zephon_jax.batching import RowProducer, encode_snapshots
+        from zephon_jax.rows import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows, agree_on_end=False)
-        lanes = encode_snapshots(self._before_last)
+        before = self._before_last
+        lanes = encode_snapshots(before() if callable(before) else before)
         replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
         replay.next_rows()
         return replay.provenance()

@@ -1,7 +1,7 @@
 """Loader worker processes: lanes split across processes, batches through shared memory.
 
-:class:`WorkerRowProducer` is a :class:`~zephon_jax.batching.Producer`. Worker
-``k`` runs a :class:`~zephon_jax.batching.RowProducer` over a contiguous block
+:class:`WorkerRowProducer` is a :class:`~zephon_jax.rows.Producer`. Worker
+``k`` runs a :class:`~zephon_jax.rows.RowProducer` over a contiguous block
 of the needed lanes, produces up to ``prefetch`` batches ahead into its ring of
 shared-memory slots (:mod:`zephon_jax.shared_slots`) and announces each with a
 :class:`Batch` message. The loader copies each worker's rows into their places
@@ -32,14 +32,14 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from zephon_jax.batching import (
+from zephon_jax.errors import PipelineError, WorkerError
+from zephon_jax.rows import (
     RowProducer,
     checked_rows,
     encode_snapshots,
     lanes_to_run,
     stack_rows,
 )
-from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter
 from zephon_jax.state import lane_bytes
 
@@ -194,7 +194,8 @@ class _WorkerLoop:
         self.generation = 0
         self.index = 0
         self.idle = False  # ended or failed; waits for a restore
-        # Snapshots after each batch the loader may still ask about (from the last freed on).
+        # Snapshots after each batch the loader may still ask about (from the one before the
+        # last freed on).
         self.snapshots: dict[int, Snapshots] = {0: producer.lane_snapshots()}
 
     def make_batch(self) -> None:
@@ -219,8 +220,8 @@ class _WorkerLoop:
         """Carries out ``command``; False to stop."""
         if isinstance(command, Free):
             self.free.append(command.slot)
-            if command.generation == self.generation:
-                for index in [i for i in self.snapshots if i < command.index]:
+            if command.generation == self.generation:  # keep the one before it (provenance)
+                for index in [i for i in self.snapshots if i < command.index - 1]:
                     del self.snapshots[index]
         elif isinstance(command, AskStates):
             if command.generation == self.generation:
@@ -415,7 +416,7 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
 
 
 class WorkerRowProducer:
-    """A :class:`~zephon_jax.batching.Producer` whose lanes run in worker processes.
+    """A :class:`~zephon_jax.rows.Producer` whose lanes run in worker processes.
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
@@ -618,6 +619,16 @@ class WorkerRowProducer:
                 raise
             self._states = states
         return dict(sorted(self._states.items()))
+
+    def snapshots_before_last(self) -> Snapshots:
+        """Each lane's snapshot right before the last batch handed out (for provenance)."""
+        self._check_usable()
+        if self._index < 1:
+            raise PipelineError("no batch was handed out since the start or the last restore")
+        states: Snapshots = {}
+        for worker in self._workers:
+            states.update(self._ask_states(worker, self._index - 1))
+        return dict(sorted(states.items()))
 
     def lane_states(self) -> dict[int, bytes]:
         """Each lane's state right after the last batch handed out (not the workers' own).
