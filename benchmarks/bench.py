@@ -18,8 +18,9 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
   the first batch after ``--steps`` batches (checked equal to the uninterrupted run).
 * ``workers``: a Python-heavy map, alone and before packing, with 0, 1 and 2
-  loader worker processes (records/s, tokens/s); the batches are the same for
-  every worker count.
+  loader worker processes (records/s, tokens/s; the batches are the same for
+  every worker count), with the CPU time per batch of every process, and the
+  same lanes in Grain's own worker processes (``grain_workers.py``).
 
 The sides of a case run interleaved (see ``measure.py``): ratios are between
 medians of windows taken in turns. ``--json`` writes every figure; ``--plots``
