@@ -177,3 +177,52 @@ def close(it: Any) -> None:
     fn = getattr(it, "close", None)
     if fn is not None:
         fn()
+
+
+# ----- one side alone -----------------------------------------------------------------
+
+
+def timing(quick: bool, seconds: float | None) -> tuple[float, float, int]:
+    """(warm-up seconds, window seconds, number of windows) for a single-side benchmark."""
+    if seconds is None:
+        seconds = 1.0 if quick else 8.0
+    windows = 3 if quick else 5
+    warmup = max(0.2, 0.25 * seconds)
+    return warmup, (seconds - warmup) / windows, windows
+
+
+def timed_windows(
+    it: Iterator[Any], count: Counter, *, warmup_s: float, window_s: float, windows: int
+) -> dict[str, Any]:
+    """Pulls from ``it`` for ``warmup_s``, then times ``windows`` windows of ``window_s``.
+
+    ``count(element)`` returns ``(units, aux)``; returns the median rate of units/s,
+    every window's rate, the sums of units and aux, and the first element's time.
+    """
+    t0 = time.perf_counter()
+    next(it)
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup_s:
+        next(it)
+    rates, units_total, aux_total, elements = [], 0.0, 0.0, 0
+    for _ in range(windows):
+        units, start = 0.0, time.perf_counter()
+        while True:
+            u, a = count(next(it))
+            units += u
+            aux_total += a
+            elements += 1
+            now = time.perf_counter()
+            if now - start >= window_s:
+                break
+        rates.append(units / (now - start))
+        units_total += units
+    return {
+        "rate_median": statistics.median(rates),
+        "rates": rates,
+        "units": units_total,
+        "aux": aux_total,
+        "elements": elements,
+        "first_element_s": first_s,
+    }
