@@ -101,6 +101,16 @@ def test_every_operator_has_a_section():
         assert callable(getattr(zj.Dataset, method))
 
 
+@pytest.mark.parametrize("page", ["mixtures.md", "batch_size_rampup.md"])
+def test_schedule_pages_run(page):
+    """The mixture and ramp-up pages' examples, including their assertions, run as written."""
+    blocks = _python_blocks(page)
+    assert len(blocks) >= 2
+    namespace: dict = {"__name__": "docs_example"}
+    for block in blocks:
+        exec(compile(block, page, "exec"), namespace)
+
+
 def test_llm_training_page_runs():
     """The LLM pipeline example (tokenizers trained here) and its resume check run as written."""
     pytest.importorskip("tokenizers")

@@ -190,7 +190,8 @@ PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
 pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
 is importable. Prints the sources and weights, the operators in order with
 their carry bounds, the lanes, the rows per lane and the fingerprint, then runs
---steps global batches on one process and prints where the time goes.""",
+--steps global batches on one process and prints where the time goes and how
+many bytes each operator's carry takes in a lane state.""",
     )
     insp.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
     insp.add_argument(

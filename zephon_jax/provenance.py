@@ -29,9 +29,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.element import Opaque
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Opaque
 from zephon_jax.sampler.resolve import resolve
+from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import source_label
 
 Segment = dict[str, Any]
@@ -52,18 +53,16 @@ class _Piece:
 
 def _through(op: Any, piece: _Piece) -> list[_Piece]:
     """The pieces of ``op``'s inputs that make ``piece`` of one of its outputs."""
-    pieces = getattr(op, "provenance_pieces", None)
-    if pieces is not None:  # the operator says how its outputs map to its inputs
-        return [
-            _Piece(lineage, start, stop, output)
-            for lineage, start, stop, output in pieces(piece.lineage, piece.start, piece.stop)
-        ]
-    if isinstance(piece.lineage, Opaque):
-        return [_Piece(piece.lineage, None, None)]
-    parents = tuple(op.parents(piece.lineage))
-    if parents == (piece.lineage,):  # a one-to-one operator (window_shuffle): same slice
+    lineage = piece.lineage
+    if op.passthrough:  # reordered or delayed, not changed: the same slice
         return [piece]
-    return [_Piece(parent, None, None, piece.output) for parent in parents]
+    if isinstance(lineage, Opaque):
+        return [_Piece(lineage, None, None)]
+    parents, recipe = lineage  # derived: the operator says which slices of which inputs
+    return [
+        _Piece(parent, start, stop, piece.output if output is None else output)
+        for parent, start, stop, output in op.trace(recipe, parents, piece.start, piece.stop)
+    ]
 
 
 def row_pieces(operators: Sequence[Any], lineage: Any) -> list[_Piece]:
@@ -84,15 +83,17 @@ def lane_provenance(
     """
     rows = [row_pieces(plan.operators, lineage) for lineage in lineages]
     positions = sorted(
-        {int(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
+        {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
     )
-    located: dict[int, tuple[int, int, int]] = {}
+    located: dict[Any, tuple[int, int, int]] = {}
     if positions:
-        if locate is None:
+        if locate is not None:
+            found = locate(positions)
+        elif isinstance(plan.sampler, ScheduledMixtureNode):
+            found = locate_roots(plan.sampler, lane, plan.num_lanes, positions)
+        else:
             res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
             found = list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
-        else:
-            found = locate(positions)
         located = dict(zip(positions, found))
     labels = plan.leaf_labels
     out = []
@@ -102,7 +103,7 @@ def lane_provenance(
             if isinstance(p.lineage, Opaque):
                 segment = {"source": None, "label": None, "record": None, "epoch": None}
             else:
-                leaf, record, epoch = located[int(p.lineage)]
+                leaf, record, epoch = located[_root(p.lineage)]
                 segment = {"source": leaf, "label": labels[leaf], "record": record, "epoch": epoch}
             segment["start"], segment["stop"] = p.start, p.stop
             if p.output is not None:
@@ -110,6 +111,12 @@ def lane_provenance(
             segments.append(segment)
         out.append(segments)
     return out
+
+
+def _root(lineage: Any) -> Any:
+    """A root lineage as a dict key: a position, or ``(position, component, sub)`` for a
+    mixture by tokens or with stages."""
+    return lineage if isinstance(lineage, tuple) else int(lineage)
 
 
 def leaf_labels(leaves: Sequence[Any]) -> list[str]:
@@ -153,8 +160,8 @@ def explain_step(
     :meth:`~zephon_jax.LoaderIterator.provenance` returns right after batch
     ``step`` on any topology.
     """
-    from zephon_jax.batching import RowProducer, checked_rows
     from zephon_jax.dataset import BatchedDataset
+    from zephon_jax.rows import RowProducer, checked_rows
     from zephon_jax.state import check_state
 
     if not isinstance(dataset, BatchedDataset):
@@ -164,8 +171,12 @@ def explain_step(
         )
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise PipelineError(f"explain_step(step) needs an int >= 0; got {step!r}")
-    rows = checked_rows(dataset, range(dataset.global_batch_size) if rows is None else rows)
-    producer = RowProducer(dataset, rows)
+    size = dataset.batch_size_at(int(step))
+    rows = checked_rows(dataset, range(size) if rows is None else rows, size)
+    if dataset.is_ramp:  # the rows of other steps have other sizes: produce every row
+        producer = RowProducer(dataset, lambda n: range(n))
+    else:
+        producer = RowProducer(dataset, rows)
     start = 0
     if state is not None:
         check_state(state, dataset.fingerprint())
@@ -182,4 +193,7 @@ def explain_step(
                 f"the pipeline's finite input ends at step {t}, before step {step}: there is no "
                 f"global batch {step}"
             )
+    if dataset.is_ramp:
+        every = producer.provenance()
+        return [every[r] for r in rows]
     return producer.provenance()
