@@ -1221,8 +1221,12 @@ SEQ_LEN = 128
         "md",
         """\
         One pass over `STEPS` global batches on one process shows the schedule at work:
-        the batch grows at `RAMP`, and the share of chat tokens follows the weights of
-        each stage. (A segment is a conversation when it holds a `<|user|>` token.)
+        the batch grows at `RAMP`, and the share of chat tokens in the rows follows the
+        weights of each stage. It follows with a lag: the draws of a lane keep the
+        stage's shares exactly, but a row that was still filling when a stage began
+        holds records drawn before it, and best-fit keeps short conversations in open
+        rows longer than full pieces of text. (A segment is a conversation when it
+        holds a `<|user|>` token.)
         """,
     ),
     (
