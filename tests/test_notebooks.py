@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,62 @@ def test_committed_notebook_matches_its_generator_and_has_outputs(name):
     assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     assert (NOTEBOOKS / name).stat().st_size < 1_500_000
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_notebook_starts_with_the_install_cell(name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == GENERATOR.COLAB_INSTALL.strip("\n")
+    assert 'ZEPHON_JAX_SOURCE = ""' in first.source
+
+
+def _run_install_cell(tmp_path, *, hide_package: bool, source: str = ""):
+    """Runs the install cell as a script; pip may install only into ``tmp_path``, offline.
+
+    ``hide_package`` makes ``zephon_jax`` unimportable, as on a fresh Colab runtime.
+    PIP_TARGET keeps pip away from this environment (and ignores what it has installed),
+    PIP_NO_INDEX stands for a package index that does not have zephon_jax yet.
+    """
+    cell = GENERATOR.COLAB_INSTALL.replace(
+        'ZEPHON_JAX_SOURCE = ""', f"ZEPHON_JAX_SOURCE = {source!r}"
+    )
+    prelude = "import sys\nsys.modules['zephon_jax'] = None\n" if hide_package else ""
+    env = dict(os.environ, PIP_TARGET=str(tmp_path / "target"), PIP_NO_INDEX="1")
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_DEPS="1")
+    return subprocess.run(
+        [sys.executable, "-c", prelude + cell],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
+def test_install_cell_does_nothing_when_the_package_is_present(tmp_path):
+    proc = _run_install_cell(tmp_path, hide_package=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("zephon_jax ") and "is installed" in proc.stdout
+    assert "installing" not in proc.stdout and not (tmp_path / "target").exists()
+
+
+def test_install_cell_without_package_or_source_says_what_to_set(tmp_path):
+    proc = _run_install_cell(tmp_path, hide_package=True)
+    assert proc.returncode == 1
+    assert proc.stdout == "installing zephon_jax ...\n"
+    err = proc.stderr
+    assert "Traceback" not in err
+    assert err.startswith("zephon_jax is missing and pip could not install it")
+    assert "set ZEPHON_JAX_SOURCE in this cell to a wheel path or a VCS URL" in err
+    assert "pip said: ERROR: No matching distribution found for zephon_jax" in err
+
+
+def test_install_cell_names_a_source_that_does_not_install(tmp_path):
+    missing = str(tmp_path / "zephon_jax-0.1.0-py3-none-any.whl")
+    proc = _run_install_cell(tmp_path, hide_package=True, source=missing)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"check ZEPHON_JAX_SOURCE = {missing!r} (a wheel path or a VCS URL)" in proc.stderr
 
 
 @pytest.fixture(scope="module")
