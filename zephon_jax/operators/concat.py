@@ -87,6 +87,10 @@ class ConcatPackOperator(LineageOperator):
     def regenerate(self, lineage, rebuild: Rebuild):
         return self._assemble(lineage, rebuild).emit(0, lineage).data
 
+    def provenance_pieces(self, lineage, start, stop):
+        """A row is its pieces ``(record, start, stop)``, in order."""
+        return [(piece, a, b, None) for piece, a, b in lineage]
+
     def carry_bound(self) -> str:
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"
 

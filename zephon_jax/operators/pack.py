@@ -132,9 +132,9 @@ class RowBuffers:
 class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
-    Carry: at most ``num_bins`` open rows; for a state, only the lineages of the
-    records in them (one pointer per record). A packed row's lineage is the tuple
-    of its records' lineages.
+    Carry: at most ``num_bins`` open rows; for a state, only the pointers of the
+    records in them (``(lineage, 0, length)`` per record). A packed row's lineage
+    is the tuple of its records' pointers, in segment order.
     """
 
     name = "pack"
@@ -177,7 +177,7 @@ class BinPackOperator(LineageOperator):
             if i < 0:
                 i = carry.used.index(max(carry.used))
                 out.append(carry.emit(i, tuple(carry.segments[i])))
-        carry.place(i, data, 0, n, element.lineage, self._arange)
+        carry.place(i, data, 0, n, (element.lineage, 0, n), self._arange)
         if carry.fill_order is not None:
             bisect.insort(carry.fill_order, (carry.used[i], -i))
         return carry, out
@@ -218,31 +218,31 @@ class BinPackOperator(LineageOperator):
             return None
         carry = None
         for i, segments in enumerate(plain):
-            for lineage in segments:
-                data = rebuild(lineage).data
+            for piece in segments:
+                data = rebuild(piece[0]).data
                 if carry is None:
                     carry = self._new_bins(data)
-                carry.place(
-                    i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange
-                )
+                carry.place(i, data, piece[1], piece[2], piece, self._arange)
         return carry
 
     def carry_lineages(self, plain):
-        return [lineage for segments in plain for lineage in segments]
+        return [piece[0] for segments in plain for piece in segments]
 
     def parents(self, lineage):
-        return lineage
+        return tuple(piece[0] for piece in lineage)
 
     def regenerate(self, lineage, rebuild: Rebuild):
         rows = None
-        for segment in lineage:
-            data = rebuild(segment).data
+        for piece in lineage:
+            data = rebuild(piece[0]).data
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(
-                0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange
-            )
+            rows.place(0, data, piece[1], piece[2], piece, self._arange)
         return rows.emit(0, lineage).data
+
+    def provenance_pieces(self, lineage, start, stop):
+        """A row is its records' pieces ``(record, start, stop)``, in segment order."""
+        return [(piece, a, b, None) for piece, a, b in lineage]
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
