@@ -34,6 +34,12 @@ import sys
 
 ZEPHON_JAX_SOURCE = ""
 
+
+class ZephonJaxMissing(Exception):
+    def _render_traceback_(self):  # Jupyter and Colab show this message, no traceback
+        return [f"ZephonJaxMissing: {self}"]
+
+
 if importlib.util.find_spec("zephon_jax") is not None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -44,7 +50,7 @@ if importlib.util.find_spec("zephon_jax") is not None:
 else:
     requirement = ZEPHON_JAX_SOURCE.strip() or "zephon_jax"
     print(f"installing {requirement} ...")
-    pip = [sys.executable, "-m", "pip", "install", "-q", requirement]
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-color", requirement]
     result = subprocess.run(pip, capture_output=True, text=True)
     if result.returncode != 0:
         if ZEPHON_JAX_SOURCE.strip():
@@ -54,10 +60,9 @@ else:
                 "it may not be on the package index yet: set ZEPHON_JAX_SOURCE in this cell "
                 "to a wheel path or a VCS URL and run the cell again"
             )
-        pip_said = (result.stderr.strip().splitlines() or ["(nothing)"])[-1]
-        message = f"zephon_jax is missing and pip could not install it; {hint}."
-        # Stops here with this message and no traceback.
-        raise SystemExit(f"{message} pip said: {pip_said}")
+        pip_said = [line for line in result.stderr.splitlines() if line.strip()] or ["nothing"]
+        message = f"pip could not install it; {hint}. pip said: {pip_said[-1].strip()}"
+        raise ZephonJaxMissing(message)  # stops "run all" here
     importlib.invalidate_caches()
     print(f"installed zephon_jax from {requirement}")
 """
