@@ -193,7 +193,8 @@ demo` (a mixture of the Python standard library's modules and tests, shuffled,
 split and packed first-fit into rows of 1024, batches of 16). Prints the
 sources and weights, the operators in order with their carry bounds, the
 lanes, the rows per lane and the fingerprint, then runs --steps global batches
-on one process and prints where the time goes.""",
+on one process and prints where the time goes and how many bytes each
+operator's carry takes in a lane state.""",
     )
     _add_pipeline_arguments(insp)
     insp.add_argument(

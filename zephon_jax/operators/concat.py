@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.checks import positive_int
+from zephon_jax.lineage import derive
+from zephon_jax.operators.base import LineageOperator, Saved
 from zephon_jax.operators.pack import RowBuffers, record_fields
 
 
 class ConcatPackOperator(LineageOperator):
     """Concat-then-split packing.
 
-    Carry: one open row, held as ``(lineage, start, stop)`` pointers to the
-    record pieces in it (at most ``seq_len`` pieces). A row's lineage is the
-    tuple of its pieces' pointers.
+    Carry: one open row, saved as the records with a piece in it (one pointer
+    each, at most ``seq_len``) and the ``(start, stop)`` bounds of each piece. A
+    row is derived from those records with the bounds as its recipe.
     """
 
     name = "pack"
 
     def __init__(self, seq_len: int):
-        from zephon_jax.errors import PipelineError
-
-        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-            raise PipelineError(f"pack(seq_len) needs a positive int; got {seq_len!r}")
-        self.seq_len = int(seq_len)
+        self.seq_len = positive_int(seq_len, "pack(seq_len)")
+        self.max_held = self.seq_len
         self._arange = np.arange(self.seq_len, dtype=np.int32)
 
     def step(self, carry: RowBuffers | None, element):
@@ -49,50 +48,48 @@ class ConcatPackOperator(LineageOperator):
         start = 0
         while start < n:
             stop = min(n, start + self.seq_len - carry.used[0])
-            carry.place(0, data, start, stop, (element.lineage, start, stop), self._arange)
+            carry.place(0, data, start, stop, (element, start, stop), self._arange)
             start = stop
             if carry.used[0] == self.seq_len:
-                out.append(carry.emit(0, tuple(carry.segments[0])))
+                out.append(_emit(carry))
         return carry, out
 
     def flush(self, carry: RowBuffers | None):
         if carry is None or not carry.used[0]:
             return carry, []
-        return carry, [carry.emit(0, tuple(carry.segments[0]))]
+        return carry, [_emit(carry)]
 
-    def carry_to_plain(self, carry: RowBuffers | None):
-        return None if carry is None else tuple(carry.segments[0])
+    def save(self, carry: RowBuffers | None) -> Saved:
+        if carry is None or not carry.used[0]:
+            return Saved()
+        pieces = carry.segments[0]
+        return Saved(tuple(p[0] for p in pieces), tuple((p[1], p[2]) for p in pieces))
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        if not plain:
+    def load(self, saved: Saved, lane: int) -> RowBuffers | None:
+        if not saved.held:
             return None
-        return self._assemble(plain, rebuild)
-
-    def _assemble(self, pieces, rebuild: Rebuild) -> RowBuffers:
-        rows = None
-        for piece in pieces:
-            lineage, start, stop = piece
-            data = rebuild(lineage).data
-            if rows is None:
-                rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(0, data, start, stop, piece, self._arange)
+        rows = RowBuffers(saved.held[0].data, 1, self.seq_len)
+        for element, (start, stop) in zip(saved.held, saved.aux):
+            rows.place(0, element.data, start, stop, (element, start, stop), self._arange)
         return rows
 
-    def carry_lineages(self, plain):
-        return [piece[0] for piece in plain]
+    def remake(self, recipe, inputs):
+        rows = RowBuffers(inputs[0], 1, self.seq_len)
+        for data, (start, stop) in zip(inputs, recipe):
+            rows.place(0, data, start, stop, None, self._arange)
+        return rows.emit(0)
 
-    def parents(self, lineage):
-        return tuple(piece[0] for piece in lineage)
-
-    def regenerate(self, lineage, rebuild: Rebuild):
-        return self._assemble(lineage, rebuild).emit(0, lineage).data
-
-    def provenance_pieces(self, lineage, start, stop):
+    def trace(self, recipe, parents, start, stop):
         """A row is its pieces ``(record, start, stop)``, in order."""
-        return [(piece, a, b, None) for piece, a, b in lineage]
+        return [(parent, a, b, None) for parent, (a, b) in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"
 
     def describe(self) -> str:
         return f"pack(seq_len={self.seq_len}, method='concat')"
+
+
+def _emit(carry: RowBuffers):
+    pieces = carry.segments[0]
+    return derive(carry.emit(0), [p[0] for p in pieces], tuple((p[1], p[2]) for p in pieces))

@@ -14,12 +14,14 @@ Output follows Grain's packers: every 1-D field ``f`` becomes a row of
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 
-from zephon_jax.element import Element, root_position
-from zephon_jax.errors import PipelineError
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.checks import positive_int
+from zephon_jax.errors import PipelineError, StateError
+from zephon_jax.lineage import derive, root_position
+from zephon_jax.operators.base import LineageOperator, Saved
 
 DEFAULT_NUM_BINS = 32
 _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
@@ -117,8 +119,8 @@ class RowBuffers:
         self.used[i] = end
         self.used_array[i] = end
 
-    def emit(self, i: int, lineage) -> Element:
-        """Returns row ``i`` as a packed element and starts a fresh row in its place."""
+    def emit(self, i: int) -> dict:
+        """Returns row ``i`` as a packed record and starts a fresh row in its place."""
         out = {}
         segment_ids, positions = self.segment_ids[i], self.positions[i]
         for n, (f, row) in enumerate(zip(self.fields, self.values[i])):
@@ -126,15 +128,15 @@ class RowBuffers:
             out[f + "_segment_ids"] = segment_ids if n == 0 else segment_ids.copy()
             out[f + "_positions"] = positions if n == 0 else positions.copy()
         self._new_row(i)
-        return Element(out, lineage)
+        return out
 
 
 class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
-    Carry: at most ``num_bins`` open rows; for a state, only the pointers of the
-    records in them (``(lineage, 0, length)`` per record). A packed row's lineage
-    is the tuple of its records' pointers, in segment order.
+    Carry: at most ``num_bins`` open rows; saved as the records in them (one
+    pointer per record) and each bin's record count. A packed row is derived
+    from its records, with their lengths as the recipe.
     """
 
     name = "pack"
@@ -142,14 +144,12 @@ class BinPackOperator(LineageOperator):
     def __init__(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None):
         if method not in ("first_fit", "best_fit"):
             raise PipelineError(f"unknown pack method {method!r}")
-        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-            raise PipelineError(f"pack(seq_len) needs a positive int; got {seq_len!r}")
-        num_bins = DEFAULT_NUM_BINS if num_bins is None else num_bins
-        if not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-            raise PipelineError(f"pack(num_bins) needs a positive int; got {num_bins!r}")
-        self.seq_len = int(seq_len)
+        self.seq_len = positive_int(seq_len, "pack(seq_len)")
         self.method = method
-        self.num_bins = int(num_bins)
+        self.num_bins = positive_int(
+            DEFAULT_NUM_BINS if num_bins is None else num_bins, "pack(num_bins)"
+        )
+        self.max_held = self.num_bins * self.seq_len
         self._arange = np.arange(self.seq_len, dtype=np.int32)
 
     def _new_bins(self, data) -> RowBuffers:
@@ -176,8 +176,8 @@ class BinPackOperator(LineageOperator):
             i = self._first_fit(carry, self.seq_len - n)
             if i < 0:
                 i = carry.used.index(max(carry.used))
-                out.append(carry.emit(i, tuple(carry.segments[i])))
-        carry.place(i, data, 0, n, (element.lineage, 0, n), self._arange)
+                out.append(self._emit(carry, i))
+        carry.place(i, data, 0, n, element, self._arange)
         if carry.fill_order is not None:
             bisect.insort(carry.fill_order, (carry.used[i], -i))
         return carry, out
@@ -191,8 +191,14 @@ class BinPackOperator(LineageOperator):
         k = bisect.bisect_right(order, (room, 1)) - 1
         i = -order.pop(k if k >= 0 else -1)[1]
         if k < 0:
-            out.append(carry.emit(i, tuple(carry.segments[i])))
+            out.append(self._emit(carry, i))
         return i
+
+    @staticmethod
+    def _emit(carry: RowBuffers, i: int):
+        segments = carry.segments[i]
+        field = carry.fields[0]
+        return derive(carry.emit(i), segments, tuple([len(e.data[field]) for e in segments]))
 
     def _first_fit(self, carry: RowBuffers, room: int) -> int:
         """The lowest bin filled to at most ``room``, or -1."""
@@ -204,45 +210,48 @@ class BinPackOperator(LineageOperator):
     def flush(self, carry: RowBuffers | None):
         if carry is None:
             return carry, []
-        out = [carry.emit(i, tuple(carry.segments[i])) for i, u in enumerate(carry.used) if u]
+        out = [self._emit(carry, i) for i, u in enumerate(carry.used) if u]
         carry.fill_order = None
         return carry, out
 
-    def carry_to_plain(self, carry: RowBuffers | None):
+    def save(self, carry: RowBuffers | None) -> Saved:
         if carry is None:
-            return None
-        return tuple(tuple(segments) for segments in carry.segments)
+            return Saved()
+        held = tuple(itertools.chain.from_iterable(carry.segments))
+        return Saved(held, tuple(map(len, carry.segments)))
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        if plain is None:
+    def load(self, saved: Saved, lane: int) -> RowBuffers | None:
+        if saved.aux is None:
             return None
         carry = None
-        for i, segments in enumerate(plain):
-            for piece in segments:
-                data = rebuild(piece[0]).data
+        held = iter(saved.held)
+        for i, count in enumerate(saved.aux):
+            for _ in range(count):
+                element = next(held)
+                data = element.data
                 if carry is None:
                     carry = self._new_bins(data)
-                carry.place(i, data, piece[1], piece[2], piece, self._arange)
+                n = record_fields(data, self.seq_len, "pack")[1]
+                carry.place(i, data, 0, n, element, self._arange)
         return carry
 
-    def carry_lineages(self, plain):
-        return [piece[0] for segments in plain for piece in segments]
-
-    def parents(self, lineage):
-        return tuple(piece[0] for piece in lineage)
-
-    def regenerate(self, lineage, rebuild: Rebuild):
+    def remake(self, recipe, inputs):
         rows = None
-        for piece in lineage:
-            data = rebuild(piece[0]).data
+        for data, length in zip(inputs, recipe):
             if rows is None:
                 rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(0, data, piece[1], piece[2], piece, self._arange)
-        return rows.emit(0, lineage).data
+            n = record_fields(data, self.seq_len, "pack")[1]
+            if n != length:
+                raise StateError(
+                    f"a record packed with {length} items now has {n}; the sources or the "
+                    "functions before pack changed since the state was taken"
+                )
+            rows.place(0, data, 0, n, None, self._arange)
+        return rows.emit(0)
 
-    def provenance_pieces(self, lineage, start, stop):
-        """A row is its records' pieces ``(record, start, stop)``, in segment order."""
-        return [(piece, a, b, None) for piece, a, b in lineage]
+    def trace(self, recipe, parents, start, stop):
+        """A row is its records, whole, in segment order."""
+        return [(parent, 0, n, None) for parent, n in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
