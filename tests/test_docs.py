@@ -177,3 +177,16 @@ def test_schedule_pages_run(page):
     namespace: dict = {"__name__": "docs_example"}
     for block in blocks:
         exec(compile(block, page, "exec"), namespace)
+
+
+def test_llm_training_page_runs():
+    """The LLM pipeline example (tokenizers trained here) and its resume check run as written."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    blocks = _python_blocks("llm_training.md")
+    assert len(blocks) == 2
+    namespace: dict = {"__name__": "docs_example"}
+    for block in blocks:
+        exec(compile(block, "llm_training.md", "exec"), namespace)
+    assert namespace["dataset"].batch_size_at(0) == 8
+    assert namespace["dataset"].batch_size_at(30) == 16

@@ -147,6 +147,7 @@ def test_notebook_runs(name, monkeypatch, corpus_cache):
     assert not errors
 
 
-def test_headline_figure_is_committed():
-    figure = NOTEBOOKS.parent / "docs" / "_static" / "elastic_resume.png"
-    assert figure.is_file() and figure.stat().st_size > 10_000
+@pytest.mark.parametrize("figure", ["elastic_resume.png", "llm_sft_eval.png"])
+def test_docs_figures_are_committed(figure):
+    path = NOTEBOOKS.parent / "docs" / "_static" / figure
+    assert path.is_file() and path.stat().st_size > 10_000
