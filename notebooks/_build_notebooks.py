@@ -24,12 +24,47 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 
 COLAB_INSTALL = """\
-# In Colab, install zephon_jax first; elsewhere it is expected to be installed.
+# Installs zephon_jax only when it is missing (in Colab, for example): from the package
+# index once it is released there; until then from ZEPHON_JAX_SOURCE, a wheel path
+# ("/content/zephon_jax-0.1.0-py3-none-any.whl") or a VCS URL
+# ("git+https://github.com/OWNER/zephon_jax"). Set it below and run this cell.
+import importlib.util
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "zephon_jax"], check=True)
+ZEPHON_JAX_SOURCE = ""
+
+
+class ZephonJaxMissing(Exception):
+    def _render_traceback_(self):  # Jupyter and Colab show this message, no traceback
+        return [f"ZephonJaxMissing: {self}"]
+
+
+if importlib.util.find_spec("zephon_jax") is not None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        print(f"zephon_jax {version('zephon_jax')} is installed")
+    except PackageNotFoundError:
+        print("zephon_jax is importable from", importlib.util.find_spec("zephon_jax").origin)
+else:
+    requirement = ZEPHON_JAX_SOURCE.strip() or "zephon_jax"
+    print(f"installing {requirement} ...")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-color", requirement]
+    result = subprocess.run(pip, capture_output=True, text=True)
+    if result.returncode != 0:
+        if ZEPHON_JAX_SOURCE.strip():
+            hint = f"check ZEPHON_JAX_SOURCE = {ZEPHON_JAX_SOURCE!r} (a wheel path or a VCS URL)"
+        else:
+            hint = (
+                "it may not be on the package index yet: set ZEPHON_JAX_SOURCE in this cell "
+                "to a wheel path or a VCS URL and run the cell again"
+            )
+        pip_said = [line for line in result.stderr.splitlines() if line.strip()] or ["nothing"]
+        message = f"pip could not install it; {hint}. pip said: {pip_said[-1].strip()}"
+        raise ZephonJaxMissing(message)  # stops "run all" here
+    importlib.invalidate_caches()
+    print(f"installed zephon_jax from {requirement}")
 """
 
 
@@ -68,6 +103,8 @@ QUICKSTART = [
     (
         "code",
         """\
+        import sys
+
         import jax
         import numpy as np
         import orbax.checkpoint as ocp
@@ -89,13 +126,14 @@ QUICKSTART = [
         Any random-access source works (`__len__` and `__getitem__`): a list of dicts,
         a `grain.sources.ArrayRecordDataSource`, or a `TokenStore`. The built-in corpus
         is the Python standard library's own source files, tokenized byte-level into a
-        `TokenStore`, so this runs offline. It is prepared once and cached.
+        `TokenStore`, so this runs offline. It is prepared on first use (about ten
+        seconds, with a progress bar) and read from a cache afterwards.
         """,
     ),
     (
         "code",
         """\
-        source = builtin_corpus()
+        source = builtin_corpus(stream=sys.stdout)  # progress while it is prepared
         print(f"{len(source)} documents, {source.num_tokens:,} tokens")
         print(byte_detokenize(source[0]["tokens"][:200]))
         """,
@@ -282,6 +320,8 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
     (
         "code",
         """\
+        import sys
+
         import grain
         import grain.experimental
         import jax
@@ -294,7 +334,8 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
         from zephon_jax.corpus import builtin_corpus
 
         print(len(jax.devices()), "devices")
-        source = builtin_corpus()  # the standard library's sources, byte-level tokens
+        # The standard library's sources, byte-level tokens; prepared on first use, with progress.
+        source = builtin_corpus(stream=sys.stdout)
         print(f"{len(source)} documents, {source.num_tokens:,} tokens")
         """,
     ),
@@ -707,6 +748,7 @@ PACKING = [
     (
         "code",
         """\
+        import sys
         import time
 
         import matplotlib.pyplot as plt
@@ -716,7 +758,8 @@ PACKING = [
         from zephon_jax.corpus import builtin_sources
         from zephon_jax.tokenizers import BYTE_OFFSET
 
-        sources = builtin_sources()  # {"library": TokenStore, "tests": TokenStore}
+        # {"library": TokenStore, "tests": TokenStore}; prepared on first use, with progress.
+        sources = builtin_sources(stream=sys.stdout)
         for name, store in sources.items():
             print(f"{name:8s} {len(store):5d} files {store.num_tokens:12,d} tokens")
         """,
