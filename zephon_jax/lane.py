@@ -17,6 +17,7 @@ import numpy as np
 from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
+from zephon_jax.operators.packing import plain as plain_record
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
@@ -55,8 +56,10 @@ def apply_transforms(transforms, data, lane: int, stage: int, lineage) -> Any:
     """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
 
     A transform that raises is reported as ``_TransformFailed`` naming it, with
-    the original exception chained.
+    the original exception chained. Packed rows reach user functions as plain dicts.
     """
+    if transforms:
+        data = plain_record(data)
     for transform in transforms:
         try:
             data = transform.apply(data, (lane, stage, lineage))

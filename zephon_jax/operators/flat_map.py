@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable
 
 from zephon_jax.element import Element
 from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.operators.packing import plain
 
 
 class FlatMapOperator(LineageOperator):
@@ -28,7 +29,7 @@ class FlatMapOperator(LineageOperator):
         self.fn_name = callable_name(fn)
 
     def step(self, carry, element):
-        outputs = self._fn(element.data)
+        outputs = self._fn(plain(element.data))
         return carry, [Element(out, (element.lineage, m)) for m, out in enumerate(outputs)]
 
     def parents(self, lineage):
@@ -36,7 +37,7 @@ class FlatMapOperator(LineageOperator):
 
     def regenerate(self, lineage, rebuild: Rebuild):
         parent, m = lineage
-        for i, out in enumerate(self._fn(rebuild(parent).data)):
+        for i, out in enumerate(self._fn(plain(rebuild(parent).data))):
             if i == m:
                 return out
         raise RuntimeError(

@@ -1,251 +1,200 @@
 """``pack``: bin packing of variable-length records into fixed-length rows.
 
 ``first_fit`` and ``best_fit`` keep ``num_bins`` open rows per lane. A record
-goes into the first (``first_fit``) or the tightest (``best_fit``) open row it
+goes into the lowest (``first_fit``) or the fullest (``best_fit``) open row it
 fits; when it fits none, the fullest row is emitted and the record starts a
-new one there. Records are never cut, so a record longer than ``seq_len``
-raises (put ``split(seq_len)`` before ``pack``).
+new one there. A row is emitted as soon as it is full or holds
+``max_segments`` records. Records are never cut, so a record longer than
+``seq_len`` raises (put ``split(seq_len)`` before ``pack``); empty records are
+dropped.
 
-Output follows Grain's packers: every 1-D field ``f`` becomes a row of
-``seq_len`` (zero padded) plus ``f_segment_ids`` (1-based, 0 = padding) and
-``f_positions`` (0-based within each segment), int32.
+Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
+records and the records' lineages. Rows are assembled once, straight into the
+batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
 """
 
 from __future__ import annotations
 
 import bisect
+from typing import Any, Mapping
 
 import numpy as np
 
-from zephon_jax.element import Element, root_position
-from zephon_jax.errors import PipelineError
+from zephon_jax.element import Element
+from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.operators.packing import PackedRow, PackSpec, check_positive
 
 DEFAULT_NUM_BINS = 32
+METHODS = ("first_fit", "best_fit")
 _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
 
 
-def record_fields(data, seq_len: int, op: str) -> tuple[tuple[str, ...], int]:
-    """Validates a record for packing; returns its field names and length."""
-    if not isinstance(data, dict) or not data:
-        raise PipelineError(
-            f"{op} needs records that are dicts of 1-D arrays (e.g. {{'tokens': array}}); "
-            f"got {type(data).__name__}"
-        )
-    n = -1
-    for f, v in data.items():
-        if not isinstance(v, np.ndarray) or v.ndim != 1:
-            raise PipelineError(
-                f"{op} needs every field to be a 1-D numpy array; field {f!r} is "
-                f"{type(v).__name__} with shape {np.shape(v)}; drop or convert it with a map"
-            )
-        if n >= 0 and len(v) != n:
-            raise PipelineError(
-                f"{op} needs all fields of a record to have the same length; got {n} and "
-                f"{len(v)} (field {f!r}); pack fields of different lengths in separate pipelines"
-            )
-        n = len(v)
-    return tuple(data), n
+class Bins:
+    """The open rows of one lane: their pieces, lineages and fills.
 
-
-def too_long(n: int, seq_len: int, op: str, lineage) -> PipelineError:
-    return PipelineError(
-        f"a record of {n} items (lane-local position {root_position(lineage)}) reached "
-        f"{op} with seq_len={seq_len}; records must fit a row: add .split({seq_len}) before "
-        f".pack(...), or raise seq_len"
-    )
-
-
-class RowBuffers:
-    """``rows`` zero-padded rows of ``seq_len`` per field, with segment ids and positions.
-
-    Each row is its own set of arrays: emitting a row hands them out and starts
-    fresh zero rows, so nothing is copied or cleared.
+    ``lineages[i]`` is an immutable tuple shared with the saved form, so a
+    snapshot copies nothing that did not change.
     """
 
-    __slots__ = (
-        "fields",
-        "dtypes",
-        "seq_len",
-        "values",
-        "segment_ids",
-        "positions",
-        "used",
-        "used_array",
-        "segments",
-        "fill_order",
-    )
+    __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "saved")
 
-    def __init__(self, data: dict, rows: int, seq_len: int):
-        self.fields = tuple(data)
-        self.dtypes = tuple(data[f].dtype for f in self.fields)
-        self.seq_len = seq_len
-        self.values: list[list[np.ndarray]] = []
-        self.segment_ids: list[np.ndarray] = []
-        self.positions: list[np.ndarray] = []
-        self.used = [0] * rows
-        self.used_array = np.zeros(rows, np.int64)  # the same, for vectorized bin choice
-        self.segments: list[list] = [[] for _ in range(rows)]
-        self.fill_order: list[tuple[int, int]] | None = None  # see BinPackOperator
-        for _ in range(rows):
-            self._new_row()
+    def __init__(self, num_bins: int):
+        self.fields: tuple[str, ...] | None = None
+        self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.lineages: list[tuple] = [()] * num_bins
+        self.fill = [0] * num_bins
+        # The same fills, for a vectorized first-fit scan over many bins.
+        self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
+        self.order: list[tuple[int, int]] | None = None  # best_fit: sorted (fill, -bin)
+        self.saved: tuple | None = None  # the saved form, until a bin changes
 
-    def _new_row(self, i: int | None = None) -> None:
-        row = [np.zeros(self.seq_len, dtype) for dtype in self.dtypes]
-        segment_ids = np.zeros(self.seq_len, np.int32)
-        positions = np.zeros(self.seq_len, np.int32)
-        if i is None:
-            self.values.append(row)
-            self.segment_ids.append(segment_ids)
-            self.positions.append(positions)
-        else:
-            self.values[i], self.segment_ids[i], self.positions[i] = row, segment_ids, positions
-            self.used[i] = 0
-            self.used_array[i] = 0
-            self.segments[i] = []
+    def add(self, i: int, piece: tuple, lineage: Any, n: int) -> None:
+        self.pieces[i].append(piece)
+        self.lineages[i] = self.lineages[i] + (lineage,)
+        self.fill[i] += n
+        if self.fill_array is not None:
+            self.fill_array[i] = self.fill[i]
+        self.saved = None
 
-    def place(self, i: int, data: dict, start: int, stop: int, segment, arange: np.ndarray):
-        """Appends ``data[f][start:stop]`` for every field to row ``i``."""
-        off = self.used[i]
-        end = off + stop - start
-        for f, row in zip(self.fields, self.values[i]):
-            row[off:end] = data[f][start:stop]
-        segments = self.segments[i]
-        segments.append(segment)
-        self.segment_ids[i][off:end] = len(segments)
-        self.positions[i][off:end] = arange[: stop - start]
-        self.used[i] = end
-        self.used_array[i] = end
-
-    def emit(self, i: int, lineage) -> Element:
-        """Returns row ``i`` as a packed element and starts a fresh row in its place."""
-        out = {}
-        segment_ids, positions = self.segment_ids[i], self.positions[i]
-        for n, (f, row) in enumerate(zip(self.fields, self.values[i])):
-            out[f] = row
-            out[f + "_segment_ids"] = segment_ids if n == 0 else segment_ids.copy()
-            out[f + "_positions"] = positions if n == 0 else positions.copy()
-        self._new_row(i)
-        return Element(out, lineage)
+    def emit(self, i: int, spec: PackSpec) -> Element:
+        """Bin ``i`` as a packed row (its lineage: its records' lineages); empties the bin."""
+        element = Element(PackedRow(spec, self.fields, self.pieces[i]), self.lineages[i])
+        self.pieces[i] = []
+        self.lineages[i] = ()
+        self.fill[i] = 0
+        if self.fill_array is not None:
+            self.fill_array[i] = 0
+        self.saved = None
+        return element
 
 
 class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
-    Carry: at most ``num_bins`` open rows; for a state, only the lineages of the
-    records in them (one pointer per record). A packed row's lineage is the tuple
-    of its records' lineages.
+    Carry: at most ``num_bins`` open rows, each a list of pointers to the
+    records in it; saved as one lineage per record. Memory per lane does not
+    depend on ``seq_len`` x ``num_bins``, only on the records the bins hold.
     """
 
     name = "pack"
 
-    def __init__(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None):
-        if method not in ("first_fit", "best_fit"):
-            raise PipelineError(f"unknown pack method {method!r}")
-        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-            raise PipelineError(f"pack(seq_len) needs a positive int; got {seq_len!r}")
-        num_bins = DEFAULT_NUM_BINS if num_bins is None else num_bins
-        if not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-            raise PipelineError(f"pack(num_bins) needs a positive int; got {num_bins!r}")
-        self.seq_len = int(seq_len)
+    def __init__(
+        self,
+        seq_len: int,
+        method: str = "best_fit",
+        num_bins: int | None = None,
+        max_segments: int | None = None,
+        dtypes: Mapping[str, Any] | None = None,
+    ):
+        if method not in METHODS:
+            raise PipelineError(f"unknown pack method {method!r}; use one of {METHODS}")
         self.method = method
-        self.num_bins = int(num_bins)
-        self._arange = np.arange(self.seq_len, dtype=np.int32)
+        self.num_bins = check_positive(
+            DEFAULT_NUM_BINS if num_bins is None else num_bins, "pack(num_bins)"
+        )
+        self.spec = PackSpec(seq_len, f"pack(method={method!r})", dtypes, max_segments)
+        self.seq_len = self.spec.seq_len
 
-    def _new_bins(self, data) -> RowBuffers:
-        return RowBuffers(data, self.num_bins, self.seq_len)
-
-    def step(self, carry: RowBuffers | None, element):
-        data = element.data
-        fields, n = record_fields(data, self.seq_len, "pack")
-        if n > self.seq_len:
-            raise too_long(n, self.seq_len, f"pack(method={self.method!r})", element.lineage)
+    def step(self, carry: Bins | None, element: Element):
+        spec = self.spec
+        fields, arrays, n = spec.record(element.data, element.lineage)
+        if n > spec.seq_len:
+            raise spec.too_long(n, element.lineage)
         if n == 0:
             return carry, []
         if carry is None:
-            carry = self._new_bins(data)
+            carry = Bins(self.num_bins)
+        if carry.fields is None:
+            carry.fields = fields
         elif fields != carry.fields:
             raise PipelineError(
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        out = []
+        out: list[Element] = []
+        room = spec.seq_len - n
         if self.method == "best_fit":
-            i = self._best_fit(carry, self.seq_len - n, out)
+            i = self._best_fit(carry, room)
         else:
-            i = self._first_fit(carry, self.seq_len - n)
-            if i < 0:
-                i = carry.used.index(max(carry.used))
-                out.append(carry.emit(i, tuple(carry.segments[i])))
-        carry.place(i, data, 0, n, element.lineage, self._arange)
-        if carry.fill_order is not None:
-            bisect.insort(carry.fill_order, (carry.used[i], -i))
+            i = self._first_fit(carry, room)
+        if carry.fill[i] > room:  # fits no bin: the fullest one goes out
+            out.append(carry.emit(i, spec))
+        carry.add(i, (arrays, 0, n), element.lineage, n)
+        if carry.fill[i] == spec.seq_len or len(carry.pieces[i]) == spec.max_segments:
+            out.append(carry.emit(i, spec))
+        if carry.order is not None:
+            bisect.insort(carry.order, (carry.fill[i], -i))
         return carry, out
 
-    def _best_fit(self, carry: RowBuffers, room: int, out: list) -> int:
-        """Takes the fullest bin filled to at most ``room`` (else emits the fullest bin) out
-        of the fill order and returns its index; ties go to the lowest index."""
-        order = carry.fill_order
-        if order is None:  # kept sorted by (fill, -bin) from here on; rebuilt after restore
-            order = carry.fill_order = sorted((u, -i) for i, u in enumerate(carry.used))
+    def _best_fit(self, carry: Bins, room: int) -> int:
+        """Takes the fullest bin filled to at most ``room`` (else the fullest bin) out of
+        the fill order and returns its index; ties go to the lowest index."""
+        order = carry.order
+        if order is None:  # kept sorted from here on; rebuilt after a restore or flush
+            order = carry.order = sorted((u, -i) for i, u in enumerate(carry.fill))
         k = bisect.bisect_right(order, (room, 1)) - 1
-        i = -order.pop(k if k >= 0 else -1)[1]
-        if k < 0:
-            out.append(carry.emit(i, tuple(carry.segments[i])))
-        return i
+        return -order.pop(k if k >= 0 else -1)[1]
 
-    def _first_fit(self, carry: RowBuffers, room: int) -> int:
-        """The lowest bin filled to at most ``room``, or -1."""
-        if self.num_bins <= _SCAN_IN_PYTHON:
-            return next((j for j, u in enumerate(carry.used) if u <= room), -1)
-        fits = carry.used_array <= room
-        return int(fits.argmax()) if fits.any() else -1
+    def _first_fit(self, carry: Bins, room: int) -> int:
+        """The lowest bin filled to at most ``room``, else the (lowest) fullest bin."""
+        if carry.fill_array is None:
+            i = next((j for j, u in enumerate(carry.fill) if u <= room), -1)
+        else:
+            fits = carry.fill_array <= room
+            i = int(fits.argmax()) if fits.any() else -1
+        return i if i >= 0 else carry.fill.index(max(carry.fill))
 
-    def flush(self, carry: RowBuffers | None):
+    def flush(self, carry: Bins | None):
         if carry is None:
             return carry, []
-        out = [carry.emit(i, tuple(carry.segments[i])) for i, u in enumerate(carry.used) if u]
-        carry.fill_order = None
+        out = [carry.emit(i, self.spec) for i, u in enumerate(carry.fill) if u]
+        carry.order = None
         return carry, out
 
-    def carry_to_plain(self, carry: RowBuffers | None):
+    def carry_to_plain(self, carry: Bins | None):
         if carry is None:
             return None
-        return tuple(tuple(segments) for segments in carry.segments)
+        if carry.saved is None:
+            carry.saved = tuple(carry.lineages)
+        return carry.saved
 
     def carry_from_plain(self, plain, lane, rebuild: Rebuild):
         if plain is None:
             return None
-        carry = None
-        for i, segments in enumerate(plain):
-            for lineage in segments:
-                data = rebuild(lineage).data
-                if carry is None:
-                    carry = self._new_bins(data)
-                carry.place(
-                    i, data, 0, record_fields(data, self.seq_len, "pack")[1], lineage, self._arange
-                )
+        if not isinstance(plain, tuple) or len(plain) != self.num_bins:
+            raise StateError(
+                f"lane {lane}: the state's pack carry is not {self.num_bins} bins of record "
+                "pointers; it was written by another pipeline or altered"
+            )
+        carry = Bins(self.num_bins)
+        for i, lineages in enumerate(plain):
+            for lineage in lineages:
+                fields, arrays, n = self.spec.record(rebuild(lineage).data, lineage)
+                if carry.fields is None:
+                    carry.fields = fields
+                carry.add(i, (arrays, 0, n), lineage, n)
+        carry.saved = plain
         return carry
 
     def carry_lineages(self, plain):
-        return [lineage for segments in plain for lineage in segments]
+        return [lineage for lineages in plain for lineage in lineages]
 
     def parents(self, lineage):
         return lineage
 
     def regenerate(self, lineage, rebuild: Rebuild):
-        rows = None
+        fields, pieces = None, []
         for segment in lineage:
-            data = rebuild(segment).data
-            if rows is None:
-                rows = RowBuffers(data, 1, self.seq_len)
-            rows.place(
-                0, data, 0, record_fields(data, self.seq_len, "pack")[1], segment, self._arange
-            )
-        return rows.emit(0, lineage).data
+            fields, arrays, n = self.spec.record(rebuild(segment).data, segment)
+            pieces.append((arrays, 0, n))
+        return PackedRow(self.spec, fields, pieces)
 
     def carry_bound(self) -> str:
-        return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
+        return f"{self.num_bins} open rows of {self.seq_len} (held as pointers, one per record)"
 
     def describe(self) -> str:
-        return f"pack(seq_len={self.seq_len}, method={self.method!r}, num_bins={self.num_bins})"
+        return (
+            f"pack(seq_len={self.seq_len}, method={self.method!r}, num_bins={self.num_bins}"
+            f"{self.spec.describe()})"
+        )
