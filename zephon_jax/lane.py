@@ -26,7 +26,10 @@ _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
 # 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
 LANE_FORMAT = 2
+# Records a lane reads ahead per block: larger blocks cost less per record; the bound
+# on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
+_MAX_AHEAD_ALL_LANES = 16384
 
 
 class LanePlan:
@@ -42,6 +45,7 @@ class LanePlan:
         self.num_operators = len(self.operators)
         # A lane whose filters drop this many records in a row would likely wait forever.
         self.max_dropped_in_a_row = 16 * sum(leaf.size for leaf in self.leaves) + 100_000
+        self.max_ahead = max(16, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
 
 
 class _TransformFailed(Exception):
@@ -166,10 +170,10 @@ class Lane:
         )
 
     def _read_ahead(self) -> None:
-        """Reads the next block of positions (growing blocks, up to ``_MAX_AHEAD``)."""
+        """Reads the next block of positions (growing blocks, up to ``plan.max_ahead``)."""
         start = self.next_position
         count = self._ahead_size
-        self._ahead_size = min(_MAX_AHEAD, self._ahead_size * 2)
+        self._ahead_size = min(self.plan.max_ahead, self._ahead_size * 2)
         self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
 
     # ----- running operators --------------------------------------------------------

@@ -223,8 +223,8 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
     out_dtypes = [spec.dtype(f) for f in fields]
     zeros = [spec.zeros(d) for d in out_dtypes]
     parts: list[list[np.ndarray]] = [[] for _ in fields]
-    lengths: list[int] = []
-    segments: list[int] = []
+    lengths: list[int] = []  # of every piece, padding included
+    segments: list[int] = []  # segment id of every piece (0: padding)
     single = len(fields) == 1
     values0 = parts[0]
     for row in rows:
@@ -244,13 +244,10 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
             lengths.append(seq_len - used)
             segments.append(0)
     shape = (len(rows), seq_len)
-    count = np.asarray(lengths, np.int64)
-    segment_ids = np.repeat(np.asarray(segments, np.int32), count)
-    starts = np.cumsum(count) - count
-    positions = np.arange(shape[0] * seq_len, dtype=np.int64) - np.repeat(starts, count)
-    positions = positions.astype(np.int32)
-    positions[segment_ids == 0] = 0
-    segment_ids, positions = segment_ids.reshape(shape), positions.reshape(shape)
+    count = np.asarray(lengths, np.intp)
+    segment = np.asarray(segments, np.int32)
+    segment_ids = np.repeat(segment, count).reshape(shape)
+    positions = _positions(segment, count).reshape(shape)
     batch = {}
     for n, (f, values, dtype) in enumerate(zip(fields, parts, out_dtypes)):
         batch[f] = _concatenate(values, dtype, f, spec).reshape(shape)
@@ -259,10 +256,31 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
     return batch
 
 
+def _positions(segment: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """0, 1, ... within every piece and 0 on padding, as one cumulative sum.
+
+    The increments are 1 inside pieces and 0 inside padding; at the start of
+    each piece they take the running sum back to 1 (so that sum - 1 is 0).
+    """
+    real = (segment != 0).astype(np.int32)
+    steps = np.repeat(real, count)
+    starts = np.cumsum(count) - count
+    end = np.where(real == 1, count, 1)  # running sum at the end of each piece
+    reset = np.ones(len(count), np.int64)
+    reset[1:] -= end[:-1]
+    steps[starts] = reset
+    np.cumsum(steps, out=steps)
+    steps -= 1
+    return steps
+
+
 def _concatenate(values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec):
     """``np.concatenate(values)`` as ``dtype``, raising where a value would change."""
+    sources = {v.dtype for v in values}
+    if sources == {dtype}:
+        return np.concatenate(values)
     out = np.concatenate(values, dtype=dtype, casting="unsafe")
-    unsafe = {v.dtype for v in values} - {dtype}
+    unsafe = sources - {dtype}
     unsafe = {d for d in unsafe if not np.can_cast(d, dtype, "safe")}
     for source in unsafe:
         _check_cast(np.concatenate([v for v in values if v.dtype == source]), dtype, field, spec)
