@@ -29,7 +29,7 @@ LANE_FORMAT = 2
 # Records a lane reads ahead per block: larger blocks cost less per record; the bound
 # on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
-_MAX_AHEAD_ALL_LANES = 16384
+_MAX_AHEAD_ALL_LANES = 65536
 
 
 class LanePlan:
@@ -45,7 +45,7 @@ class LanePlan:
         self.num_operators = len(self.operators)
         # A lane whose filters drop this many records in a row would likely wait forever.
         self.max_dropped_in_a_row = 16 * sum(leaf.size for leaf in self.leaves) + 100_000
-        self.max_ahead = max(16, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
+        self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
 
 
 class _TransformFailed(Exception):

@@ -84,6 +84,13 @@ class PackSpec:
 
     def record(self, data: Any, lineage: Any) -> tuple[tuple[str, ...], tuple, int]:
         """Validates one record; returns its field names, arrays and length."""
+        if type(data) is dict and len(data) == 1:  # the common case, checked quickly
+            ((f, v),) = data.items()
+            if type(v) is np.ndarray and v.ndim == 1:
+                fields = (f,)
+                if fields not in self._checked:
+                    self._check_names(fields)
+                return fields, (v,), len(v)
         if not isinstance(data, Mapping) or not data:
             raise PipelineError(
                 f"{self.op} needs records that are dicts of 1-D arrays (e.g. {{'tokens': "
