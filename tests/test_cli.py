@@ -89,7 +89,7 @@ def test_help_is_complete(capsys):
     out = subprocess.run(
         ["zephon-jax", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for command in ("demo", "prepare", "inspect", "verify"):
+    for command in ("demo", "prepare", "inspect", "verify", "explain"):
         assert command in out
     expected = {
         "demo": ["--steps", "--quick", "--devices", "--devices-per-host", "--resume-at"],
@@ -105,6 +105,7 @@ def test_help_is_complete(capsys):
         ],
         "inspect": ["MODULE:FUNCTION", "--steps", "carry bounds"],
         "verify": ["--topologies", "--resume-at", "--steps", "Exit status"],
+        "explain": ["--step", "--row", "--state", "--decode", "checkpoint directory"],
     }
     for command, words in expected.items():
         with pytest.raises(SystemExit) as exit_info:
@@ -119,6 +120,7 @@ def test_help_is_complete(capsys):
         "prepare",
         "inspect",
         "verify",
+        "explain",
     }
 
 

@@ -81,6 +81,15 @@ def test_custom_operator_page_runs():
     assert namespace["reference"] and len(namespace["reference"]) == 10
 
 
+def test_debugging_page_runs(tmp_path, monkeypatch, capsys):
+    """The loss-spike page's examples run as written and print the segments."""
+    blocks = _python_blocks("debugging_loss_spikes.md")
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "debugging_loss_spikes.md", "exec"), {"__name__": "docs_example"})
+    assert "'label': " in capsys.readouterr().out
+
+
 def test_every_operator_has_a_section():
     headings = [
         line for line in (DOCS / "operators.md").read_text().splitlines() if line.startswith("## ")

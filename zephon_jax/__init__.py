@@ -16,7 +16,9 @@ from zephon_jax.errors import (
 )
 from zephon_jax.loader import Loader, LoaderIterator
 from zephon_jax.operators import LineageOperator, Operator
+from zephon_jax.provenance import explain_step
 from zephon_jax.state import merge_states
+from zephon_jax.state_file import load_state, save_state
 
 __version__ = "0.1.0"
 
@@ -45,7 +47,10 @@ __all__ = [
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "explain_step",
+    "load_state",
     "merge_states",
+    "save_state",
 ]
 
 # Command-line tools and interop, also imported on first use (zephon_jax.prepare, ...).

@@ -117,6 +117,8 @@ class RowProducer:
         self._picks = [(r // per_lane, r % per_lane) for r in self.rows]
         # The error that interrupted a batch: the lanes are then part-way through it.
         self._failure: BaseException | None = None
+        # (lane, lineage) of each row of the last batch, for provenance.
+        self._last: list[tuple[int, Any]] | None = None
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -142,8 +144,26 @@ class RowProducer:
             self._failure = e
             raise
         if any(elements is None for elements in taken.values()):
+            self._last = None
             return None
-        return [taken[l][i].data for l, i in self._picks]
+        picked = [taken[l][i] for l, i in self._picks]
+        self._last = [(l, element.lineage) for (l, _), element in zip(self._picks, picked)]
+        return [element.data for element in picked]
+
+    def last_picks(self) -> list[tuple[int, Any]] | None:
+        """``(lane, lineage)`` of each row of the last batch (None before the first)."""
+        return self._last
+
+    def provenance(self) -> list[list[dict]]:
+        """The documents behind each row of the last batch (see :mod:`zephon_jax.provenance`)."""
+        from zephon_jax.provenance import rows_provenance
+
+        if self._last is None:
+            raise PipelineError(
+                "provenance() describes the last batch returned, and there is none yet (or the "
+                "input ended): call next() first"
+            )
+        return rows_provenance(self.plan, self._last, self.lanes)
 
     def next_batch(self) -> Any:
         rows = self.next_rows()
@@ -172,3 +192,4 @@ class RowProducer:
             lanes[l].set_state(blob)
         self.lanes = lanes
         self._failure = None
+        self._last = None

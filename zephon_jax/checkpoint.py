@@ -22,22 +22,17 @@ import dataclasses
 import json
 from typing import Any
 
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from zephon_jax.errors import StateError
 from zephon_jax.loader import LoaderIterator
-from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
-
-CHECKPOINT_FORMAT = "zephon_jax.checkpoint"
-CHECKPOINT_VERSION = 1
-META_FILE = "meta.json"
-
-
-def lane_file(lane: int) -> str:
-    """The name of lane ``lane``'s file in a checkpoint item directory."""
-    return f"lane_{lane:05d}.bin"
+from zephon_jax.state_file import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    META_FILE,
+    lane_file,
+    read_checkpoint_item,
+)
 
 
 def _check_iterator(iterator: Any, what: str) -> LoaderIterator:
@@ -110,44 +105,9 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         incomplete.
         """
         iterator = _check_iterator(args.iterator, "Restore")
-        directory = epath.Path(directory)
-        meta_path = directory / META_FILE
-        if not meta_path.exists():
-            raise StateError(
-                f"{meta_path} is missing: the checkpoint item was not written by "
-                "zephon_jax.checkpoint.Save or is incomplete"
-            )
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise StateError(
-                f"{meta_path} is not a zephon_jax checkpoint (format {meta.get('format')!r})"
-            )
-        if int(meta.get("version", -1)) != CHECKPOINT_VERSION:
-            raise StateError(
-                f"{meta_path} has checkpoint version {meta.get('version')!r}; this zephon_jax reads "
-                f"version {CHECKPOINT_VERSION}: restore it with the zephon_jax release that wrote it"
-            )
-        state = {
-            "format": meta.get("state_format", STATE_FORMAT),
-            "version": meta.get("state_version", STATE_VERSION),
-            "fingerprint": meta["fingerprint"],
-            "step": int(meta["step"]),
-            "lanes": {},
-        }
-        check_state(state, iterator.loader.dataset.fingerprint())  # before reading any lane
-        needed = iterator.loader.lanes
-        missing = [lane for lane in needed if not (directory / lane_file(lane)).exists()]
-        if missing:
-            raise StateError(
-                f"the checkpoint in {directory} has no file for lanes {missing[:16]}"
-                f"{'...' if len(missing) > 16 else ''} of the {meta['num_lanes']} lanes this "
-                "pipeline runs; it is incomplete (a process failed while saving, or files were "
-                "removed): restore an earlier checkpoint step"
-            )
-        state["lanes"] = {
-            str(lane): np.frombuffer((directory / lane_file(lane)).read_bytes(), dtype=np.uint8)
-            for lane in needed
-        }
+        state = read_checkpoint_item(
+            directory, iterator.loader.lanes, iterator.loader.dataset.fingerprint()
+        )
         iterator.set_state(state)
         return iterator
 

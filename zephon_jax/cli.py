@@ -204,7 +204,57 @@ Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments.""",
         default=None,
         help="also check a resume after this many batches (default: steps // 2; 0: no resume)",
     )
+    # ----- explain
+    exp = sub.add_parser(
+        "explain",
+        help="which documents made the rows of a global batch",
+        formatter_class=fmt,
+        description="""\
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
+without it, the demo's pipeline on the built-in corpus. Prints, for each row of
+global batch --step (0-based), the documents it holds: source, record, epoch
+and the slice of the record, with the first characters of the text where the
+source can show it. With --state (a file written by zephon_jax.save_state, or
+a checkpoint directory written by zephon_jax.checkpoint.Save), only the batches
+from that state on are produced, and only by the lanes of the rows asked for.""",
+    )
+    exp.add_argument("pipeline", metavar="PIPELINE", nargs="?", help="MODULE:FUNCTION")
+    exp.add_argument("--step", type=_non_negative, required=True, help="the global batch (0-based)")
+    exp.add_argument(
+        "--row", type=_non_negative, action="append", help="a row to explain (repeat; default all)"
+    )
+    exp.add_argument("--state", help="a saved loader state at or before --step")
+    exp.add_argument(
+        "--decode",
+        default=None,
+        help="how to show tokens as text: 'bytes' (the built-in byte tokenizer; the default for "
+        "the demo pipeline) or MODULE:FUNCTION taking a token array",
+    )
     return parser
+
+
+def _cmd_explain(args) -> int:
+    from zephon_jax.explain import explain
+    from zephon_jax.state_file import load_state
+    from zephon_jax.tokenizers import byte_detokenize, load_callable
+
+    if args.pipeline is None:
+        from zephon_jax.demo import DemoConfig, build_pipeline, corpus_sources
+
+        cfg = DemoConfig()
+        batched = build_pipeline(cfg, corpus_sources(cfg))
+        decode = args.decode or "bytes"
+    else:
+        from zephon_jax.inspect_plan import load_pipeline
+
+        batched = load_pipeline(args.pipeline)
+        decode = args.decode
+    decoder = None
+    if decode is not None:
+        decoder = byte_detokenize if decode == "bytes" else load_callable(decode)
+    state = load_state(args.state) if args.state else None
+    print(explain(batched, args.step, rows=args.row, state=state, decode=decoder))
+    return 0
 
 
 def _cmd_demo(args) -> int:
@@ -303,6 +353,7 @@ COMMANDS = {
     "prepare": _cmd_prepare,
     "inspect": _cmd_inspect,
     "verify": _cmd_verify,
+    "explain": _cmd_explain,
 }
 
 

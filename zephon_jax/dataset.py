@@ -82,14 +82,18 @@ class Dataset:
 
     # ----- sampler ---------------------------------------------------------------
     @staticmethod
-    def source(source: Any) -> Dataset:
+    def source(source: Any, *, name: str | None = None) -> Dataset:
         """A dataset over a random-access source (``__len__`` and ``__getitem__``).
 
         Lists, ``grain.sources.ArrayRecordDataSource`` and
         :class:`zephon_jax.sources.TokenStore` all work. The source repeats
-        forever unless :meth:`repeat` gives a number of epochs.
+        forever unless :meth:`repeat` gives a number of epochs. ``name`` is how
+        provenance (:meth:`zephon_jax.LoaderIterator.provenance`) labels its
+        records; it does not enter the pipeline fingerprint.
         """
-        return Dataset(SourceNode(source))
+        if name is not None and not isinstance(name, str):
+            raise PipelineError(f"Dataset.source(name=) needs a str; got {name!r}")
+        return Dataset(SourceNode(source, name=name))
 
     @staticmethod
     def mix(datasets: Sequence[Dataset], weights: Sequence[float]) -> Dataset:

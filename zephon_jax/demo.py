@@ -68,7 +68,11 @@ def build_pipeline(cfg: DemoConfig, sources: Sequence[Any]):
     import zephon_jax as zj
 
     library, tests = sources
-    mixture = zj.Dataset.mix([zj.Dataset.source(library), zj.Dataset.source(tests)], cfg.weights)
+    components = [
+        zj.Dataset.source(library, name="library"),
+        zj.Dataset.source(tests, name="tests"),
+    ]
+    mixture = zj.Dataset.mix(components, cfg.weights)
     return (
         mixture.shuffle(cfg.seed)
         .split(cfg.seq_len)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import zlib
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from zephon_jax import codec
 from zephon_jax.element import Element, Opaque, root_position
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.operators.packing import plain as plain_record
+from zephon_jax.provenance import leaf_labels
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
@@ -30,6 +31,7 @@ LANE_FORMAT = 2
 # on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
+_LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
 
 class LanePlan:
@@ -40,6 +42,7 @@ class LanePlan:
         self.sampler = batched.sampler
         self.leaves = leaves(self.sampler)
         self.leaf_transforms = leaf_paths(self.sampler)
+        self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.num_operators = len(self.operators)
@@ -108,6 +111,8 @@ class Lane:
         self._ahead_size = 8
         self._dropped_in_a_row = 0
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
+        # The last blocks of positions read and where they read from, for provenance.
+        self._located: collections.deque = collections.deque(maxlen=_LOCATED_BLOCKS)
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
@@ -115,6 +120,8 @@ class Lane:
         (skipped) or ``_END`` (at or past the lane's end position)."""
         plan = self.plan
         res = resolve(plan.sampler, self.lane, positions, plan.num_lanes)
+        if len(positions):
+            self._located.append((int(positions[0]), int(positions[-1]), positions, res))
         end = self.end_position
         out: list = [_SKIP if end is None or p < end else _END for p in positions.tolist()]
         valid = np.flatnonzero(res.valid)
@@ -153,6 +160,35 @@ class Lane:
                             e,
                         ) from e.__cause__
                 out[i] = data if data is DROP else Element(data, position)
+        return out
+
+    def locate(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(leaf, record, epoch) of each lane-local position in ``positions``.
+
+        Positions read recently are found in the blocks this lane resolved when
+        it read them; others are resolved again (the sampler is a pure function).
+        """
+        out: list = [None] * len(positions)
+        missing = []
+        for i, p in enumerate(positions):
+            for first, last, read, res in reversed(self._located):  # newest first
+                if not first <= p <= last:
+                    continue
+                j = p - first
+                if j >= len(read) or read[j] != p:  # not contiguous (a restore's reads)
+                    j = int(np.searchsorted(read, p))
+                    if read[j] != p:
+                        continue
+                out[i] = (int(res.leaf[j]), int(res.record[j]), int(res.epoch[j]))
+                break
+            else:
+                missing.append(i)
+        if missing:
+            plan = self.plan
+            where = np.array([positions[i] for i in missing], np.int64)
+            res = resolve(plan.sampler, self.lane, where, plan.num_lanes)
+            for k, i in enumerate(missing):
+                out[i] = (int(res.leaf[k]), int(res.record[k]), int(res.epoch[k]))
         return out
 
     def where(self, lineage) -> str:

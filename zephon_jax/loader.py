@@ -185,15 +185,23 @@ class LoaderIterator(Iterator[Any]):
         self._prefetcher = None
         # Lane states after the last batch handed out, while the producer runs ahead.
         self._delivered: Mapping[int, tuple] | None = None
+        # What provenance() needs about the last batch: its rows' (lane, lineage) pairs,
+        # or, from worker processes, the lane snapshots taken just before it.
+        self._last_picks: list | None = None
+        self._before_last: Mapping[int, tuple] | None = None
 
     def __next__(self) -> Any:
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
+            last_picks = getattr(self._producer, "last_picks", None)
+            before = self._producer.lane_snapshots() if last_picks is None else None
             batch = self._producer.next_batch()
             if not self._all_processes_have(batch is not None):
                 raise StopIteration
             if sharding is not None:
                 batch = sharding.make_global(self.loader.rows, batch)
+            self._last_picks = last_picks() if last_picks is not None else None
+            self._before_last = before
             self.step += 1
             return batch
         if self._prefetcher is None:
@@ -201,9 +209,40 @@ class LoaderIterator(Iterator[Any]):
         item = self._prefetcher.get()
         if not self._all_processes_have(item is not None):
             raise StopIteration
-        batch, self._delivered = item
+        batch, self._delivered, self._last_picks, self._before_last = item
         self.step += 1
         return batch
+
+    def provenance(self) -> list[list[dict[str, Any]]]:
+        """The documents behind each row of the batch ``next()`` returned last.
+
+        One list per row this process holds, in row order; each has one dict
+        per segment, in segment-id order, with ``source`` (leaf index in the
+        mixture order), ``label``, ``record``, ``epoch`` and the slice
+        ``start``/``stop`` of the record (after its component's own transforms)
+        that the segment holds. See :mod:`zephon_jax.provenance`. It reads no
+        record: it resolves the pointers the lanes already keep (with worker
+        processes, it recomputes the batch's lanes once in this process).
+        """
+        from zephon_jax.provenance import rows_provenance
+
+        if self.step == 0 or (self._last_picks is None and self._before_last is None):
+            raise PipelineError(
+                "provenance() describes the last batch next() returned, and there is none yet "
+                "(or the iterator was just restored): call next() first"
+            )
+        if self._last_picks is not None:
+            producer = self._producer
+            return rows_provenance(
+                producer.plan, self._last_picks, getattr(producer, "lanes", None)
+            )
+        from zephon_jax.batching import RowProducer, encode_snapshots
+
+        replay = RowProducer(self.loader.dataset, self.loader.rows, agree_on_end=False)
+        lanes = encode_snapshots(self._before_last)
+        replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
+        replay.next_rows()
+        return replay.provenance()
 
     def _all_processes_have(self, have_batch: bool) -> bool:
         """Whether every process has its part of the next batch.
@@ -227,12 +266,16 @@ class LoaderIterator(Iterator[Any]):
         producer, sharding, rows = self._producer, self.loader.sharding, self.loader.rows
 
         # A closure, not a method: the thread must not keep this iterator alive.
+        last_picks = getattr(producer, "last_picks", None)
+
         def produce():
+            before = producer.lane_snapshots() if last_picks is None else None
             batch = producer.next_batch()
             if batch is None:
                 return None
             lanes = producer.lane_snapshots()
-            return sharding.make_global(rows, batch), lanes
+            picks = last_picks() if last_picks is not None else None
+            return sharding.make_global(rows, batch), lanes, picks, before
 
         self._delivered = producer.lane_snapshots()
         self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)
@@ -272,6 +315,7 @@ class LoaderIterator(Iterator[Any]):
                 self._producer.restore(delivered)
                 raise
         self.step = int(state["step"])
+        self._last_picks = self._before_last = None
 
     def close(self) -> None:
         """Stops device prefetch and worker processes; the iterator cannot continue after."""

@@ -117,6 +117,10 @@ class ConcatPackOperator(LineageOperator):
             pieces.append((arrays, start, stop))
         return PackedRow(self.spec, fields, pieces)
 
+    def provenance_pieces(self, lineage, start, stop):
+        """A row is its pieces ``(record, start, stop)``, in order."""
+        return [(piece, a, b, None) for piece, a, b in lineage]
+
     def carry_bound(self) -> str:
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"
 

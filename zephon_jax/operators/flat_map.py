@@ -45,6 +45,11 @@ class FlatMapOperator(LineageOperator):
             "the function must be pure"
         )
 
+    def provenance_pieces(self, lineage, start, stop):
+        """Output ``m`` of a record is not a slice of it: ``output`` names it instead."""
+        parent, m = lineage
+        return [(parent, None, None, m)]
+
     def carry_bound(self) -> str:
         return "none (outputs are emitted at once)"
 

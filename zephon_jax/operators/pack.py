@@ -9,7 +9,7 @@ new one there. A row is emitted as soon as it is full or holds
 dropped.
 
 Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
-records and the records' lineages. Rows are assembled once, straight into the
+records and a ``(lineage, 0, length)`` pointer per record. Rows are assembled once, straight into the
 batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
 """
 
@@ -31,37 +31,38 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: their pieces, lineages and fills.
+    """The open rows of one lane: their pieces, pointers and fills.
 
-    ``lineages[i]`` is an immutable tuple shared with the saved form, so a
-    snapshot copies nothing that did not change.
+    ``pointers[i]`` (one ``(lineage, start, stop)`` per record) is an immutable
+    tuple shared with the saved form, so a snapshot copies nothing that did not
+    change.
     """
 
-    __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "saved")
+    __slots__ = ("fields", "pieces", "pointers", "fill", "fill_array", "order", "saved")
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
-        self.lineages: list[tuple] = [()] * num_bins
+        self.pointers: list[tuple] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[tuple[int, int]] | None = None  # best_fit: sorted (fill, -bin)
         self.saved: tuple | None = None  # the saved form, until a bin changes
 
-    def add(self, i: int, piece: tuple, lineage: Any, n: int) -> None:
-        self.pieces[i].append(piece)
-        self.lineages[i] = self.lineages[i] + (lineage,)
+    def add(self, i: int, arrays: tuple, lineage: Any, n: int) -> None:
+        self.pieces[i].append((arrays, 0, n))
+        self.pointers[i] = self.pointers[i] + ((lineage, 0, n),)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
         self.saved = None
 
     def emit(self, i: int, spec: PackSpec) -> Element:
-        """Bin ``i`` as a packed row (its lineage: its records' lineages); empties the bin."""
-        element = Element(PackedRow(spec, self.fields, self.pieces[i]), self.lineages[i])
+        """Bin ``i`` as a packed row (its lineage: its records' pointers); empties the bin."""
+        element = Element(PackedRow(spec, self.fields, self.pieces[i]), self.pointers[i])
         self.pieces[i] = []
-        self.lineages[i] = ()
+        self.pointers[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
@@ -73,8 +74,10 @@ class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
     Carry: at most ``num_bins`` open rows, each a list of pointers to the
-    records in it; saved as one lineage per record. Memory per lane does not
-    depend on ``seq_len`` x ``num_bins``, only on the records the bins hold.
+    records in it; saved as ``(lineage, 0, length)`` per record. Memory per lane
+    does not depend on ``seq_len`` x ``num_bins``, only on the records the bins
+    hold. A packed row's lineage is the tuple of its records' pointers, in
+    segment order.
     """
 
     name = "pack"
@@ -120,7 +123,7 @@ class BinPackOperator(LineageOperator):
             i = self._first_fit(carry, room)
         if carry.fill[i] > room:  # fits no bin: the fullest one goes out
             out.append(carry.emit(i, spec))
-        carry.add(i, (arrays, 0, n), element.lineage, n)
+        carry.add(i, arrays, element.lineage, n)
         if carry.fill[i] == spec.seq_len or len(carry.pieces[i]) == spec.max_segments:
             out.append(carry.emit(i, spec))
         if carry.order is not None:
@@ -156,7 +159,7 @@ class BinPackOperator(LineageOperator):
         if carry is None:
             return None
         if carry.saved is None:
-            carry.saved = tuple(carry.lineages)
+            carry.saved = tuple(carry.pointers)
         return carry.saved
 
     def carry_from_plain(self, plain, lane, rebuild: Rebuild):
@@ -168,27 +171,31 @@ class BinPackOperator(LineageOperator):
                 "pointers; it was written by another pipeline or altered"
             )
         carry = Bins(self.num_bins)
-        for i, lineages in enumerate(plain):
-            for lineage in lineages:
+        for i, pointers in enumerate(plain):
+            for lineage, _, _ in pointers:
                 fields, arrays, n = self.spec.record(rebuild(lineage).data, lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                carry.add(i, (arrays, 0, n), lineage, n)
+                carry.add(i, arrays, lineage, n)
         carry.saved = plain
         return carry
 
     def carry_lineages(self, plain):
-        return [lineage for lineages in plain for lineage in lineages]
+        return [pointer[0] for pointers in plain for pointer in pointers]
 
     def parents(self, lineage):
-        return lineage
+        return tuple(pointer[0] for pointer in lineage)
 
     def regenerate(self, lineage, rebuild: Rebuild):
         fields, pieces = None, []
-        for segment in lineage:
-            fields, arrays, n = self.spec.record(rebuild(segment).data, segment)
-            pieces.append((arrays, 0, n))
+        for parent, start, stop in lineage:
+            fields, arrays, _ = self.spec.record(rebuild(parent).data, parent)
+            pieces.append((arrays, start, stop))
         return PackedRow(self.spec, fields, pieces)
+
+    def provenance_pieces(self, lineage, start, stop):
+        """A row is its records' pieces ``(record, start, stop)``, in segment order."""
+        return [(piece, a, b, None) for piece, a, b in lineage]
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (held as pointers, one per record)"

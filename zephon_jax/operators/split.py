@@ -70,6 +70,16 @@ class SplitOperator(LineageOperator):
         n = _length(data, self.key)
         return data if n <= self.max_len else self._piece(data, n, j)
 
+    def provenance_pieces(self, lineage, start, stop):
+        """Piece ``j`` is ``[j*max_len, (j+1)*max_len)`` of its record (clipped to its end)."""
+        parent, j = lineage
+        offset = j * self.max_len
+        if start is None:
+            return [(parent, None, None, None)]
+        if stop is None:
+            stop = self.max_len
+        return [(parent, offset + start, offset + stop, None)]
+
     def carry_bound(self) -> str:
         return "none (pieces are emitted at once)"
 

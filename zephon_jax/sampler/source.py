@@ -44,6 +44,7 @@ class SourceNode:
     shuffle_seed: int | None = None
     num_epochs: int | None = None
     transforms: tuple = ()
+    name: str | None = None  # a readable name for provenance; not part of the fingerprint
 
     def __post_init__(self):
         if not hasattr(self.source, "__len__") or not hasattr(self.source, "__getitem__"):

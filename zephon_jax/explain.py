@@ -1,0 +1,93 @@
+"""``zephon-jax explain``: the documents behind the rows of a global batch, as text."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from zephon_jax.provenance import Segment, explain_step
+
+PREVIEW_CHARS = 60
+
+
+def record_text(record: Any, decode: Callable[[Any], str] | None) -> str | None:
+    """Readable text of a record: its ``text`` (or first string) field, else its decoded tokens."""
+    if isinstance(record, str):
+        return record
+    if isinstance(record, bytes):
+        return record.decode("utf-8", errors="replace")
+    if isinstance(record, dict):
+        text = record.get("text")
+        if isinstance(text, str):
+            return text
+        for value in record.values():
+            if isinstance(value, str):
+                return value
+        tokens = record.get("tokens")
+        if decode is not None and tokens is not None:
+            return decode(np.asarray(tokens))
+    return None
+
+
+def segment_text(dataset: Any, segment: Segment, decode: Callable[[Any], str] | None) -> str | None:
+    """The first characters of the slice a segment holds, when its source can show text.
+
+    A record's token slice is decoded with ``decode``; otherwise the record's
+    text field is shown from its beginning.
+    """
+    if segment["source"] is None:
+        return None
+    from zephon_jax.sampler.resolve import leaves
+
+    source = leaves(dataset.sampler)[segment["source"]].source
+    record = source[segment["record"]]
+    if isinstance(record, dict) and "tokens" in record and decode is not None:
+        tokens = np.asarray(record["tokens"])[segment["start"] or 0 : segment["stop"]]
+        text = decode(tokens)
+    else:
+        text = record_text(record, decode)
+    if text is None:
+        return None
+    return text[:PREVIEW_CHARS] + ("..." if len(text) > PREVIEW_CHARS else "")
+
+
+def format_segment(k: int, segment: Segment, text: str | None) -> str:
+    where = (
+        f"output {segment['output']}"
+        if "output" in segment
+        else f"[{segment['start']}:{'' if segment['stop'] is None else segment['stop']}]"
+    )
+    if segment["source"] is None:
+        line = f"  segment {k + 1}: an output of a user operator that keeps no pointers"
+    else:
+        line = (
+            f"  segment {k + 1}: source {segment['source']} ({segment['label']}), record "
+            f"{segment['record']}, epoch {segment['epoch']}, slice {where}"
+        )
+    return line + (f"\n      {text!r}" if text is not None else "")
+
+
+def explain(
+    dataset: Any,
+    step: int,
+    rows: Sequence[int] | None = None,
+    state: dict | None = None,
+    decode: Callable[[Any], str] | None = None,
+) -> str:
+    """The report ``zephon-jax explain`` prints for global batch ``step``."""
+    started = time.perf_counter()
+    provenance = explain_step(dataset, step, state=state, rows=rows)
+    seconds = time.perf_counter() - started
+    rows = list(range(dataset.global_batch_size)) if rows is None else list(rows)
+    origin = f"from the state at step {int(state['step'])}" if state is not None else "from step 0"
+    lines = [
+        f"global batch {step} (0-based), {len(rows)} of {dataset.global_batch_size} rows, "
+        f"computed {origin} in {seconds:.2f} s"
+    ]
+    for row, segments in zip(rows, provenance):
+        lines.append(f"row {row}: {len(segments)} segment{'s' if len(segments) != 1 else ''}")
+        for k, segment in enumerate(segments):
+            lines.append(format_segment(k, segment, segment_text(dataset, segment, decode)))
+    return "\n".join(lines)
