@@ -35,8 +35,8 @@ def _rebuild(records):
 
 
 def _records_in_bins(op, carry):
-    """The records each open bin points to (saved as ``(record, start, stop)`` pointers)."""
-    return tuple(tuple(pointer[0] for pointer in bin_) for bin_ in op.carry_to_plain(carry))
+    """The records each open bin points to (its saved form: one lineage per record)."""
+    return op.carry_to_plain(carry)
 
 
 def _as_dict(row):

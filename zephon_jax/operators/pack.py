@@ -31,18 +31,19 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: their pieces, pointers and fills.
+    """The open rows of one lane: their pieces, lineages, pointers and fills.
 
-    ``pointers[i]`` (one ``(lineage, start, stop)`` per record) is an immutable
-    tuple shared with the saved form, so a snapshot copies nothing that did not
-    change.
+    ``lineages[i]`` (the saved form of bin ``i``) and ``pointers[i]`` (one
+    ``(lineage, 0, length)`` per record: the lineage of the row it becomes) are
+    immutable tuples, shared, so a snapshot copies nothing that did not change.
     """
 
-    __slots__ = ("fields", "pieces", "pointers", "fill", "fill_array", "order", "saved")
+    __slots__ = ("fields", "pieces", "lineages", "pointers", "fill", "fill_array", "order", "saved")
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.lineages: list[tuple] = [()] * num_bins
         self.pointers: list[tuple] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
@@ -52,6 +53,7 @@ class Bins:
 
     def add(self, i: int, arrays: tuple, lineage: Any, n: int) -> None:
         self.pieces[i].append((arrays, 0, n))
+        self.lineages[i] = self.lineages[i] + (lineage,)
         self.pointers[i] = self.pointers[i] + ((lineage, 0, n),)
         self.fill[i] += n
         if self.fill_array is not None:
@@ -62,6 +64,7 @@ class Bins:
         """Bin ``i`` as a packed row (its lineage: its records' pointers); empties the bin."""
         element = Element(PackedRow(spec, self.fields, self.pieces[i]), self.pointers[i])
         self.pieces[i] = []
+        self.lineages[i] = ()
         self.pointers[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
@@ -74,10 +77,10 @@ class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
     Carry: at most ``num_bins`` open rows, each a list of pointers to the
-    records in it; saved as ``(lineage, 0, length)`` per record. Memory per lane
-    does not depend on ``seq_len`` x ``num_bins``, only on the records the bins
-    hold. A packed row's lineage is the tuple of its records' pointers, in
-    segment order.
+    records in it; saved as one lineage per record. Memory per lane does not
+    depend on ``seq_len`` x ``num_bins``, only on the records the bins hold. A
+    packed row's lineage is the tuple of its records' ``(lineage, 0, length)``
+    pointers, in segment order.
     """
 
     name = "pack"
@@ -159,7 +162,7 @@ class BinPackOperator(LineageOperator):
         if carry is None:
             return None
         if carry.saved is None:
-            carry.saved = tuple(carry.pointers)
+            carry.saved = tuple(carry.lineages)
         return carry.saved
 
     def carry_from_plain(self, plain, lane, rebuild: Rebuild):
@@ -171,8 +174,8 @@ class BinPackOperator(LineageOperator):
                 "pointers; it was written by another pipeline or altered"
             )
         carry = Bins(self.num_bins)
-        for i, pointers in enumerate(plain):
-            for lineage, _, _ in pointers:
+        for i, lineages in enumerate(plain):
+            for lineage in lineages:
                 fields, arrays, n = self.spec.record(rebuild(lineage).data, lineage)
                 if carry.fields is None:
                     carry.fields = fields
@@ -181,7 +184,7 @@ class BinPackOperator(LineageOperator):
         return carry
 
     def carry_lineages(self, plain):
-        return [pointer[0] for pointers in plain for pointer in pointers]
+        return [lineage for lineages in plain for lineage in lineages]
 
     def parents(self, lineage):
         return tuple(pointer[0] for pointer in lineage)
