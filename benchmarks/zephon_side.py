@@ -245,7 +245,7 @@ def _threaded_batches(ds: zj.BatchedDataset, num_threads: int):
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from zephon_jax.batching import RowProducer
+    from zephon_jax.rows import RowProducer
 
     per_lane = ds.rows_per_lane
     blocks = np.array_split(np.arange(ds.num_lanes), num_threads)

@@ -168,6 +168,11 @@ def test_inspect_prints_the_plan_and_timing(pipelines, capsys):
     ):
         assert stage in timing
     assert "real tokens/s" in timing
+    state = out[out.index("lane state after 5 global batches") :]
+    for part in ("1. split", "2. pack", "3. window_shuffle", "rows not yet batched"):
+        assert part in state
+    whole = re.search(r"whole lane state +([\d,]+) +([\d,]+)", state)
+    assert whole and 0 < int(whole.group(2).replace(",", "")) < 2048, state
     assert main(["inspect", f"{pipelines}:unbatched"]) == 1
     assert "without a batch size" in capsys.readouterr().err
 

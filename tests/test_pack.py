@@ -9,9 +9,10 @@ import pytest
 from pipelines import assert_batches_equal, make_docs, resume_across, run_topology, take
 
 import zephon_jax as zj
-from zephon_jax.element import Element
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Element
 from zephon_jax.operators import BinPackOperator, ConcatPackOperator
+from zephon_jax.operators.base import Saved
 from zephon_jax.operators.packing import PackedRow, assemble_rows
 
 # ----- unit tests: one operator at a time ----------------------------------------------
@@ -28,15 +29,6 @@ def _run(op, records):
         carry, out = op.step(carry, Element(data, i))
         rows += out
     return carry, rows
-
-
-def _rebuild(records):
-    return lambda lineage: Element(records[lineage], lineage)
-
-
-def _records_in_bins(op, carry):
-    """The records each open bin points to (its saved form: one lineage per record)."""
-    return op.carry_to_plain(carry)
 
 
 def _as_dict(row):
@@ -56,28 +48,35 @@ def test_operator_step_flush_and_carry_round_trip(method):
     op = OPERATORS[method]()
     carry, rows = _run(op, records)
     assert rows and all(isinstance(e.data, PackedRow) for e in rows)
-    # The saved carry is pointers only; rebuilt from them, it flushes the same rows.
-    plain = op.carry_to_plain(carry)
-    assert op.carry_to_plain(carry) is plain  # cached while no bin changes
-    restored = op.carry_from_plain(plain, 0, _rebuild(records))
-    assert op.carry_to_plain(restored) == plain
+    # The saved form is the records held (pointers) and plain bookkeeping; it is cached
+    # while nothing changes, and a carry loaded from it flushes the same rows.
+    saved = op.save(carry)
+    assert op.save(carry).held is saved.held  # nothing copied while nothing changes
+    assert all(isinstance(e, Element) for e in saved.held)
+    restored = op.load(Saved(tuple(Element(e.data, e.lineage) for e in saved.held), saved.aux), 0)
+    assert [e.lineage for e in op.save(restored).held] == [e.lineage for e in saved.held]
     _, left = op.flush(carry)
     _, left_restored = op.flush(restored)
     assert [e.lineage for e in left] == [e.lineage for e in left_restored]
-    all_rows = rows + left
     for a, b in zip(left, left_restored):
         for k, v in _as_dict(a.data).items():
-            np.testing.assert_array_equal(v, _as_dict(b.data)[k])
-    # Every output regenerates from its lineage alone, byte for byte.
+            assert v.tobytes() == _as_dict(b.data)[k].tobytes()
+    # Every output is remade from its records alone, byte for byte.
+    all_rows = rows + left
     for element in all_rows:
-        again = op.regenerate(element.lineage, _rebuild(records))
+        parents, recipe = element.lineage
+        again = op.remake(recipe, [records[p] for p in parents])
         for k, v in _as_dict(element.data).items():
             assert v.tobytes() == _as_dict(again)[k].tobytes()
-    # Every token lands exactly once, in order within its record.
+    # Every token lands exactly once.
     tokens = np.concatenate([_as_dict(e.data)["tokens"] for e in all_rows])
     real = np.concatenate([_as_dict(e.data)["tokens_segment_ids"] for e in all_rows]) > 0
     expected = sorted(np.concatenate([r["tokens"] for r in records.values()]).tolist())
     assert sorted(tokens[real].tolist()) == expected
+
+
+def _bins(carry):
+    return tuple(carry.lineages)
 
 
 def test_open_bins_hold_pointers_to_the_records_not_copies():
@@ -87,7 +86,7 @@ def test_open_bins_hold_pointers_to_the_records_not_copies():
     assert not rows
     held = [arrays[0] for bin_ in carry.pieces for arrays, _, _ in bin_]
     assert all(any(a is r["tokens"] for r in records.values()) for a in held)
-    assert _records_in_bins(op, carry) == ((0, 1, 2), (), (), ())
+    assert _bins(carry) == ((0, 1, 2), (), (), ())
 
 
 def test_best_fit_and_first_fit_choose_their_bins():
@@ -96,20 +95,20 @@ def test_best_fit_and_first_fit_choose_their_bins():
     # 10 -> bin 0 and 12 -> bin 1 in both; 5 fits only bin 0; 6 fits no used bin: bin 2.
     best_carry, _ = _run(best, records)
     first_carry, _ = _run(first, records)
-    assert _records_in_bins(best, best_carry) == ((0, 2), (1,), (3,))
-    assert _records_in_bins(first, first_carry) == ((0, 2), (1,), (3,))
+    assert _bins(best_carry) == ((0, 2), (1,), (3,))
+    assert _bins(first_carry) == ((0, 2), (1,), (3,))
     records = _records([9, 11, 4])
     best_carry, _ = _run(best, records)  # 4 fits bins 0 (room 7) and 1 (room 5): best = 1
     first_carry, _ = _run(first, records)  # first = 0
-    assert _records_in_bins(best, best_carry) == ((0,), (1, 2), ())
-    assert _records_in_bins(first, first_carry) == ((0, 2), (1,), ())
+    assert _bins(best_carry) == ((0,), (1, 2), ())
+    assert _bins(first_carry) == ((0, 2), (1,), ())
 
 
 def test_full_rows_and_rows_at_max_segments_are_emitted_at_once():
     op = BinPackOperator(16, "best_fit", num_bins=3, max_segments=2)
     carry, rows = _run(op, _records([16, 3, 4, 2]))
-    assert [e.lineage for e in rows] == [((0, 0, 16),), ((1, 0, 3), (2, 0, 4))]
-    assert _records_in_bins(op, carry) == ((3,), (), ())
+    assert [e.lineage for e in rows] == [((0,), (16,)), ((1, 2), (3, 4))]
+    assert _bins(carry) == ((3,), (), ())
 
 
 def test_assembled_batch_matches_rows_read_one_by_one():

@@ -14,8 +14,9 @@ from zephon_jax.errors import (
     WorkerError,
     ZephonError,
 )
+from zephon_jax.lineage import Element, derive
 from zephon_jax.loader import Loader, LoaderIterator
-from zephon_jax.operators import LineageOperator, Operator
+from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
 from zephon_jax.provenance import explain_step
 from zephon_jax.state import merge_states
 from zephon_jax.state_file import load_state, save_state
@@ -37,20 +38,24 @@ def __getattr__(name: str):
 __all__ = [
     "BatchedDataset",
     "Dataset",
+    "Element",
     "LineageOperator",
     "Loader",
     "LoaderIterator",
     "Operator",
     "PipelineError",
+    "Saved",
     "RecordError",
     "StateError",
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "derive",
     "explain_step",
     "load_state",
     "merge_states",
     "save_state",
+    "stateless",
 ]
 
 # Command-line tools and interop, also imported on first use (zephon_jax.prepare, ...).

@@ -99,10 +99,31 @@ Runs on all cores (output order does not depend on it), shows progress on
 stderr, and commits periodically: interrupt it (Ctrl-C) and rerun the same
 command to resume where it stopped, with the same result as one run.
 Bad records (invalid JSON, missing field, not UTF-8, ...) are reported with
-file and line and skipped, or stop the job with --strict.""",
+file and line and skipped (the first 20, then a summary by cause), or stop the
+job with --strict; a job that produces no document fails.
+Inputs and OUT may be s3:// or gs:// URLs (endpoint and credentials from the
+standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
+--engine beam runs the conversion as an Apache Beam pipeline (DirectRunner with
+--num-workers, or any runner given by Beam options after `--`, e.g.
+`-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp`);
+its TokenStore is byte-identical to the local engine's.""",
     )
-    prep.add_argument("inputs", nargs="+", help="input files or directories")
-    prep.add_argument("-o", "--output", required=True, help="output directory OUT")
+    prep.add_argument(
+        "inputs", nargs="+", help="input files, directories, globs or s3:// / gs:// URLs"
+    )
+    prep.add_argument("-o", "--output", required=True, help="output directory or URL OUT")
+    prep.add_argument(
+        "--engine",
+        choices=("local", "beam"),
+        default="local",
+        help="local: this machine (default); beam: an Apache Beam pipeline",
+    )
+    prep.add_argument(
+        "--num-workers",
+        type=_positive,
+        default=None,
+        help="--engine beam on DirectRunner: parallel workers (default: Beam's)",
+    )
     prep.add_argument(
         "--to",
         choices=("store", "array_record", "both"),
@@ -169,7 +190,8 @@ PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
 pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
 is importable. Prints the sources and weights, the operators in order with
 their carry bounds, the lanes, the rows per lane and the fingerprint, then runs
---steps global batches on one process and prints where the time goes.""",
+--steps global batches on one process and prints where the time goes and how
+many bytes each operator's carry takes in a lane state.""",
     )
     insp.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
     insp.add_argument(
@@ -293,6 +315,11 @@ def _cmd_demo(args) -> int:
 def _cmd_prepare(args) -> int:
     from zephon_jax.prepare import PrepareInterrupted, PrepareOptions, prepare
 
+    if args.engine != "beam" and (args.num_workers is not None or args.beam_args):
+        raise SystemExit(
+            "zephon-jax prepare: --num-workers and `-- BEAM_OPTIONS` need --engine beam"
+        )
+
     opts = PrepareOptions(
         inputs=tuple(args.inputs),
         output=args.output,
@@ -309,8 +336,16 @@ def _cmd_prepare(args) -> int:
         commit_every=args.commit_every,
         overwrite=args.overwrite,
     )
+    stream = None if args.quiet else sys.stderr
     try:
-        summary = prepare(opts, stream=None if args.quiet else sys.stderr)
+        if args.engine == "beam":
+            from zephon_jax.prepare_beam import prepare_beam
+
+            summary = prepare_beam(
+                opts, num_workers=args.num_workers, pipeline_args=args.beam_args, stream=stream
+            )
+        else:
+            summary = prepare(opts, stream=stream)
     except PrepareInterrupted as e:
         print(f"zephon-jax prepare: {e}", file=sys.stderr)
         return 130
@@ -360,7 +395,13 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zephon-jax`` command; returns the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    beam_args: list[str] = []
+    if argv[:1] == ["prepare"] and "--" in argv:  # `prepare ... -- BEAM_PIPELINE_OPTIONS`
+        cut = argv.index("--")
+        argv, beam_args = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.beam_args = beam_args
     if args.command is None:
         parser.print_help()
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from zephon_jax.checks import positive_int
 from zephon_jax.errors import PipelineError
 from zephon_jax.operators import (
     BinPackOperator,
@@ -137,10 +138,7 @@ class Dataset:
 
     def repeat(self, num_epochs: int | None = None) -> Dataset:
         """Reads every source ``num_epochs`` times (``None``: forever, the default)."""
-        if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-            raise PipelineError(
-                f"repeat(num_epochs) needs a positive int or None; got {num_epochs!r}"
-            )
+        num_epochs = positive_int(num_epochs, "repeat(num_epochs)", allow_none=True)
         if self._stages:
             raise PipelineError("repeat must come before split/pack/window_shuffle/flat_map")
         return Dataset(_repeat_node(self._sampler, num_epochs))
@@ -210,11 +208,13 @@ class Dataset:
         return self._add_operator(FlatMapOperator(fn))
 
     def apply(self, operator: Any) -> Dataset:
-        """Adds a user-defined operator (see :class:`zephon_jax.Operator`).
+        """Adds a user-defined operator.
 
-        A :class:`zephon_jax.operators.LineageOperator` subclass runs as it is;
-        any other object with ``init/step/flush`` runs over records with a
-        plain-data carry.
+        A :class:`zephon_jax.LineageOperator` (the contract of every operator)
+        runs as it is and its state holds record pointers. Any other object with
+        ``init()``, ``step(carry, record)`` and ``flush(carry)`` (a
+        :class:`zephon_jax.Operator`) runs over records, its carry and in-flight
+        outputs stored by value.
         """
         if isinstance(operator, LineageOperator):
             return self._add_operator(operator)
@@ -239,18 +239,10 @@ class BatchedDataset:
     """A dataset cut into global batches by a fixed number of lanes."""
 
     def __init__(self, dataset: Dataset, global_batch_size: int, num_lanes: int | None = None):
-        if (
-            isinstance(global_batch_size, bool)
-            or not isinstance(global_batch_size, int)
-            or global_batch_size < 1
-        ):
-            raise PipelineError(
-                f"batch(global_batch_size) needs a positive int; got {global_batch_size!r}"
-            )
+        global_batch_size = positive_int(global_batch_size, "batch(global_batch_size)")
+        num_lanes = positive_int(num_lanes, "batch(num_lanes)", allow_none=True)
         if num_lanes is None:
             num_lanes = global_batch_size
-        if isinstance(num_lanes, bool) or not isinstance(num_lanes, int) or num_lanes < 1:
-            raise PipelineError(f"batch(num_lanes) needs a positive int or None; got {num_lanes!r}")
         if global_batch_size % num_lanes:
             raise PipelineError(
                 f"global_batch_size={global_batch_size} is not a multiple of num_lanes={num_lanes}; "

@@ -5,7 +5,8 @@ their carry bounds and the transforms after each, the lanes, the rows per lane
 and the fingerprint a checkpoint must match. The timing runs the pipeline on
 one process for a number of global batches with every stage timed on its own:
 reading sources, each stage's per-record transforms, each operator (its
-``step``/``flush`` only), and assembling batches.
+``step``/``flush`` only), and assembling batches; then the bytes each operator's
+carry takes in a lane state.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import statistics
 import time
 from typing import Any
 
@@ -179,7 +181,7 @@ def _instrument(plan, batched: BatchedDataset, clock: _Clock) -> None:
 
 def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     """Runs ``steps`` global batches on one process; seconds per stage and throughput."""
-    from zephon_jax.batching import RowProducer, stack_rows
+    from zephon_jax.rows import RowProducer, stack_rows
 
     producer = RowProducer(batched, range(batched.global_batch_size))
     clock = _Clock()
@@ -197,11 +199,36 @@ def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
         if isinstance(batch, dict) and "tokens_segment_ids" in batch:
             rows_tokens += int((batch["tokens_segment_ids"] > 0).sum())
     total = time.perf_counter() - t0
+    state = state_bytes(producer, batched)
     stages = [(name, clock.seconds[name]) for name in clock.order]
     stages.append(("batch assembly", stack))
     other = max(total - sum(s for _, s in stages), 0.0)
     stages.append(("sampler and lane bookkeeping", other))
-    return {"steps": done, "seconds": total, "stages": stages, "tokens": rows_tokens}
+    return {
+        "steps": done,
+        "seconds": total,
+        "stages": stages,
+        "tokens": rows_tokens,
+        "state": state,
+    }
+
+
+def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]:
+    """Encoded bytes of each part of the lanes' states: ``(part, median, max)`` over lanes.
+
+    One part per operator (its saved carry), then the finished rows not yet
+    batched, then the whole lane state (with its header and checksum).
+    """
+    from zephon_jax import codec
+    from zephon_jax.lane_state import encode_lane_state
+
+    snapshots = [lane.snapshot() for lane in producer.lanes.values()]
+    names = [f"{i}. {s.operator.describe()}" for i, s in enumerate(batched.stages, 1)]
+    parts = [[len(codec.encode(snap.carries[i])) for snap in snapshots] for i in range(len(names))]
+    parts.append([len(codec.encode(snap.pending)) for snap in snapshots])
+    parts.append([len(encode_lane_state(snap)) for snap in snapshots])
+    names += ["rows not yet batched", "whole lane state"]
+    return [(name, int(statistics.median(v)), max(v)) for name, v in zip(names, parts)]
 
 
 def format_timing(result: dict[str, Any], global_batch_size: int) -> str:
@@ -216,4 +243,9 @@ def format_timing(result: dict[str, Any], global_batch_size: int) -> str:
     if result["tokens"]:
         line += f", {result['tokens'] / total:,.0f} real tokens/s"
     out.append(line)
+    if result.get("state"):
+        out.append(f"lane state after {steps} global batches (bytes per lane)")
+        out.append(f"  {'part':<56} {'median':>8} {'max':>9}")
+        for name, median, most in result["state"]:
+            out.append(f"  {name[:56]:<56} {median:8,d} {most:9,d}")
     return "\n".join(out)

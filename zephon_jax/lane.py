@@ -1,36 +1,54 @@
 """One lane: sampler -> transforms -> operators, run sequentially with its own carry.
 
-A lane's state is its next sampler position, each operator's carry and the
-finished rows not yet batched, all written as lineages. Restoring regenerates
-every element a state points to (reading those records again, in one batched
-read per source) and continues exactly where the state left off.
+The indices the core speaks of:
+
+* **position**: a lane-local sampler position ``p = 0, 1, 2, ...``; the sampler
+  maps ``(lane, p)`` to a source record (and epoch) as a pure function.
+* **draw**: what the sampler returns for a position: a leaf (source), a record
+  index in it and an epoch; mixtures and shuffles are pure functions of the draw.
+* **lane**: one of ``num_lanes`` independent pipelines; lane ``l`` owns rows
+  ``[l*R, (l+1)*R)`` of every global batch (``R = rows_per_lane``), whatever the
+  topology.
+* **row**: a row of the global batch, ``0 <= r < global_batch_size``.
+* **stage**: ``k`` is the input of operator ``k`` (stage 0: the sampler's
+  records after the per-record transforms); the last stage holds finished rows.
+* **lineage**: the pointer that regenerates an element (see :mod:`zephon_jax.lineage`).
+* **step**: the number of global batches delivered so far.
+
+A lane's state is its next position, each operator's saved carry and the
+finished rows not yet batched, all written as lineages (:mod:`zephon_jax.lane_state`).
+Restoring regenerates every element a state points to (:mod:`zephon_jax.restore`)
+and continues exactly where the state left off.
 """
 
 from __future__ import annotations
 
 import collections
-import zlib
-from typing import Any, Sequence
+import operator
+from typing import Sequence
 
 import numpy as np
 
-from zephon_jax import codec
-from zephon_jax.element import Element, Opaque, root_position
-from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
-from zephon_jax.operators.packing import plain as plain_record
+from zephon_jax.checks import TransformFailed, user_error
+from zephon_jax.errors import PipelineError, RecordError, ZephonError
+from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
+from zephon_jax.lineage import Element, root_position
+from zephon_jax.operators.base import Saved
 from zephon_jax.provenance import leaf_labels
+from zephon_jax.restore import Rebuilder
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.source import source_label
-from zephon_jax.transforms import DROP
+from zephon_jax.transforms import DROP, apply_transforms
+
+__all__ = ["Lane", "LanePlan", "encode_lane_state"]
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
-# 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
-LANE_FORMAT = 2
 # Records a lane reads ahead per block: larger blocks cost less per record; the bound
 # on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
+_lineage = operator.attrgetter("lineage")
 _LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
 
@@ -46,55 +64,15 @@ class LanePlan:
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.num_operators = len(self.operators)
-        # A lane whose filters drop this many records in a row would likely wait forever.
-        self.max_dropped_in_a_row = 16 * sum(leaf.size for leaf in self.leaves) + 100_000
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
-
-
-class _TransformFailed(Exception):
-    """A user transform raised; ``name`` says which (the cause is chained)."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def apply_transforms(transforms, data, lane: int, stage: int, lineage) -> Any:
-    """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
-
-    A transform that raises is reported as ``_TransformFailed`` naming it, with
-    the original exception chained. Packed rows reach user functions as plain dicts.
-    """
-    if transforms:
-        data = plain_record(data)
-    for transform in transforms:
-        try:
-            data = transform.apply(data, (lane, stage, lineage))
-        except ZephonError:
-            raise
-        except Exception as e:
-            raise _TransformFailed(transform.describe()) from e
-        if data is DROP:
-            return DROP
-    return data
-
-
-def _user_error(what: str, where: str, e: BaseException) -> RecordError:
-    """A RecordError for a failed user function, chaining the original exception."""
-    cause = e.__cause__ if isinstance(e, _TransformFailed) else e
-    error = RecordError(
-        f"{what} raised {cause!r} on {where}. The original traceback is chained above "
-        "(__cause__); fix the function or the record, then restore the state taken "
-        "before the failure to continue"
-    )
-    error.__cause__ = cause
-    return error
-
-
-def encode_lane_state(snapshot: tuple) -> bytes:
-    """A :meth:`Lane.snapshot` as compact bytes, ending with a CRC-32 of the rest."""
-    data = codec.encode(snapshot)
-    return data + zlib.crc32(data).to_bytes(4, "little")
+        # A lane that reads this many records without a row reaching the batch (all of
+        # them dropped, by a filter or an operator that emits nothing) would likely wait
+        # forever: 16x the sources (a filter may drop long runs), plus what operators hold.
+        self.max_records_without_row = (
+            16 * sum(leaf.size for leaf in self.leaves)
+            + 100_000
+            + sum(int(getattr(op, "max_held", 0) or 0) for op in self.operators)
+        )
 
 
 class Lane:
@@ -109,7 +87,8 @@ class Lane:
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 8
-        self._dropped_in_a_row = 0
+        self._without_row = 0  # records read since a row last reached ``pending``
+        self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
         # The last blocks of positions read and where they read from, for provenance.
         self._located: collections.deque = collections.deque(maxlen=_LOCATED_BLOCKS)
@@ -152,8 +131,8 @@ class Lane:
                 if transforms:
                     try:
                         data = apply_transforms(transforms, data, self.lane, 0, position)
-                    except _TransformFailed as e:
-                        raise _user_error(
+                    except TransformFailed as e:
+                        raise user_error(
                             e.name,
                             f"lane {self.lane}, lane-local position {position}, source "
                             f"{source_label(source)}, record {record}",
@@ -194,7 +173,7 @@ class Lane:
     def where(self, lineage) -> str:
         """Where an element comes from: lane, lane-local position, source and record."""
         position = root_position(lineage)
-        text = f"lane {self.lane}, element {lineage!r}"
+        text = f"lane {self.lane}, element {lineage!r:.200}"
         if position is None:
             return text + " (an output of a user operator)"
         plan = self.plan
@@ -215,8 +194,10 @@ class Lane:
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
         plan = self.plan
+        if stage > self._deepest and elements:
+            self._deepest = stage
         if stage == plan.num_operators:
-            self.pending.extend(elements)
+            self._row_reached(elements)
             return
         op = plan.operators[stage]
         post = plan.post_transforms[stage]
@@ -229,14 +210,20 @@ class Lane:
             except ZephonError:
                 raise
             except Exception as e:
-                raise _user_error(op.describe(), self.where(element.lineage), e) from e
+                raise user_error(op.describe(), self.where(element.lineage), e) from e
             self.carries[stage] = carry
             if not outputs:
                 continue
             if last:
-                self.pending.extend(outputs)
+                self._row_reached(outputs)
             else:
                 self._push(stage + 1, self._post(stage, post, outputs))
+
+    def _row_reached(self, rows) -> None:
+        if rows:
+            self.pending.extend(rows)
+            self._without_row = 0
+            self._deepest = -1
 
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
@@ -245,8 +232,8 @@ class Lane:
         for element in outputs:
             try:
                 data = apply_transforms(post, element.data, self.lane, stage + 1, element.lineage)
-            except _TransformFailed as e:
-                raise _user_error(
+            except TransformFailed as e:
+                raise user_error(
                     f"{e.name} after {self.plan.operators[stage].describe()}",
                     self.where(element.lineage),
                     e,
@@ -263,14 +250,19 @@ class Lane:
             except ZephonError:
                 raise
             except Exception as e:
-                raise _user_error(f"{op.describe()}.flush", f"lane {self.lane}", e) from e
+                raise user_error(f"{op.describe()}.flush", f"lane {self.lane}", e) from e
             self.carries[stage] = carry
             if outputs:
                 self._push(stage + 1, self._post(stage, self.plan.post_transforms[stage], outputs))
 
     def take(self, n: int) -> list[Element] | None:
-        """The next ``n`` rows of this lane, or ``None`` once a finite input is exhausted."""
+        """The next ``n`` rows of this lane, or ``None`` once a finite input is exhausted.
+
+        Raises a RecordError once ``plan.max_records_without_row`` records in a row
+        yield no row (every one dropped somewhere), instead of reading forever.
+        """
         pending, ahead, push = self.pending, self._ahead, self._push
+        limit = self.plan.max_records_without_row
         while len(pending) < n:
             if self.input_done:
                 return None
@@ -283,36 +275,50 @@ class Lane:
             self.next_position += 1
             if item is _SKIP:
                 continue
-            if item is DROP:
-                self._dropped_in_a_row += 1
-                if self._dropped_in_a_row > self.plan.max_dropped_in_a_row:
-                    self._raise_all_dropped()
-            else:
-                self._dropped_in_a_row = 0
+            self._without_row += 1  # reset by _push when a row reaches ``pending``
+            if item is not DROP:
                 push(0, (item,))
+            if self._without_row > limit:
+                self._raise_no_progress()
         return [pending.popleft() for _ in range(n)]
 
-    def _raise_all_dropped(self) -> None:
-        count = self._dropped_in_a_row
-        first = self.next_position - count
+    def _raise_no_progress(self) -> None:
+        count = self._without_row
         total = sum(leaf.size for leaf in self.plan.leaves)
+        span = (
+            f"(lane-local positions {self.next_position - count}..{self.next_position - 1}, "
+            f"{count / max(total, 1):.0f}x the size of the sources)"
+        )
+        if self._deepest < 0:
+            raise RecordError(
+                f"lane {self.lane}: the filters dropped all of the last {count} records it read "
+                f"{span}; the loader would wait forever for a record. Check the filter "
+                "predicates (a field renamed? a threshold inverted?) and the sources"
+            )
+        op = self.plan.operators[self._deepest]
         raise RecordError(
-            f"lane {self.lane}: the filters dropped all of the last {count} records it read "
-            f"(lane-local positions {first}..{self.next_position - 1}, {count / total:.0f}x "
-            "the size of the sources); the loader would wait forever for a record. Check the "
-            "filter predicates (a field renamed? a threshold inverted?) and the sources"
+            f"lane {self.lane}: the last {count} records it read {span} produced no row; the "
+            f"loader would wait forever for one. None got past operator {self._deepest} "
+            f"({op.describe()}) and the filters after it: a filter that "
+            "drops every record, a flat_map returning no records, or records with empty "
+            "sequences into split or pack. Check the functions and the records reaching it"
         )
 
     # ----- state -------------------------------------------------------------------
-    def snapshot(self) -> tuple:
-        """This lane's position, carries and unbatched rows as immutable plain data.
+    def snapshot(self) -> LaneSnapshot:
+        """This lane's position, saved carries and unbatched rows as immutable plain data.
 
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
         only when a state is asked for.
         """
-        carries = tuple(op.carry_to_plain(c) for op, c in zip(self.plan.operators, self.carries))
-        pending = tuple(e.lineage for e in self.pending)
-        return (LANE_FORMAT, self.next_position, self.input_done, carries, pending)
+        carries = []
+        for op, carry in zip(self.plan.operators, self.carries):
+            held, aux = op.save(carry)
+            carries.append((tuple(map(_lineage, held)), aux))
+        pending = tuple(map(_lineage, self.pending))
+        return LaneSnapshot(
+            LANE_FORMAT, self.next_position, self.input_done, tuple(carries), pending
+        )
 
     def get_state(self) -> bytes:
         """This lane's position, carries and unbatched rows, as compact bytes."""
@@ -320,135 +326,20 @@ class Lane:
 
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to)."""
-        data = bytes(data)
-        body, checksum = data[:-4], data[-4:]
-        if len(data) < 5 or zlib.crc32(body).to_bytes(4, "little") != checksum:
-            _check_lane_format(self.lane, data)
-            raise StateError(
-                f"lane {self.lane}: corrupt state bytes (checksum mismatch over "
-                f"{len(data)} bytes); the state was truncated or altered after it was taken: "
-                "restore from an intact checkpoint"
-            )
-        value = codec.decode(body)
-        if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
-            raise _format_error(self.lane, value)
-        _, next_position, input_done, carries, pending = value
-        if len(carries) != len(self.plan.operators):
-            raise StateError(
-                f"lane {self.lane}: the state has {len(carries)} operator carries, the pipeline "
-                f"{len(self.plan.operators)} operators"
-            )
-        rebuild = _Rebuilder(self)
-        rebuild.prefetch(carries, pending)
-        self.next_position = next_position
-        self.input_done = input_done
-        self.carries = [
-            op.carry_from_plain(plain, self.lane, rebuild.at(stage))
-            for stage, (op, plain) in enumerate(zip(self.plan.operators, carries))
+        snapshot = decode_lane_state(self.lane, data, self.plan.num_operators)
+        rebuild = Rebuilder(self)
+        rebuild.prefetch([held for held, _ in snapshot.carries], snapshot.pending)
+        carries = [
+            op.load(Saved(tuple(rebuild.build(stage, lin) for lin in held), aux), self.lane)
+            for stage, (op, (held, aux)) in enumerate(zip(self.plan.operators, snapshot.carries))
         ]
-        final = len(self.plan.operators)
-        self.pending = collections.deque(rebuild.at(final)(lin) for lin in pending)
+        final = self.plan.num_operators
+        pending = collections.deque(rebuild.build(final, lin) for lin in snapshot.pending)
+        self.next_position = snapshot.next_position
+        self.input_done = snapshot.input_done
+        self.carries = carries
+        self.pending = pending
         self._ahead.clear()
         self._ahead_size = 8
-
-
-def _format_error(lane: int, value) -> StateError:
-    found = value[0] if isinstance(value, tuple) and value else value
-    return StateError(
-        f"lane {lane}: unrecognized lane state (lane format {found!r}, this zephon_jax reads "
-        f"{LANE_FORMAT}); it was written by another zephon_jax version: restore it with the "
-        "release that wrote it"
-    )
-
-
-def _check_lane_format(lane: int, data: bytes) -> None:
-    """Raises a version error if ``data`` is an intact lane state of another format."""
-    try:
-        value = codec.decode(data)
-    except StateError:
-        return
-    if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] != LANE_FORMAT:
-        raise _format_error(lane, value)
-
-
-class _Rebuilder:
-    """Regenerates elements from lineages, reading every needed record in one batch."""
-
-    def __init__(self, lane: Lane):
-        self.lane = lane
-        self.roots: dict[int, Any] = {}
-        self.cache: dict = {}
-
-    def _collect(self, stage: int, lineage, out: set) -> None:
-        if stage == 0:
-            out.add(int(lineage))
-            return
-        if isinstance(lineage, Opaque):
-            return
-        for parent in self.lane.plan.operators[stage - 1].parents(lineage):
-            self._collect(stage - 1, parent, out)
-
-    def prefetch(self, carries, pending) -> None:
-        operators = self.lane.plan.operators
-        positions: set[int] = set()
-        for stage, (op, plain) in enumerate(zip(operators, carries)):
-            for lineage in op.carry_lineages(plain) if plain is not None else ():
-                self._collect(stage, lineage, positions)
-        for lineage in pending:
-            self._collect(len(operators), lineage, positions)
-        if positions:
-            ordered = np.array(sorted(positions), dtype=np.int64)
-            for position, item in zip(ordered.tolist(), self.lane.read_roots(ordered)):
-                self.roots[position] = item
-
-    def at(self, stage: int):
-        return lambda lineage: self.build(stage, lineage)
-
-    def build(self, stage: int, lineage) -> Element:
-        key = (stage, lineage) if not _has_opaque(lineage) else None
-        if key is not None and key in self.cache:
-            return self.cache[key]
-        lane = self.lane
-        if stage == 0:
-            position = int(lineage)
-            item = self.roots.get(position)
-            if item is None:
-                item = lane.read_roots(np.array([position], dtype=np.int64))[0]
-            if not isinstance(item, Element):
-                raise StateError(
-                    f"lane {lane.lane}: the state points to lane-local position {position}, which "
-                    "the pipeline no longer produces (filtered or past the last epoch); the "
-                    "sources or functions changed since the state was taken"
-                )
-            element = item
-        else:
-            op = lane.plan.operators[stage - 1]
-            post = lane.plan.post_transforms[stage - 1]
-            try:
-                data = op.regenerate(lineage, self.at(stage - 1))
-                data = apply_transforms(post, data, lane.lane, stage, lineage)
-            except ZephonError:
-                raise
-            except Exception as e:
-                raise _user_error(
-                    f"regenerating {op.describe()} output (restoring a state)",
-                    lane.where(lineage),
-                    e,
-                ) from (e.__cause__ if isinstance(e, _TransformFailed) else e)
-            if data is DROP:
-                raise StateError(
-                    f"lane {lane.lane}: element {lineage!r} is now dropped by a filter after "
-                    f"{op.describe()}; the pipeline's functions are not pure or changed"
-                )
-            element = Element(data, lineage)
-        if key is not None:
-            self.cache[key] = element
-        return element
-
-
-def _has_opaque(lineage) -> bool:
-    if isinstance(lineage, Opaque):
-        return True
-    if isinstance(lineage, tuple):
-        return any(_has_opaque(x) for x in lineage)
-    return False
+        self._without_row = 0
+        self._deepest = -1

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.batching import RowProducer, encode_snapshots, lanes_to_run
+from zephon_jax.checks import positive_int
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run
 from zephon_jax.state import check_state, lane_bytes, make_state
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
     """Rows ``[i*B/n, (i+1)*B/n)`` of a global batch of ``B`` rows held by process ``i`` of ``n``."""
-    if isinstance(process_count, bool) or not isinstance(process_count, int) or process_count < 1:
-        raise PipelineError(f"process_count must be a positive int; got {process_count!r}")
+    process_count = positive_int(process_count, "process_count")
     if not isinstance(process_index, int) or not 0 <= process_index < process_count:
         raise PipelineError(f"process_index must be in [0, {process_count}); got {process_index!r}")
     if global_batch_size % process_count:
@@ -236,7 +236,7 @@ class LoaderIterator(Iterator[Any]):
             return rows_provenance(
                 producer.plan, self._last_picks, getattr(producer, "lanes", None)
             )
-        from zephon_jax.batching import RowProducer, encode_snapshots
+        from zephon_jax.rows import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows, agree_on_end=False)
         lanes = encode_snapshots(self._before_last)

@@ -24,13 +24,13 @@ complete commit and produces the same documents as an uninterrupted run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
-import shutil
+import re
 import signal
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -40,6 +40,8 @@ import numpy as np
 
 from zephon_jax.errors import ZephonError
 from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
+from zephon_jax.sources.files import expand_paths, file_info
+from zephon_jax.sources.storage import Location, StorageError, filesystem, is_url, split_url
 from zephon_jax.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,
@@ -102,6 +104,7 @@ class PrepareOptions:
     commit_every: int = 16
     overwrite: bool = False
     max_reported_bad: int = 20
+    storage_options: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def out_dtype(self) -> np.dtype:
@@ -119,25 +122,41 @@ def detect_format(path: str) -> str:
     return _EXTENSIONS.get(suffix, "text")
 
 
-def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Input paths; a directory stands for its files with known extensions, sorted."""
+def expand_inputs(
+    inputs: Sequence[str], storage_options: dict[str, Any] | None = None
+) -> list[str]:
+    """Input files, in order: each input's files sorted by path.
+
+    An input is a local path or an ``s3://`` / ``gs://`` URL: a file, a directory (or URL
+    prefix: its files with known extensions), or a glob. Index sidecars and hidden files
+    are never inputs.
+    """
+    if not inputs:
+        raise PrepareError("no inputs given: pass JSONL, text or Parquet files (or directories)")
     out: list[str] = []
     for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            files = sorted(
-                str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _EXTENSIONS
-            )
-            if not files:
-                raise PrepareError(f"directory {item} holds no input files ({sorted(_EXTENSIONS)})")
-            out.extend(files)
-        elif p.is_file():
-            out.append(str(p))
-        else:
-            raise PrepareError(f"input {item} does not exist")
-    if not out:
-        raise PrepareError("no inputs given: pass JSONL, text or Parquet files (or directories)")
+        try:
+            files = expand_paths(item, storage_options, extensions=tuple(_EXTENSIONS))
+        except FileNotFoundError as e:
+            raise PrepareError(str(e)) from e
+        except StorageError as e:
+            raise PrepareError(str(e)) from e
+        out.extend(f for f in files if f not in out)
     return out
+
+
+def check_output(opts: PrepareOptions) -> None:
+    """Raise PrepareError unless the output is a local path or a supported URL."""
+    try:
+        split_url(opts.output)
+    except StorageError as e:
+        raise PrepareError(str(e)) from e
+
+
+def _open(path: str, storage_options: dict[str, Any] | None = None):
+    """A binary file object for a local path or a URL."""
+    fs, inner = filesystem(path, storage_options)
+    return fs.open(inner, "rb")
 
 
 @dataclasses.dataclass
@@ -150,16 +169,18 @@ class _Input:
 
 def _describe_inputs(opts: PrepareOptions) -> list[_Input]:
     result = []
-    for path in expand_inputs(opts.inputs):
+    so = opts.storage_options
+    for path in expand_inputs(opts.inputs, so):
         fmt = opts.input_format or detect_format(path)
         if fmt not in INPUT_FORMATS:
             raise PrepareError(f"unknown input format {fmt!r}; use one of {INPUT_FORMATS}")
-        item = _Input(path, fmt, os.path.getsize(path))
+        item = _Input(path, fmt, file_info(path, so)["size"])
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
             try:
-                meta = pq.ParquetFile(path)
+                with _open(path, so) as f:
+                    meta = pq.ParquetFile(f)
             except Exception as e:
                 raise PrepareError(f"{path}: not a readable Parquet file: {e}") from e
             names = meta.schema_arrow.names
@@ -199,16 +220,19 @@ def _read_chunks(
             yield from _parquet_chunks(fi, item, opts, skip, n)
         elif item.format == "text" and not opts.lines:
             if skip == 0:
-                raw = Path(item.path).read_bytes()
+                with _open(item.path, opts.storage_options) as f:
+                    raw = f.read()
                 yield _Chunk(fi, "text", 0, 1, [(0, raw)], float(item.size), True)
         else:
             yield from _line_chunks(
-                fi, item, skip, n, "lines" if item.format == "text" else "jsonl"
+                fi, item, skip, n, "lines" if item.format == "text" else "jsonl", opts
             )
 
 
-def _line_chunks(fi: int, item: _Input, skip: int, n: int, fmt: str) -> Iterator[_Chunk]:
-    with open(item.path, "rb") as f:
+def _line_chunks(
+    fi: int, item: _Input, skip: int, n: int, fmt: str, opts: PrepareOptions
+) -> Iterator[_Chunk]:
+    with _open(item.path, opts.storage_options) as f:
         items, nbytes, start, index = [], 0, skip, -1
         for index, line in enumerate(f):
             if index < skip:
@@ -225,18 +249,19 @@ def _line_chunks(fi: int, item: _Input, skip: int, n: int, fmt: str) -> Iterator
 def _parquet_chunks(fi: int, item: _Input, opts: PrepareOptions, skip: int, n: int):
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(item.path)
     per_row = item.size / max(1, item.rows)
     row = 0
-    for batch in pf.iter_batches(batch_size=n, columns=[opts.text_field]):
-        values = batch.column(0).to_pylist()
-        start = row
-        row += len(values)
-        if row <= skip:
-            continue
-        first = max(skip, start)
-        items = [(start + i, v) for i, v in enumerate(values) if start + i >= first]
-        yield _Chunk(fi, "parquet", first, row, items, per_row * len(items))
+    with _open(item.path, opts.storage_options) as f:
+        pf = pq.ParquetFile(f)
+        for batch in pf.iter_batches(batch_size=n, columns=[opts.text_field]):
+            values = batch.column(0).to_pylist()
+            start = row
+            row += len(values)
+            if row <= skip:
+                continue
+            first = max(skip, start)
+            items = [(start + i, v) for i, v in enumerate(values) if start + i >= first]
+            yield _Chunk(fi, "parquet", first, row, items, per_row * len(items))
     yield _Chunk(fi, "parquet", max(row, skip), max(row, skip), [], 0.0, True)
 
 
@@ -324,24 +349,14 @@ def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[tuple[int, str
 # ----- the job record ---------------------------------------------------------------
 
 
-def _write_json_atomic(path: Path, value: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _write_json_atomic(loc: Location, name: str, value: Any) -> None:
+    loc.write(name, json.dumps(value, indent=1, sort_keys=True).encode())
 
 
 def _job_identity(opts: PrepareOptions, inputs: list[_Input]) -> dict[str, Any]:
     """The options a resume must match (performance knobs such as workers excluded)."""
     return {
-        "inputs": [[os.path.abspath(i.path), i.format, i.size] for i in inputs],
+        "inputs": [[_absolute(i.path), i.format, i.size] for i in inputs],
         "to": opts.to,
         "text_field": opts.text_field,
         "lines": opts.lines,
@@ -349,6 +364,10 @@ def _job_identity(opts: PrepareOptions, inputs: list[_Input]) -> dict[str, Any]:
         "dtype": opts.out_dtype.name,
         "append_eos": opts.append_eos,
     }
+
+
+def _absolute(path: str) -> str:
+    return path if is_url(path) else os.path.abspath(path)
 
 
 @dataclasses.dataclass
@@ -371,13 +390,19 @@ class _Outputs:
 
     def __init__(self, opts: PrepareOptions, identity: dict[str, Any]):
         self.opts = opts
-        self.out = Path(opts.output)
+        self.loc = Location(opts.output, opts.storage_options)
+        self.out = opts.output
         self.identity = identity
         self.dtype = opts.out_dtype
-        self.manifest_path = self.out / MANIFEST
-        self.records_dir = self.out / ARRAY_RECORD_DIR
+        self.manifest_path = self.loc.child(MANIFEST)
         self.want_store = opts.to in ("store", "both")
         self.want_records = opts.to in ("array_record", "both")
+        if self.want_records and self.loc.local is None:
+            raise PrepareError(
+                f"--to {opts.to} writes ArrayRecord files, which need a local output directory; "
+                f"use --to store for {opts.output}, or write locally and copy"
+            )
+        self.records_dir = (self.loc.local or Path()) / ARRAY_RECORD_DIR
         self.store = None
         self.shard_writer = None
         self.position = _Position()
@@ -389,21 +414,25 @@ class _Outputs:
     def _open(self) -> None:
         from zephon_jax.sources.token_store import TokenStore, TokenStoreWriter
 
-        out = self.out
-        if out.exists() and self.opts.overwrite:
-            shutil.rmtree(out)
+        out, loc = self.out, self.loc
+        if loc.is_file():
+            raise PrepareError(f"output {out} is a file; choose a directory")
+        if self.opts.overwrite and loc.exists():
+            loc.delete_all()
         manifest = self._load_manifest()
-        if manifest is None and _only_an_empty_start(out):
-            shutil.rmtree(out)  # a job stopped before its first record: start again
-        if manifest is None and out.exists() and any(out.iterdir()):
+        if manifest is None and _only_an_empty_start(loc):
+            loc.delete_all()  # a job stopped before its first record: start again
+        if manifest is None and loc.names():
             raise PrepareError(
                 f"output {out} exists and is not a prepare output (no {MANIFEST}); choose an "
                 "empty or new directory, or pass --overwrite to replace it"
             )
         if manifest is None:
             if self.want_store:
-                self.store = TokenStoreWriter(out, dtype=self.dtype.name)
-            out.mkdir(parents=True, exist_ok=True)
+                self.store = TokenStoreWriter(
+                    out, dtype=self.dtype.name, storage_options=self.opts.storage_options
+                )
+            loc.mkdir()
             self._write_manifest(self.position, None)
         else:
             self.resumed = True
@@ -412,7 +441,7 @@ class _Outputs:
             pending = manifest.get("pending")
             pending = _Position(**pending) if pending else None
             if self.want_store:
-                have = TokenStore(out).num_docs
+                have = TokenStore(out, storage_options=self.opts.storage_options).num_docs
                 if have == committed.docs:
                     chosen = committed
                 elif pending is not None and have == pending.docs:
@@ -428,7 +457,12 @@ class _Outputs:
                     chosen = pending
             self.position = chosen
             if self.want_store and not self.complete:
-                self.store = TokenStoreWriter(out, dtype=self.dtype.name, resume=True)
+                self.store = TokenStoreWriter(
+                    out,
+                    dtype=self.dtype.name,
+                    resume=True,
+                    storage_options=self.opts.storage_options,
+                )
             self._write_manifest(chosen, None, complete=self.complete)
         if self.want_records:
             self.records_dir.mkdir(parents=True, exist_ok=True)
@@ -437,10 +471,11 @@ class _Outputs:
                     f.unlink()
 
     def _load_manifest(self) -> dict[str, Any] | None:
-        if not self.manifest_path.is_file():
+        raw = self.loc.read(MANIFEST)
+        if raw is None:
             return None
         try:
-            manifest = json.loads(self.manifest_path.read_text())
+            manifest = json.loads(raw.decode())
         except (OSError, ValueError) as e:
             raise PrepareError(f"{self.manifest_path} is unreadable ({e}); pass --overwrite") from e
         if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
@@ -457,7 +492,8 @@ class _Outputs:
 
     def _write_manifest(self, committed: _Position, pending: _Position | None, complete=False):
         _write_json_atomic(
-            self.manifest_path,
+            self.loc,
+            MANIFEST,
             {
                 "format": MANIFEST_FORMAT,
                 "version": MANIFEST_VERSION,
@@ -508,17 +544,19 @@ class _Outputs:
             self.shard_writer = None
 
 
-def _only_an_empty_start(out: Path) -> bool:
-    """Whether ``out`` holds only what a job creates before its first commit, and no data."""
-    if not out.is_dir():
-        return False
-    names = {p.name for p in out.iterdir()}
+def _only_an_empty_start(loc: Location) -> bool:
+    """Whether ``loc`` holds only what a job creates before its first commit, and no data."""
+    names = loc.names()
     if not names or not names <= {"tokens", "offsets", "meta.json", ARRAY_RECORD_DIR}:
         return False
-    try:
-        return json.loads((out / "meta.json").read_text()).get("num_docs") == 0
-    except (OSError, ValueError):
-        return "meta.json" not in names and not any((out / ARRAY_RECORD_DIR).glob("*"))
+    raw = loc.read("meta.json")
+    if raw is not None:
+        try:
+            return json.loads(raw.decode()).get("num_docs") == 0
+        except ValueError:
+            return False
+    records = loc.local / ARRAY_RECORD_DIR if loc.local is not None else None
+    return records is None or not (records.is_dir() and any(records.iterdir()))
 
 
 def _shard_index(name: str) -> int:
@@ -604,6 +642,15 @@ class PrepareSummary:
     input_mb: float
     resumed: bool
     complete: bool
+    target: str = "store"
+
+    def load_hint(self) -> str:
+        """Python that opens the output as a pipeline source."""
+        cls = "TokenStore" if self.target in ("store", "both") else "ArrayRecordTokens"
+        return (
+            f"import zephon_jax; from zephon_jax.sources import {cls}; "
+            f"ds = zephon_jax.Dataset.source({cls}({self.output!r}))"
+        )
 
     def format(self) -> str:
         p = self.length_percentiles
@@ -619,6 +666,8 @@ class PrepareSummary:
             lines.append(
                 f"  this run   {self.seconds:.2f} s, {self.input_mb / self.seconds:.1f} MB/s of input"
             )
+        if self.complete and self.documents:
+            lines.append(f"  load it    {self.load_hint()}")
         return "\n".join(lines)
 
 
@@ -652,9 +701,11 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
+    check_output(opts)
     inputs = _describe_inputs(opts)
     outputs = _Outputs(opts, _job_identity(opts, inputs))
     if outputs.complete:
+        _check_not_empty(outputs, opts, BadRecordCauses())
         return _summary(outputs, 0.0, 0.0)
     if outputs.resumed and stream is not None:
         at = outputs.position
@@ -680,6 +731,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     else:
         _setup_worker(*args)
     start, run_bytes, reported, since_commit = time.perf_counter(), 0.0, 0, 0
+    causes = BadRecordCauses()
     chunks = _read_chunks(inputs, opts, pos.file, pos.record)
     in_flight: deque = deque()
     stop = _StopRequests()
@@ -707,10 +759,13 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
                             f"{where}: {reason} (--strict: stopped; the {pos.docs:,} documents "
                             "before it are committed)"
                         )
+                    causes.add(reason, reported >= opts.max_reported_bad)
                     if reported < opts.max_reported_bad:
                         progress.note(f"skipped {where}: {reason}")
                     elif reported == opts.max_reported_bad > 0:
-                        progress.note("more bad records are skipped and counted without a report")
+                        progress.note(
+                            "more bad records are skipped, counted and summarized at the end"
+                        )
                     reported += 1
                 outputs.append(docs)
                 pos.docs += len(docs)
@@ -733,6 +788,8 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
             else:
                 outputs.commit(pos, complete=True)
         progress.update(outputs.position, run_bytes, force=True)
+        if causes.unreported:
+            progress.note(causes.format_unreported())
     except BaseException:
         outputs.abandon()
         raise
@@ -745,7 +802,61 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
             f"interrupted ({stop.requested}): {outputs.position.docs:,} documents committed to "
             f"{opts.output}; run the same command again to resume"
         )
+    _check_not_empty(outputs, opts, causes)
     return _summary(outputs, time.perf_counter() - start, run_bytes)
+
+
+class BadRecordCauses:
+    """Bad records counted by cause (the reason without its record-specific details)."""
+
+    def __init__(self) -> None:
+        self.all: collections.Counter[str] = collections.Counter()
+        self.unreported: collections.Counter[str] = collections.Counter()
+        self.examples: dict[str, str] = {}
+
+    @staticmethod
+    def cause(reason: str) -> str:
+        return re.split(r" \(|: ", reason, maxsplit=1)[0]
+
+    def add(self, reason: str, unreported: bool) -> None:
+        cause = self.cause(reason)
+        self.all[cause] += 1
+        self.examples.setdefault(cause, reason)
+        if unreported:
+            self.unreported[cause] += 1
+
+    def format_unreported(self) -> str:
+        total = sum(self.unreported.values())
+        parts = ", ".join(f"{n:,} {cause}" for cause, n in self.unreported.most_common())
+        return f"... and {total:,} more bad records skipped: {parts}"
+
+
+def _check_not_empty(outputs: _Outputs, opts: PrepareOptions, causes: BadRecordCauses) -> None:
+    """Raise PrepareError when a complete job wrote no document, naming why and the fix."""
+    pos = outputs.position
+    if not outputs.complete or pos.docs > 0:
+        return
+    if pos.bad == 0 and pos.empty == 0:
+        raise PrepareError(f"no documents: the inputs {list(opts.inputs)} hold no records")
+    missing = f"no {opts.text_field!r} field"
+    if causes.all and causes.all.most_common(1)[0][0] == missing:
+        example = causes.examples[missing]
+        fields = example[example.find("(fields:") + 9 : -1] if "(fields:" in example else "?"
+        raise PrepareError(
+            f"no documents: {causes.all[missing]:,} of {pos.bad:,} records have no "
+            f"{opts.text_field!r} field (fields: {fields}); pass --text-field with the field that "
+            f"holds the text, and --overwrite to redo {opts.output}"
+        )
+    if causes.all:
+        parts = ", ".join(f"{n:,} {cause}" for cause, n in causes.all.most_common())
+        raise PrepareError(
+            f"no documents: every record was bad ({parts}); fix the input or the options "
+            f"(--format, --text-field, --tokenizer) and rerun with --overwrite"
+        )
+    raise PrepareError(
+        f"no documents in {opts.output}: all {pos.bad + pos.empty:,} records were bad or empty; "
+        "fix the input or the options (--format, --text-field) and rerun with --overwrite"
+    )
 
 
 class _StopRequests:
@@ -791,7 +902,7 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
     if outputs.want_store:
         from zephon_jax.sources.token_store import TokenStore
 
-        lengths = TokenStore(outputs.out).doc_lengths
+        lengths = TokenStore(outputs.out, storage_options=outputs.opts.storage_options).doc_lengths
     else:
         lengths = ArrayRecordTokens(outputs.out).lengths()
     return PrepareSummary(
@@ -805,4 +916,5 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
         input_mb=run_bytes / 1e6,
         resumed=outputs.resumed,
         complete=outputs.complete,
+        target=outputs.opts.to,
     )

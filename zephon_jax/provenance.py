@@ -29,8 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.element import Opaque
 from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Opaque
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.source import source_label
 
@@ -52,18 +52,16 @@ class _Piece:
 
 def _through(op: Any, piece: _Piece) -> list[_Piece]:
     """The pieces of ``op``'s inputs that make ``piece`` of one of its outputs."""
-    pieces = getattr(op, "provenance_pieces", None)
-    if pieces is not None:  # the operator says how its outputs map to its inputs
-        return [
-            _Piece(lineage, start, stop, output)
-            for lineage, start, stop, output in pieces(piece.lineage, piece.start, piece.stop)
-        ]
-    if isinstance(piece.lineage, Opaque):
-        return [_Piece(piece.lineage, None, None)]
-    parents = tuple(op.parents(piece.lineage))
-    if parents == (piece.lineage,):  # a one-to-one operator (window_shuffle): same slice
+    lineage = piece.lineage
+    if op.passthrough:  # reordered or delayed, not changed: the same slice
         return [piece]
-    return [_Piece(parent, None, None, piece.output) for parent in parents]
+    if isinstance(lineage, Opaque):
+        return [_Piece(lineage, None, None)]
+    parents, recipe = lineage  # derived: the operator says which slices of which inputs
+    return [
+        _Piece(parent, start, stop, piece.output if output is None else output)
+        for parent, start, stop, output in op.trace(recipe, parents, piece.start, piece.stop)
+    ]
 
 
 def row_pieces(operators: Sequence[Any], lineage: Any) -> list[_Piece]:
@@ -153,8 +151,8 @@ def explain_step(
     :meth:`~zephon_jax.LoaderIterator.provenance` returns right after batch
     ``step`` on any topology.
     """
-    from zephon_jax.batching import RowProducer, checked_rows
     from zephon_jax.dataset import BatchedDataset
+    from zephon_jax.rows import RowProducer, checked_rows
     from zephon_jax.state import check_state
 
     if not isinstance(dataset, BatchedDataset):

@@ -1,7 +1,7 @@
 """Loader worker processes: lanes split across processes, arrays through shared memory.
 
 :class:`WorkerRowProducer` has the interface of
-:class:`~zephon_jax.batching.RowProducer`. Worker ``k`` runs a ``RowProducer``
+:class:`~zephon_jax.rows.RowProducer`. Worker ``k`` runs a ``RowProducer``
 over a contiguous block of the needed lanes, produces up to ``prefetch``
 batches ahead, writes their arrays into a ring of ``prefetch`` shared-memory
 slots and sends, with every batch, its lanes' states taken right after it. The
@@ -31,14 +31,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.batching import (
+from zephon_jax.errors import PipelineError, WorkerError
+from zephon_jax.rows import (
     RowProducer,
     checked_rows,
     encode_snapshots,
     lanes_to_run,
     stack_rows,
 )
-from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
@@ -386,7 +386,7 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
 
 
 class WorkerRowProducer:
-    """A :class:`~zephon_jax.batching.RowProducer` whose lanes run in worker processes.
+    """A :class:`~zephon_jax.rows.RowProducer` whose lanes run in worker processes.
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.

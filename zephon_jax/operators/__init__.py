@@ -1,6 +1,6 @@
 """n-to-m operators with explicit carry (one file per operator)."""
 
-from zephon_jax.operators.base import LineageOperator, Operator
+from zephon_jax.operators.base import LineageOperator, Operator, Saved, stateless
 from zephon_jax.operators.concat import ConcatPackOperator
 from zephon_jax.operators.flat_map import FlatMapOperator
 from zephon_jax.operators.pack import BinPackOperator
@@ -14,7 +14,9 @@ __all__ = [
     "FlatMapOperator",
     "LineageOperator",
     "Operator",
+    "Saved",
     "SplitOperator",
     "UserOperator",
     "WindowShuffleOperator",
+    "stateless",
 ]

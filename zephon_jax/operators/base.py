@@ -1,75 +1,149 @@
-"""The operator contract: explicit, bounded carry over a lane's element stream.
+"""The operator contract: pure functions over an explicit, bounded carry, in lineage terms.
 
-An operator is three functions over a carry, in the style of optax:
+Every operator, built-in or user-defined, is a :class:`LineageOperator`:
 
-* ``init(lane) -> carry``
-* ``step(carry, element) -> (carry, outputs)``
-* ``flush(carry) -> (carry, outputs)``, called once when a finite input ends.
+* ``init(lane) -> carry``: the empty carry of a lane.
+* ``step(carry, element) -> (carry, outputs)``: consume one input element.
+* ``flush(carry) -> (carry, outputs)``: called once when a finite input ends.
+* ``remake(recipe, inputs) -> data``: the data of an output made by
+  :func:`~zephon_jax.lineage.derive`, from its recipe and its inputs' data.
+* ``save(carry) -> Saved`` and ``load(saved, lane) -> carry``: the carry's saved
+  form and back (see :class:`Saved`).
 
-The carry belongs to one lane; ``step`` may update it in place and returns the
-carry to use next. Built-in operators are *lineage-aware*: their carries hold
-elements, and for a state they are written as lineages (record pointers) and
-rebuilt from them on restore, so a state costs bytes per pointer, not per
-token. They also say how to regenerate an output from its lineage.
+Outputs are :class:`~zephon_jax.lineage.Element` s: either an input element
+passed through unchanged (operators with ``passthrough = True``: reorder, delay
+or drop) or ``derive(data, inputs, recipe)``. An operator thus states *once*
+which inputs an output is made from; the engine (``zephon_jax.lane`` and
+``zephon_jax.restore``) turns that into pointers for states and regenerates the
+output on restore. It never sees the operator's bookkeeping.
 
-User-defined operators follow the simpler record-level contract of
-:class:`Operator` and keep their own plain-data carry.
+**Carries.** The *saved form* is the contract: :meth:`LineageOperator.save`
+returns a :class:`Saved`, immutable and plain (the input elements the carry
+holds, written as their lineages, plus ``aux``: ``None``, bools, ints, floats,
+strings, bytes, numpy arrays and tuples/lists/dicts of them).
+``load(save(c), lane)`` must behave exactly as ``c``. In memory a carry may be
+anything (mutable buffers, caches) as long as: ``step`` may update it in place
+and returns the carry to use next; ``save`` returns data that later ``step`` s
+cannot change; nothing in it depends on the process, worker or topology.
+
+Record-level user operators (:class:`Operator`) run through an adapter that
+stores their carry and outputs by value (``zephon_jax.operators.user``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
 
-from zephon_jax.element import Element
+from zephon_jax.lineage import Element
+from zephon_jax.operators.packing import plain
 
-Rebuild = Callable[[Any], Element]
+Carry = Any
 
 
-class LineageOperator:
-    """Base of the built-in operators; subclasses override the methods below."""
+class Saved(NamedTuple):
+    """The saved form of a carry.
+
+    ``held``: the input elements the carry holds, in order (a state stores their
+    lineages; restore regenerates them). ``aux``: the rest, as plain immutable data.
+    """
+
+    held: tuple[Element, ...] = ()
+    aux: Any = None
+
+
+@runtime_checkable
+class LineageOperator(Protocol):
+    """The contract every operator follows (subclass it to inherit the defaults)."""
 
     name: str = "operator"
+    #: Outputs are input elements, unchanged; ``remake`` is then never called.
+    passthrough: bool = False
+    #: Input elements the carry can hold at most (bounds the work before an output).
+    max_held: int = 0
 
-    def init(self, lane: int) -> Any:
+    def init(self, lane: int) -> Carry:
         return None
 
-    def step(self, carry: Any, element: Element) -> tuple[Any, list[Element]]:
-        raise NotImplementedError
+    def step(self, carry: Carry, element: Element) -> tuple[Carry, Sequence[Element]]: ...
 
-    def flush(self, carry: Any) -> tuple[Any, list[Element]]:
+    def flush(self, carry: Carry) -> tuple[Carry, Sequence[Element]]:
         return carry, []
 
-    def carry_bound(self) -> str:
-        """Human-readable bound on the carry (elements held), for docs and ``inspect``."""
-        return "none"
+    def remake(self, recipe: Any, inputs: Sequence[Any]) -> Any:
+        """The data of the output ``derive(data, inputs, recipe)`` made, from ``inputs``' data."""
+        raise NotImplementedError(f"{type(self).__name__} derives outputs but has no remake()")
+
+    def trace(
+        self, recipe: Any, parents: tuple, start: int | None, stop: int | None
+    ) -> list[tuple[Any, int | None, int | None, int | None]]:
+        """Provenance: the input slices slice ``[start, stop)`` of a derived output comes from.
+
+        One ``(parent_lineage, start, stop, output)`` per piece, in the output's
+        order; ``None`` bounds mean a whole input, ``output`` numbers an output
+        that is not a slice (a ``flat_map`` result). Default: every input, whole.
+        """
+        return [(parent, None, None, None) for parent in parents]
+
+    def save(self, carry: Carry) -> Saved:
+        """The carry's saved form; the default suits carries that are plain data."""
+        return Saved((), carry)
+
+    def load(self, saved: Saved, lane: int) -> Carry:
+        """The carry from its saved form (``held`` regenerated as elements)."""
+        return saved.aux
 
     def describe(self) -> str:
-        """The operator and its parameters, for the pipeline fingerprint."""
-        return self.name
+        """The operator and its parameters, for the pipeline fingerprint (default: the class)."""
+        from zephon_jax.transforms import callable_name
 
-    def carry_to_plain(self, carry: Any) -> Any:
-        """The carry as plain data, with elements replaced by their lineages."""
-        return None
+        return callable_name(type(self))
 
-    def carry_from_plain(self, plain: Any, lane: int, rebuild: Rebuild) -> Any:
-        """Inverse of :meth:`carry_to_plain`; ``rebuild`` regenerates an input element."""
-        return self.init(lane)
+    def carry_bound(self) -> str:
+        """Human-readable bound on the carry, for docs and ``inspect``."""
+        return "none"
 
-    def carry_lineages(self, plain: Any) -> Iterable[Any]:
-        """Input lineages a plain carry points to (read in one batch on restore)."""
-        return ()
 
-    def parents(self, lineage: Any) -> Iterable[Any]:
-        """Lineages of the input elements an output with ``lineage`` is made from."""
-        return (lineage,)
+class stateless(LineageOperator):
+    """A 1-to-n operator without carry from a pure ``fn(record) -> list of records``.
 
-    def regenerate(self, lineage: Any, rebuild: Rebuild) -> Any:
-        """The data of the output element with ``lineage``, from its parents."""
-        return rebuild(lineage).data
+    Output ``m`` of an input is ``derive(out, [input], m)``, regenerated by calling
+    ``fn`` again on the input, like ``optax.stateless`` wraps a pure update.
+    """
+
+    def __init__(self, fn: Callable[[Any], Iterable[Any]], name: str = "stateless"):
+        self.fn = fn
+        self.name = name
+
+    def describe(self) -> str:
+        from zephon_jax.transforms import callable_name
+
+        return f"{self.name}({callable_name(self.fn)})"
+
+    def step(self, carry, element):
+        outputs = self.fn(plain(element.data))
+        parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
+        if type(outputs) is list and len(outputs) == 1:
+            return carry, [Element(outputs[0], (parents, 0))]
+        return carry, [Element(out, (parents, m)) for m, out in enumerate(outputs)]
+
+    def trace(self, recipe, parents, start, stop):
+        return [(parents[0], None, None, recipe)]  # output ``recipe`` of the input
+
+    def remake(self, recipe, inputs):
+        for m, out in enumerate(self.fn(plain(inputs[0]))):
+            if m == recipe:
+                return out
+        raise RuntimeError(
+            f"{self.describe()} returned fewer outputs on restore than before; "
+            "the function must be pure"
+        )
+
+    def carry_bound(self) -> str:
+        return "none (outputs are emitted at once)"
 
 
 class Operator:
-    """The contract of a user-defined n-to-m operator, over records and a plain carry.
+    """The contract of a record-level user operator, over records and a plain carry.
 
     Subclass it (or pass any object with these three methods) to
     :meth:`zephon_jax.Dataset.apply`:
@@ -81,9 +155,10 @@ class Operator:
       input ends.
 
     All three must be deterministic functions of their arguments. The carry and
-    the records it emits are stored in loader states as data, so keep the carry
-    bounded; the guarantee (the same rows on every topology and across resumes)
-    then holds for the operator as for the built-in ones.
+    the records it emits are stored in loader states *by value*, so keep the
+    carry bounded; the guarantee (the same rows on every topology and across
+    resumes) then holds for the operator as for the built-in ones. To store
+    pointers instead, write the operator as a :class:`LineageOperator`.
     """
 
     def init(self) -> Any:

@@ -11,40 +11,46 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from zephon_jax.element import Element
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.lineage import Element
+from zephon_jax.operators.base import LineageOperator, Saved
 from zephon_jax.operators.packing import PackedRow, PackSpec
 
 
 class OpenRow:
-    """The open row of one lane: its pieces and their ``(lineage, start, stop)`` pointers."""
+    """The open row of one lane: its pieces, their records and ``(start, stop)`` bounds."""
 
-    __slots__ = ("fields", "pieces", "pointers", "fill")
+    __slots__ = ("fields", "pieces", "held", "lineages", "bounds", "fill")
 
     def __init__(self):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[tuple] = []
-        self.pointers: tuple = ()  # immutable: shared with the saved form
+        self.held: tuple[Element, ...] = ()  # immutable: shared with the saved form
+        self.lineages: tuple = ()
+        self.bounds: tuple = ()
         self.fill = 0
 
-    def add(self, arrays: tuple, start: int, stop: int, lineage: Any) -> None:
+    def add(self, arrays: tuple, start: int, stop: int, element: Element) -> None:
         self.pieces.append((arrays, start, stop))
-        self.pointers = self.pointers + ((lineage, start, stop),)
+        self.held = self.held + (element,)
+        self.lineages = self.lineages + (element.lineage,)
+        self.bounds = self.bounds + ((start, stop),)
         self.fill += stop - start
 
     def emit(self, spec: PackSpec) -> Element:
-        element = Element(PackedRow(spec, self.fields, self.pieces), self.pointers)
-        self.pieces, self.pointers, self.fill = [], (), 0
+        """The open row, derived from its records with the bounds as recipe; empties it."""
+        row = PackedRow(spec, self.fields, self.pieces)
+        element = Element(row, (self.lineages, self.bounds))
+        self.pieces, self.held, self.lineages, self.bounds, self.fill = [], (), (), (), 0
         return element
 
 
 class ConcatPackOperator(LineageOperator):
     """Concat-then-split packing.
 
-    Carry: one open row, held as ``(lineage, start, stop)`` pointers to the
-    record pieces in it (at most ``seq_len`` pieces). A row's lineage is the
-    tuple of its pieces' pointers.
+    Carry: one open row, saved as the records with a piece in it (one pointer
+    each, at most ``seq_len``) and the ``(start, stop)`` bounds of each piece. A
+    row is derived from those records with the bounds as its recipe.
     """
 
     name = "pack"
@@ -57,6 +63,7 @@ class ConcatPackOperator(LineageOperator):
     ):
         self.spec = PackSpec(seq_len, "pack(method='concat')", dtypes, max_segments)
         self.seq_len = self.spec.seq_len
+        self.max_held = min(self.seq_len, self.spec.max_segments or self.seq_len)
 
     def step(self, carry: OpenRow | None, element: Element):
         spec = self.spec
@@ -76,7 +83,7 @@ class ConcatPackOperator(LineageOperator):
         start = 0
         while start < n:
             stop = min(n, start + spec.seq_len - carry.fill)
-            carry.add(arrays, start, stop, element.lineage)
+            carry.add(arrays, start, stop, element)
             start = stop
             if carry.fill == spec.seq_len or len(carry.pieces) == spec.max_segments:
                 out.append(carry.emit(spec))
@@ -87,39 +94,36 @@ class ConcatPackOperator(LineageOperator):
             return carry, []
         return carry, [carry.emit(self.spec)]
 
-    def carry_to_plain(self, carry: OpenRow | None):
-        return None if carry is None else carry.pointers
+    def save(self, carry: OpenRow | None) -> Saved:
+        if carry is None or not carry.fill:
+            return Saved()
+        return Saved(carry.held, carry.bounds)
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        if plain is None:
+    def load(self, saved: Saved, lane: int) -> OpenRow | None:
+        if not saved.held:
             return None
-        if not isinstance(plain, tuple):
+        bounds = saved.aux
+        if not isinstance(bounds, tuple) or len(bounds) != len(saved.held):
             raise StateError(
-                f"lane {lane}: the state's pack carry is not a tuple of piece pointers; it was "
-                "written by another pipeline or altered"
+                f"lane {lane}: the state's pack carry is not one (start, stop) per piece; it "
+                "was written by another pipeline or altered"
             )
         carry = OpenRow()
-        for lineage, start, stop in plain:
-            carry.fields, arrays, _ = self.spec.record(rebuild(lineage).data, lineage)
-            carry.add(arrays, start, stop, lineage)
+        for element, (start, stop) in zip(saved.held, bounds):
+            carry.fields, arrays, _ = self.spec.record(element.data, element.lineage)
+            carry.add(arrays, start, stop, element)
         return carry
 
-    def carry_lineages(self, plain):
-        return [piece[0] for piece in plain]
-
-    def parents(self, lineage):
-        return tuple(piece[0] for piece in lineage)
-
-    def regenerate(self, lineage, rebuild: Rebuild):
+    def remake(self, recipe, inputs):
         fields, pieces = None, []
-        for parent, start, stop in lineage:
-            fields, arrays, _ = self.spec.record(rebuild(parent).data, parent)
+        for data, (start, stop) in zip(inputs, recipe):
+            fields, arrays, _ = self.spec.record(data, None)
             pieces.append((arrays, start, stop))
         return PackedRow(self.spec, fields, pieces)
 
-    def provenance_pieces(self, lineage, start, stop):
+    def trace(self, recipe, parents, start, stop):
         """A row is its pieces ``(record, start, stop)``, in order."""
-        return [(piece, a, b, None) for piece, a, b in lineage]
+        return [(parent, a, b, None) for parent, (a, b) in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"

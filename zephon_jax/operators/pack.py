@@ -9,7 +9,7 @@ new one there. A row is emitted as soon as it is full or holds
 dropped.
 
 Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
-records and a ``(lineage, 0, length)`` pointer per record. Rows are assembled once, straight into the
+records and the records' elements. Rows are assembled once, straight into the
 batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
 """
 
@@ -20,10 +20,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from zephon_jax.element import Element
+from zephon_jax.checks import positive_int
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.operators.base import LineageOperator, Rebuild
-from zephon_jax.operators.packing import PackedRow, PackSpec, check_positive
+from zephon_jax.lineage import Element
+from zephon_jax.operators.base import LineageOperator, Saved
+from zephon_jax.operators.packing import PackedRow, PackSpec
 
 DEFAULT_NUM_BINS = 32
 METHODS = ("first_fit", "best_fit")
@@ -31,41 +32,55 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: their pieces, lineages, pointers and fills.
+    """The open rows of one lane: their pieces, elements, lineages, lengths and fills.
 
-    ``lineages[i]`` (the saved form of bin ``i``) and ``pointers[i]`` (one
-    ``(lineage, 0, length)`` per record: the lineage of the row it becomes) are
-    immutable tuples, shared, so a snapshot copies nothing that did not change.
+    ``held[i]``, ``lineages[i]`` and ``lengths[i]`` are immutable tuples shared
+    with saved forms and outputs, so a save copies nothing that did not change.
     """
 
-    __slots__ = ("fields", "pieces", "lineages", "pointers", "fill", "fill_array", "order", "saved")
+    __slots__ = (
+        "fields",
+        "pieces",
+        "held",
+        "lineages",
+        "lengths",
+        "fill",
+        "fill_array",
+        "order",
+        "saved",
+    )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.held: list[tuple[Element, ...]] = [()] * num_bins
         self.lineages: list[tuple] = [()] * num_bins
-        self.pointers: list[tuple] = [()] * num_bins
+        self.lengths: list[tuple[int, ...]] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[tuple[int, int]] | None = None  # best_fit: sorted (fill, -bin)
-        self.saved: tuple | None = None  # the saved form, until a bin changes
+        self.saved: Saved | None = None  # the saved form, until a bin changes
 
-    def add(self, i: int, arrays: tuple, lineage: Any, n: int) -> None:
-        self.pieces[i].append((arrays, 0, n))
-        self.lineages[i] = self.lineages[i] + (lineage,)
-        self.pointers[i] = self.pointers[i] + ((lineage, 0, n),)
+    def add(self, i: int, piece: tuple, element: Element, n: int) -> None:
+        self.pieces[i].append(piece)
+        self.held[i] = self.held[i] + (element,)
+        self.lineages[i] = self.lineages[i] + (element.lineage,)
+        self.lengths[i] = self.lengths[i] + (n,)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
         self.saved = None
 
     def emit(self, i: int, spec: PackSpec) -> Element:
-        """Bin ``i`` as a packed row (its lineage: its records' pointers); empties the bin."""
-        element = Element(PackedRow(spec, self.fields, self.pieces[i]), self.pointers[i])
+        """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
+        row = PackedRow(spec, self.fields, self.pieces[i])
+        # What derive(row, held[i], lengths[i]) makes, without walking the bin again.
+        element = Element(row, (self.lineages[i], self.lengths[i]))
         self.pieces[i] = []
+        self.held[i] = ()
         self.lineages[i] = ()
-        self.pointers[i] = ()
+        self.lengths[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
@@ -77,10 +92,10 @@ class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
     Carry: at most ``num_bins`` open rows, each a list of pointers to the
-    records in it; saved as one lineage per record. Memory per lane does not
-    depend on ``seq_len`` x ``num_bins``, only on the records the bins hold. A
-    packed row's lineage is the tuple of its records' ``(lineage, 0, length)``
-    pointers, in segment order.
+    records in it; saved as those records (one pointer each) and each bin's
+    record count. Memory per lane does not depend on ``seq_len`` x
+    ``num_bins``, only on the records the bins hold. A row is derived from its
+    records, with their lengths as recipe.
     """
 
     name = "pack"
@@ -96,11 +111,12 @@ class BinPackOperator(LineageOperator):
         if method not in METHODS:
             raise PipelineError(f"unknown pack method {method!r}; use one of {METHODS}")
         self.method = method
-        self.num_bins = check_positive(
+        self.num_bins = positive_int(
             DEFAULT_NUM_BINS if num_bins is None else num_bins, "pack(num_bins)"
         )
         self.spec = PackSpec(seq_len, f"pack(method={method!r})", dtypes, max_segments)
         self.seq_len = self.spec.seq_len
+        self.max_held = self.num_bins * min(self.seq_len, self.spec.max_segments or self.seq_len)
 
     def step(self, carry: Bins | None, element: Element):
         spec = self.spec
@@ -126,7 +142,7 @@ class BinPackOperator(LineageOperator):
             i = self._first_fit(carry, room)
         if carry.fill[i] > room:  # fits no bin: the fullest one goes out
             out.append(carry.emit(i, spec))
-        carry.add(i, arrays, element.lineage, n)
+        carry.add(i, (arrays, 0, n), element, n)
         if carry.fill[i] == spec.seq_len or len(carry.pieces[i]) == spec.max_segments:
             out.append(carry.emit(i, spec))
         if carry.order is not None:
@@ -158,47 +174,55 @@ class BinPackOperator(LineageOperator):
         carry.order = None
         return carry, out
 
-    def carry_to_plain(self, carry: Bins | None):
+    def save(self, carry: Bins | None) -> Saved:
         if carry is None:
-            return None
+            return Saved()
         if carry.saved is None:
-            carry.saved = tuple(carry.lineages)
+            held = tuple(e for bin_ in carry.held for e in bin_)
+            carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
         return carry.saved
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        if plain is None:
+    def load(self, saved: Saved, lane: int) -> Bins | None:
+        counts = saved.aux
+        if counts is None:
             return None
-        if not isinstance(plain, tuple) or len(plain) != self.num_bins:
+        if (
+            not isinstance(counts, tuple)
+            or len(counts) != self.num_bins
+            or not all(type(c) is int and c >= 0 for c in counts)
+            or sum(counts) != len(saved.held)
+        ):
             raise StateError(
                 f"lane {lane}: the state's pack carry is not {self.num_bins} bins of record "
                 "pointers; it was written by another pipeline or altered"
             )
         carry = Bins(self.num_bins)
-        for i, lineages in enumerate(plain):
-            for lineage in lineages:
-                fields, arrays, n = self.spec.record(rebuild(lineage).data, lineage)
+        held = iter(saved.held)
+        for i, count in enumerate(counts):
+            for _ in range(count):
+                element = next(held)
+                fields, arrays, n = self.spec.record(element.data, element.lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                carry.add(i, arrays, lineage, n)
-        carry.saved = plain
+                carry.add(i, (arrays, 0, n), element, n)
+        carry.saved = saved
         return carry
 
-    def carry_lineages(self, plain):
-        return [lineage for lineages in plain for lineage in lineages]
-
-    def parents(self, lineage):
-        return tuple(pointer[0] for pointer in lineage)
-
-    def regenerate(self, lineage, rebuild: Rebuild):
+    def remake(self, recipe, inputs):
         fields, pieces = None, []
-        for parent, start, stop in lineage:
-            fields, arrays, _ = self.spec.record(rebuild(parent).data, parent)
-            pieces.append((arrays, start, stop))
+        for data, length in zip(inputs, recipe):
+            fields, arrays, n = self.spec.record(data, None)
+            if n != length:
+                raise StateError(
+                    f"a record packed with {length} items now has {n}; the sources or the "
+                    "functions before pack changed since the state was taken"
+                )
+            pieces.append((arrays, 0, n))
         return PackedRow(self.spec, fields, pieces)
 
-    def provenance_pieces(self, lineage, start, stop):
-        """A row is its records' pieces ``(record, start, stop)``, in segment order."""
-        return [(piece, a, b, None) for piece, a, b in lineage]
+    def trace(self, recipe, parents, start, stop):
+        """A row is its records, whole, in segment order."""
+        return [(parent, 0, n, None) for parent, n in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
         return f"{self.num_bins} open rows of {self.seq_len} (held as pointers, one per record)"

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.element import Element
+from zephon_jax.checks import positive_int
 from zephon_jax.errors import PipelineError
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.operators.base import stateless
 
 
 def _length(data: Any, key: str) -> int:
@@ -28,22 +28,28 @@ def _keys(data: Any) -> str:
     return f"with fields {sorted(data)}" if isinstance(data, dict) else ""
 
 
-class SplitOperator(LineageOperator):
+class SplitOperator(stateless):
     """Splits each record into consecutive pieces of at most ``max_len`` items.
 
     Every 1-D array field as long as ``data[key]`` is cut at the same places;
-    other fields are copied into each piece. Piece ``j`` has lineage
-    ``(parent_lineage, j)``. Carry: none. A record of ``n`` items emits
+    other fields are copied into each piece. Piece ``j`` is derived from its
+    record with recipe ``j``. Carry: none. A record of ``n`` items emits
     ``ceil(n / max_len)`` pieces at once (an empty record emits none).
     """
 
     name = "split"
 
     def __init__(self, max_len: int, key: str = "tokens"):
-        if not isinstance(max_len, (int, np.integer)) or max_len < 1:
-            raise PipelineError(f"split(max_len) needs a positive int; got {max_len!r}")
-        self.max_len = int(max_len)
+        self.max_len = positive_int(max_len, "split(max_len)")
         self.key = key
+        super().__init__(self.pieces, "split")
+
+    def pieces(self, data: Any) -> list:
+        """The pieces of one record."""
+        n = _length(data, self.key)
+        if n <= self.max_len:
+            return [data] if n else []
+        return [self._piece(data, n, j) for j in range(-(-n // self.max_len))]
 
     def _piece(self, data: dict, n: int, j: int) -> dict:
         start, stop = j * self.max_len, min(n, (j + 1) * self.max_len)
@@ -52,28 +58,14 @@ class SplitOperator(LineageOperator):
             for f, v in data.items()
         }
 
-    def step(self, carry, element):
-        n = _length(element.data, self.key)
-        if n <= self.max_len:
-            return carry, ([Element(element.data, (element.lineage, 0))] if n else [])
-        pieces = -(-n // self.max_len)
-        return carry, [
-            Element(self._piece(element.data, n, j), (element.lineage, j)) for j in range(pieces)
-        ]
-
-    def parents(self, lineage):
-        return (lineage[0],)
-
-    def regenerate(self, lineage, rebuild: Rebuild):
-        parent, j = lineage
-        data = rebuild(parent).data
+    def remake(self, recipe, inputs):
+        data = inputs[0]
         n = _length(data, self.key)
-        return data if n <= self.max_len else self._piece(data, n, j)
+        return data if n <= self.max_len else self._piece(data, n, recipe)
 
-    def provenance_pieces(self, lineage, start, stop):
-        """Piece ``j`` is ``[j*max_len, (j+1)*max_len)`` of its record (clipped to its end)."""
-        parent, j = lineage
-        offset = j * self.max_len
+    def trace(self, recipe, parents, start, stop):
+        """Piece ``j`` is ``[j*max_len, (j+1)*max_len)`` of its record."""
+        parent, offset = parents[0], recipe * self.max_len
         if start is None:
             return [(parent, None, None, None)]
         if stop is None:

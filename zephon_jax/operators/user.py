@@ -1,23 +1,25 @@
-"""Adapter running a user-defined :class:`~zephon_jax.operators.base.Operator` in a lane."""
+"""Adapter running a record-level :class:`~zephon_jax.operators.base.Operator` in a lane.
+
+The by-value fallback: such an operator sees records, not elements, so nothing
+says which inputs an output is made from. Its carry is saved as it is (encoded
+plain data) and its outputs get an ``Opaque`` lineage that holds the record, so
+a state stores them by value wherever they are still in flight. Write a
+:class:`~zephon_jax.operators.base.LineageOperator` to store pointers instead.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from zephon_jax import codec
-from zephon_jax.element import Element, Opaque
 from zephon_jax.errors import PipelineError
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.lineage import Element, Opaque
+from zephon_jax.operators.base import LineageOperator, Saved
 from zephon_jax.operators.packing import plain
 
 
 class UserOperator(LineageOperator):
-    """Runs ``op.init/step/flush`` over records; its outputs are stored as data.
-
-    The user's carry is plain data and is written to states as it is; outputs
-    get an ``Opaque`` lineage that holds the record, so a state stores them by
-    value wherever they are still in flight.
-    """
+    """Runs ``op.init/step/flush`` over records; its carry and outputs are stored as data."""
 
     name = "apply"
 
@@ -32,6 +34,7 @@ class UserOperator(LineageOperator):
 
         self.op = op
         self.op_name = name or callable_name(type(op))
+        self.max_held = int(getattr(op, "max_held", 0) or 0)
 
     def init(self, lane):
         return self.op.init()
@@ -55,18 +58,12 @@ class UserOperator(LineageOperator):
         carry, outputs = self.op.flush(carry)
         return carry, self._wrap(outputs)
 
-    def carry_to_plain(self, carry):
+    def save(self, carry) -> Saved:
         # Encoded now: a snapshot must not change when the user's step mutates the carry.
-        return codec.encode(carry)  # raises a StateError naming the offending type
+        return Saved((), codec.encode(carry))  # raises a StateError naming the offending type
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        return codec.decode(plain)
-
-    def parents(self, lineage):
-        return ()
-
-    def regenerate(self, lineage, rebuild: Rebuild):
-        return lineage.data
+    def load(self, saved: Saved, lane: int):
+        return codec.decode(saved.aux)
 
     def carry_bound(self) -> str:
         bound = getattr(self.op, "carry_bound", "user-defined (stored by value)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_jax.operators.base import LineageOperator, Rebuild
+from zephon_jax.checks import positive_int
+from zephon_jax.operators.base import LineageOperator, Saved
 from zephon_jax.sampler.permutation import derive_key, hash_u64
 
 _BLOCK = 256
@@ -33,18 +34,16 @@ class WindowShuffleOperator(LineageOperator):
     """Holds ``window`` elements; each new one evicts a pseudorandom held one.
 
     The evicted slot for the ``c``-th element of a lane is a keyed hash of
-    ``(seed, lane, c)``: no topology input. Carry: at most ``window`` element
-    lineages and a counter. Lineages pass through unchanged.
+    ``(seed, lane, c)``: no topology input. Carry: at most ``window`` elements
+    (saved as pointers) and a counter. Elements pass through unchanged.
     """
 
     name = "window_shuffle"
+    passthrough = True
 
     def __init__(self, window: int, seed: int):
-        from zephon_jax.errors import PipelineError
-
-        if not isinstance(window, (int, np.integer)) or window < 1:
-            raise PipelineError(f"window_shuffle(window) needs a positive int; got {window!r}")
-        self.window = int(window)
+        self.window = positive_int(window, "window_shuffle(window)")
+        self.max_held = self.window
         self.seed = int(seed)
 
     def init(self, lane):
@@ -69,15 +68,11 @@ class WindowShuffleOperator(LineageOperator):
         carry.buffer = []
         return carry, out
 
-    def carry_to_plain(self, carry: _Window):
-        return (carry.count, tuple(e.lineage for e in carry.buffer))
+    def save(self, carry: _Window) -> Saved:
+        return Saved(tuple(carry.buffer), carry.count)
 
-    def carry_from_plain(self, plain, lane, rebuild: Rebuild):
-        count, lineages = plain
-        return _Window(derive_key(self.seed, lane), [rebuild(lin) for lin in lineages], count)
-
-    def carry_lineages(self, plain):
-        return plain[1]
+    def load(self, saved: Saved, lane: int) -> _Window:
+        return _Window(derive_key(self.seed, lane), list(saved.held), saved.aux)
 
     def carry_bound(self) -> str:
         return f"{self.window} element pointers"

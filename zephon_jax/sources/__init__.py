@@ -1,6 +1,14 @@
-"""Random-access data sources."""
+"""Random-access data sources: TokenStore, ArrayRecord, JSON Lines and Parquet files.
+
+Every source takes local paths or ``s3://`` / ``gs://`` URLs (see
+:mod:`zephon_jax.sources.storage`). Hugging Face ``datasets.Dataset`` objects need no
+wrapper: :meth:`zephon_jax.Dataset.source` reads them directly, in batches.
+"""
 
 from zephon_jax.sources.array_record import ArrayRecordTokens
+from zephon_jax.sources.jsonl import JsonlSource
+from zephon_jax.sources.parquet import ParquetSource
+from zephon_jax.sources.storage import StorageError
 from zephon_jax.sources.token_store import (
     TokenStore,
     TokenStoreError,
@@ -10,6 +18,9 @@ from zephon_jax.sources.token_store import (
 
 __all__ = [
     "ArrayRecordTokens",
+    "JsonlSource",
+    "ParquetSource",
+    "StorageError",
     "TokenStore",
     "TokenStoreError",
     "TokenStoreWriter",

@@ -17,7 +17,6 @@ import hashlib
 import json
 import operator
 import os
-import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import tensorstore as ts
+
+from zephon_jax.sources.storage import Location, retry_call, ts_context
 
 __all__ = ["TokenStore", "TokenStoreError", "TokenStoreWriter", "write_token_store"]
 
@@ -45,17 +46,7 @@ class TokenStoreError(ValueError):
     """A TokenStore is missing, corrupt, or used inconsistently."""
 
 
-_context_lock = threading.Lock()
-_context: tuple[int, ts.Context] | None = None
-
-
-def _ts_context() -> ts.Context:
-    """One TensorStore context per process, recreated after a fork."""
-    global _context
-    with _context_lock:
-        if _context is None or _context[0] != os.getpid():
-            _context = (os.getpid(), ts.Context())
-        return _context[1]
+_ts_context = ts_context
 
 
 def _check_dtype(dtype: Any) -> np.dtype:
@@ -84,12 +75,12 @@ def _compression_codec(dtype: np.dtype) -> dict[str, Any]:
     }
 
 
-def _array_spec(path: Path) -> dict[str, Any]:
-    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+def _array_spec(loc: Location, name: str) -> dict[str, Any]:
+    return {"driver": "zarr3", "kvstore": loc.kvstore(name)}
 
 
 def _tokens_create_spec(
-    path: Path, dtype: np.dtype, chunk_tokens: int, read_chunk_tokens: int
+    loc: Location, dtype: np.dtype, chunk_tokens: int, read_chunk_tokens: int
 ) -> dict[str, Any]:
     sharding = {
         "name": "sharding_indexed",
@@ -105,110 +96,104 @@ def _tokens_create_spec(
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk_tokens]}},
         "codecs": [sharding],
     }
-    return {**_array_spec(path / TOKENS_DIR), "metadata": metadata}
+    return {**_array_spec(loc, TOKENS_DIR), "metadata": metadata}
 
 
-def _offsets_create_spec(path: Path) -> dict[str, Any]:
+def _offsets_create_spec(loc: Location) -> dict[str, Any]:
     metadata = {
         "shape": [1],
         "data_type": "int64",
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [OFFSETS_CHUNK]}},
         "codecs": [_bytes_codec(), _compression_codec(np.dtype(np.int64))],
     }
-    return {**_array_spec(path / OFFSETS_DIR), "metadata": metadata}
+    return {**_array_spec(loc, OFFSETS_DIR), "metadata": metadata}
 
 
-def _open_array(path: Path, name: str, *, write: bool = False) -> ts.TensorStore:
+def _open_array(loc: Location, name: str, *, write: bool = False) -> ts.TensorStore:
+    spec = _array_spec(loc, name)
+    if not write:
+        # The committed prefix of a store never changes: what was cached since this open
+        # is fresh (data cached before it, e.g. of a rewritten store, is checked again).
+        spec["recheck_cached_data"] = "open"
     try:
-        return ts.open(
-            _array_spec(path / name), read=True, write=write, context=_ts_context()
-        ).result()
-    except ValueError as e:
+        return retry_call(
+            lambda: ts.open(spec, read=True, write=write, context=_ts_context()).result(),
+            loc.child(name),
+            "opening",
+        )
+    except (ValueError, OSError) as e:
         raise TokenStoreError(
-            f"cannot open the {name!r} array of TokenStore {str(path)!r} ({e}); the store is "
+            f"cannot open the {name!r} array of TokenStore {loc.name!r} ({e}); the store is "
             f"incomplete or corrupt: rewrite it with TokenStoreWriter"
         ) from e
 
 
-def _write_meta(path: Path, meta: dict[str, Any]) -> None:
-    """Atomically replace ``path/meta.json`` (temp file, fsync, os.replace)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{META_FILE}.", suffix=".tmp", dir=path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path / META_FILE)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def _write_meta(loc: Location, meta: dict[str, Any]) -> None:
+    """Atomically replace ``meta.json`` (local: temp file, fsync, os.replace; URL: one PUT)."""
+    loc.write(META_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def _read_meta(loc: Location) -> dict[str, Any]:
     """Load and validate ``meta.json``; raise TokenStoreError naming the problem."""
-    if not path.is_dir():
-        raise TokenStoreError(f"not a TokenStore: directory {str(path)!r} does not exist; {_HINT}")
-    meta_path = path / META_FILE
-    if not meta_path.is_file():
+    path = loc.name
+    if loc.local is not None and not loc.local.is_dir():
+        raise TokenStoreError(f"not a TokenStore: directory {path!r} does not exist; {_HINT}")
+    meta_path = loc.child(META_FILE)
+    raw = loc.read(META_FILE)
+    if raw is None:
         raise TokenStoreError(
-            f"not a TokenStore: {str(meta_path)!r} is missing (no committed data); {_HINT}"
+            f"not a TokenStore: {meta_path!r} is missing (no committed data); {_HINT}"
         )
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(raw.decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TokenStoreError(
-            f"corrupt meta.json in {str(path)!r}: {e}; rewrite the store with TokenStoreWriter"
+            f"corrupt meta.json in {path!r}: {e}; rewrite the store with TokenStoreWriter"
         ) from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise TokenStoreError(
-            f"not a TokenStore: {str(meta_path)!r} has format {got!r}, expected {FORMAT!r}; {_HINT}"
+            f"not a TokenStore: {meta_path!r} has format {got!r}, expected {FORMAT!r}; {_HINT}"
         )
     if meta.get("version") != VERSION:
         raise TokenStoreError(
-            f"unsupported TokenStore version {meta.get('version')!r} in {str(meta_path)!r}; this "
+            f"unsupported TokenStore version {meta.get('version')!r} in {meta_path!r}; this "
             f"zephon_jax reads version {VERSION}: rewrite the store or upgrade zephon_jax"
         )
     for key in ("num_docs", "num_tokens"):
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise TokenStoreError(
-                f"corrupt meta.json in {str(path)!r}: {key!r} is {value!r}, expected an int >= 0; "
+                f"corrupt meta.json in {path!r}: {key!r} is {value!r}, expected an int >= 0; "
                 f"rewrite the store with TokenStoreWriter"
             )
     if meta.get("dtype") not in SUPPORTED_DTYPES:
         raise TokenStoreError(
-            f"corrupt meta.json in {str(path)!r}: dtype {meta.get('dtype')!r} is not one of "
+            f"corrupt meta.json in {path!r}: dtype {meta.get('dtype')!r} is not one of "
             f"{SUPPORTED_DTYPES}; rewrite the store with TokenStoreWriter"
         )
     if not isinstance(meta.get("attrs", {}), dict):
-        raise TokenStoreError(f"corrupt meta.json in {str(path)!r}: 'attrs' must be an object")
+        raise TokenStoreError(f"corrupt meta.json in {path!r}: 'attrs' must be an object")
     return meta
 
 
-def _validate_offsets(path: Path, offsets: np.ndarray, num_tokens: int) -> None:
+def _validate_offsets(path: str, offsets: np.ndarray, num_tokens: int) -> None:
     if offsets[0] != 0:
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: offsets[0] is {int(offsets[0])}, expected 0; "
+            f"corrupt TokenStore {path!r}: offsets[0] is {int(offsets[0])}, expected 0; "
             f"rewrite the store with TokenStoreWriter"
         )
     bad = np.flatnonzero(np.diff(offsets) < 0)
     if bad.size:
         i = int(bad[0]) + 1
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: offsets are not non-decreasing: first bad index "
+            f"corrupt TokenStore {path!r}: offsets are not non-decreasing: first bad index "
             f"{i} (offsets[{i - 1}]={int(offsets[i - 1])} > offsets[{i}]={int(offsets[i])}); "
             f"rewrite the store with TokenStoreWriter"
         )
     if offsets[-1] != num_tokens:
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: last offset is {int(offsets[-1])} but meta.json "
+            f"corrupt TokenStore {path!r}: last offset is {int(offsets[-1])} but meta.json "
             f"says num_tokens={num_tokens}; rewrite the store with TokenStoreWriter"
         )
 
@@ -223,37 +208,41 @@ class _Opened:
     coalesce_gap: int
 
 
-def _open_store(path: Path) -> _Opened:
+def _open_store(loc: Location) -> _Opened:
     """Open and fully validate the committed part of a store."""
-    meta = _read_meta(path)
+    path = loc.name
+    meta = _read_meta(loc)
     num_docs, num_tokens = meta["num_docs"], meta["num_tokens"]
     dtype = np.dtype(meta["dtype"])
-    tokens = _open_array(path, TOKENS_DIR)
-    offsets_arr = _open_array(path, OFFSETS_DIR)
+    tokens = _open_array(loc, TOKENS_DIR)
+    offsets_arr = _open_array(loc, OFFSETS_DIR)
     if tokens.rank != 1 or offsets_arr.rank != 1:
-        raise TokenStoreError(f"corrupt TokenStore {str(path)!r}: arrays must be 1-D")
+        raise TokenStoreError(f"corrupt TokenStore {path!r}: arrays must be 1-D")
     if tokens.dtype.numpy_dtype != dtype:
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: meta.json says dtype {dtype.name!r} but the tokens "
+            f"corrupt TokenStore {path!r}: meta.json says dtype {dtype.name!r} but the tokens "
             f"array is {tokens.dtype.numpy_dtype.name!r}; rewrite the store with TokenStoreWriter"
         )
     if offsets_arr.dtype.numpy_dtype != np.int64:
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: offsets array is "
+            f"corrupt TokenStore {path!r}: offsets array is "
             f"{offsets_arr.dtype.numpy_dtype.name!r}, expected int64; rewrite the store"
         )
     if offsets_arr.shape[0] < num_docs + 1:
         raise TokenStoreError(
-            f"corrupt TokenStore {str(path)!r}: offsets array has {offsets_arr.shape[0]} entries "
+            f"corrupt TokenStore {path!r}: offsets array has {offsets_arr.shape[0]} entries "
             f"but meta.json says num_docs={num_docs} (needs num_docs+1={num_docs + 1}); the "
             f"store is truncated: rewrite it with TokenStoreWriter"
         )
     if tokens.shape[0] < num_tokens:
         raise TokenStoreError(
-            f"truncated TokenStore {str(path)!r}: tokens array has {tokens.shape[0]} tokens but "
+            f"truncated TokenStore {path!r}: tokens array has {tokens.shape[0]} tokens but "
             f"meta.json says num_tokens={num_tokens}; rewrite the store with TokenStoreWriter"
         )
-    offsets = np.asarray(offsets_arr[: num_docs + 1].read().result(), dtype=np.int64)
+    offsets = np.asarray(
+        retry_call(lambda: offsets_arr[: num_docs + 1].read().result(), loc.child(OFFSETS_DIR)),
+        dtype=np.int64,
+    )
     _validate_offsets(path, offsets, num_tokens)
     offsets.setflags(write=False)
     gap = int(tokens.chunk_layout.read_chunk.shape[0] or DEFAULT_READ_CHUNK_TOKENS)
@@ -267,21 +256,37 @@ class TokenStore:
     batched-read extension (``__getitems__``, also exposed as ``_getitems``). Element ``i`` is
     ``{"tokens": np.ndarray}``, a fresh 1-D array of the store's dtype. Thread-safe; picklable
     (only the path is pickled, the store is reopened lazily in the receiving process).
+
+    ``path`` is a local directory or an ``s3://`` / ``gs://`` URL (read through TensorStore's
+    kvstore drivers; see :mod:`zephon_jax.sources.storage` for endpoints and credentials,
+    which ``storage_options`` overrides).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         """Open and validate the store at ``path``; raise TokenStoreError if it is not valid."""
-        self._path = Path(path)
+        self._init(os.fspath(path), storage_options)
+        self._opened = _open_store(self._loc)
+
+    def _init(self, path: str, storage_options: dict[str, Any] | None) -> None:
+        self._loc = Location(path, storage_options)
+        self._path: Path | str = self._loc.local if self._loc.local is not None else path
+        self._storage_options = storage_options
         self._lock = threading.Lock()
-        self._opened: _Opened | None = _open_store(self._path)
+        self._opened: _Opened | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
+        state: dict[str, Any] = {"path": str(self._path)}
+        if self._storage_options:
+            state["storage_options"] = self._storage_options
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._path = Path(state["path"])
-        self._lock = threading.Lock()
-        self._opened = None
+        self._init(state["path"], state.get("storage_options"))
 
     @property
     def _s(self) -> _Opened:
@@ -290,12 +295,12 @@ class TokenStore:
             return opened
         with self._lock:
             if self._opened is None or self._opened.pid != os.getpid():
-                self._opened = _open_store(self._path)
+                self._opened = _open_store(self._loc)
             return self._opened
 
     @property
-    def path(self) -> Path:
-        """The store directory."""
+    def path(self) -> Path | str:
+        """The store directory (a Path), or its URL (a str)."""
         return self._path
 
     @property
@@ -358,13 +363,22 @@ class TokenStore:
         """Return ``{"tokens": tokens of document index}``; IndexError unless 0 <= index < len."""
         i = self._check_index(index)
         s = self._s
-        return {"tokens": self._read(s, int(s.offsets[i]), int(s.offsets[i + 1])).result()}
+        return {"tokens": self._fetch(s, [(int(s.offsets[i]), int(s.offsets[i + 1]))])[0]}
 
     @staticmethod
     def _read(s: _Opened, start: int, stop: int) -> Any:
         if start == stop:
             return _Ready(np.empty(0, dtype=s.dtype))
         return s.tokens[start:stop].read()
+
+    def _fetch(self, s: _Opened, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """Token spans ``[start, stop)``, read concurrently; transient errors are retried."""
+
+        def read_all() -> list[np.ndarray]:
+            futures = [self._read(s, a, b) for a, b in ranges]
+            return [f.result() for f in futures]
+
+        return retry_call(read_all, self._loc.child(TOKENS_DIR))
 
     def _as_indices(self, indices: Sequence[int]) -> np.ndarray:
         idx = np.asarray(indices)
@@ -398,8 +412,7 @@ class TokenStore:
         first = np.flatnonzero(new_group)
         last = np.append(first[1:], uniq.size) - 1
         g_start, g_stop = starts[first], stops[last]
-        futures = [self._read(s, int(a), int(b)) for a, b in zip(g_start, g_stop, strict=True)]
-        spans = [f.result() for f in futures]
+        spans = self._fetch(s, [(int(a), int(b)) for a, b in zip(g_start, g_stop, strict=True)])
         single = (last - first == 0)[group_of]
         docs: list[np.ndarray] = []
         for u, g in enumerate(group_of):
@@ -431,7 +444,7 @@ class TokenStore:
             )
         s = self._s
         offs = s.offsets[start : stop + 1]
-        span = self._read(s, int(offs[0]), int(offs[-1])).result()
+        span = self._fetch(s, [(int(offs[0]), int(offs[-1]))])[0]
         rel = offs - offs[0]
         return [{"tokens": span[rel[k] : rel[k + 1]]} for k in range(stop - start)]
 
@@ -446,10 +459,9 @@ class _Ready:
         return self._value
 
 
-def _owned_entries(path: Path) -> bool:
-    """Whether ``path`` holds only entries a TokenStoreWriter creates."""
-    for entry in path.iterdir():
-        name = entry.name
+def _owned_entries(names: set[str]) -> bool:
+    """Whether ``names`` are only entries a TokenStoreWriter creates."""
+    for name in names:
         if name not in (TOKENS_DIR, OFFSETS_DIR, META_FILE) and not name.startswith(
             f".{META_FILE}."
         ):
@@ -464,7 +476,8 @@ class TokenStoreWriter:
     buffer, then atomically rewrites meta.json; a store is valid only up to its last commit.
     ``resume=True`` continues after the last committed document of an existing store
     (uncommitted data is discarded and overwritten); ``resume=False`` requires ``path`` to be
-    absent or an empty directory. As a context manager, a normal exit commits and closes; an
+    absent or an empty directory. ``path`` may be an ``s3://`` or ``gs://`` URL
+    (``storage_options`` overrides the environment's endpoint and credentials). As a context manager, a normal exit commits and closes; an
     exception closes without committing the documents appended since the last commit.
     """
 
@@ -478,6 +491,7 @@ class TokenStoreWriter:
         *,
         read_chunk_tokens: int = DEFAULT_READ_CHUNK_TOKENS,
         flush_tokens: int | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         """Create (or with ``resume=True`` reopen) the store at ``path``.
 
@@ -485,7 +499,8 @@ class TokenStoreWriter:
         ``read_chunk_tokens`` (which must divide it) is the independently compressed unit a
         random read decodes. ``flush_tokens`` (default ``8 * chunk_tokens``) bounds buffering.
         """
-        self._path = Path(path)
+        self._loc = Location(path, storage_options)
+        self._path: Path | str = self._loc.local if self._loc.local is not None else self._loc.name
         self._dtype = _check_dtype(dtype)
         self._check_layout(chunk_tokens, read_chunk_tokens)
         self._flush_tokens = int(flush_tokens or 8 * chunk_tokens)
@@ -508,33 +523,41 @@ class TokenStoreWriter:
             )
 
     def _existing_meta(self, resume: bool) -> dict[str, Any] | None:
-        path = self._path
-        if path.exists() and not path.is_dir():
-            raise TokenStoreError(f"cannot write a TokenStore at {str(path)!r}: it is a file")
-        if not path.is_dir() or not any(path.iterdir()):
+        loc, path = self._loc, self._loc.name
+        if loc.is_file():
+            raise TokenStoreError(f"cannot write a TokenStore at {path!r}: it is a file")
+        names = loc.names()
+        if not names:
             return None
         if not resume:
             raise TokenStoreError(
-                f"{str(path)!r} already exists and is not empty; pass resume=True to append to "
+                f"{path!r} already exists and is not empty; pass resume=True to append to "
                 f"the TokenStore there, or choose another path"
             )
-        if (path / META_FILE).exists():
-            return _read_meta(path)
-        if _owned_entries(path):
+        if META_FILE in names:
+            return _read_meta(loc)
+        if _owned_entries(names):
             return None
         raise TokenStoreError(
-            f"cannot resume at {str(path)!r}: it is not empty and holds no TokenStore "
+            f"cannot resume at {path!r}: it is not empty and holds no TokenStore "
             f"(no meta.json); choose another path"
         )
 
     def _create(self, chunk_tokens: int, read_chunk_tokens: int, attrs: dict[str, Any]) -> None:
-        self._path.mkdir(parents=True, exist_ok=True)
+        self._loc.mkdir()
         ctx = _ts_context()
-        spec = _tokens_create_spec(self._path, self._dtype, chunk_tokens, read_chunk_tokens)
-        self._tokens = ts.open(spec, create=True, delete_existing=True, context=ctx).result()
-        self._offsets = ts.open(
-            _offsets_create_spec(self._path), create=True, delete_existing=True, context=ctx
-        ).result()
+        spec = _tokens_create_spec(self._loc, self._dtype, chunk_tokens, read_chunk_tokens)
+        self._tokens = retry_call(
+            lambda: ts.open(spec, create=True, delete_existing=True, context=ctx).result(),
+            self._loc.child(TOKENS_DIR),
+            "creating",
+        )
+        ospec = _offsets_create_spec(self._loc)
+        self._offsets = retry_call(
+            lambda: ts.open(ospec, create=True, delete_existing=True, context=ctx).result(),
+            self._loc.child(OFFSETS_DIR),
+            "creating",
+        )
         self._offsets[0:1].write(np.zeros(1, dtype=np.int64)).result()
         self._attrs = dict(attrs)
         self._flushed_docs = self._flushed_tokens = 0
@@ -543,20 +566,20 @@ class TokenStoreWriter:
     def _reopen(self, meta: dict[str, Any], attrs: dict[str, Any] | None) -> None:
         if meta["dtype"] != self._dtype.name:
             raise TokenStoreError(
-                f"cannot resume {str(self._path)!r} with dtype {self._dtype.name!r}: the store "
+                f"cannot resume {self._loc.name!r} with dtype {self._dtype.name!r}: the store "
                 f"holds {meta['dtype']!r}; pass dtype={meta['dtype']!r}"
             )
-        _open_store(self._path)
+        _open_store(self._loc)
         self._flushed_docs, self._flushed_tokens = meta["num_docs"], meta["num_tokens"]
-        tokens = _open_array(self._path, TOKENS_DIR, write=True)
-        offsets = _open_array(self._path, OFFSETS_DIR, write=True)
+        tokens = _open_array(self._loc, TOKENS_DIR, write=True)
+        offsets = _open_array(self._loc, OFFSETS_DIR, write=True)
         self._tokens = tokens.resize(exclusive_max=[self._flushed_tokens]).result()
         self._offsets = offsets.resize(exclusive_max=[self._flushed_docs + 1]).result()
         self._attrs = dict(meta.get("attrs", {}) if attrs is None else attrs)
 
     @property
-    def path(self) -> Path:
-        """The store directory."""
+    def path(self) -> Path | str:
+        """The store directory (a Path), or its URL (a str)."""
         return self._path
 
     @property
@@ -591,7 +614,7 @@ class TokenStoreWriter:
     def append(self, tokens: Any) -> int:
         """Buffer one document (1-D ints fitting the dtype); return its document index."""
         if self._closed:
-            raise TokenStoreError(f"TokenStoreWriter for {str(self._path)!r} is closed")
+            raise TokenStoreError(f"TokenStoreWriter for {self._loc.name!r} is closed")
         arr = self._as_tokens(tokens)
         self._buffer.append(arr)
         self._buffer_lengths.append(arr.size)
@@ -616,18 +639,23 @@ class TokenStoreWriter:
         d0, d1 = self._flushed_docs, self._flushed_docs + lengths.size
         self._tokens = self._tokens.resize(exclusive_max=[t1]).result()
         self._offsets = self._offsets.resize(exclusive_max=[d1 + 1]).result()
-        writes = [self._offsets[d0 + 1 : d1 + 1].write(new_offsets)]
-        if t1 > t0:
-            writes.append(self._tokens[t0:t1].write(np.concatenate(self._buffer)))
-        for w in writes:
-            w.result()
+        tokens = np.concatenate(self._buffer) if t1 > t0 else None
+
+        def write() -> None:
+            writes = [self._offsets[d0 + 1 : d1 + 1].write(new_offsets)]
+            if tokens is not None:
+                writes.append(self._tokens[t0:t1].write(tokens))
+            for w in writes:
+                w.result()
+
+        retry_call(write, self._loc.name, "writing")
         self._flushed_tokens, self._flushed_docs = t1, d1
         self._buffer, self._buffer_lengths, self._buffered_tokens = [], [], 0
 
     def commit(self) -> int:
         """Flush buffered documents, then atomically rewrite meta.json; return num_docs."""
         if self._closed:
-            raise TokenStoreError(f"TokenStoreWriter for {str(self._path)!r} is closed")
+            raise TokenStoreError(f"TokenStoreWriter for {self._loc.name!r} is closed")
         self._flush()
         meta = {
             "format": FORMAT,
@@ -637,7 +665,7 @@ class TokenStoreWriter:
             "dtype": self._dtype.name,
             "attrs": self._attrs,
         }
-        _write_meta(self._path, meta)
+        _write_meta(self._loc, meta)
         return self._flushed_docs
 
     def close(self) -> int:
@@ -663,7 +691,7 @@ def write_token_store(
     dtype: str | np.dtype = "uint32",
     **writer_kwargs: Any,
 ) -> TokenStore:
-    """Write ``docs`` to a new TokenStore at ``path`` and return a reader for it."""
+    """Write ``docs`` to a new TokenStore at ``path`` (a directory or a URL); return a reader."""
     with TokenStoreWriter(path, dtype=dtype, **writer_kwargs) as writer:
         writer.extend(docs)
-    return TokenStore(path)
+    return TokenStore(path, storage_options=writer_kwargs.get("storage_options"))

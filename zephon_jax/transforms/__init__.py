@@ -1,12 +1,22 @@
 """Pure per-record transforms: map, random_map and filter."""
 
+from zephon_jax.checks import TransformFailed
+from zephon_jax.errors import ZephonError
+from zephon_jax.operators.packing import plain
 from zephon_jax.transforms.filter import FilterTransform
 from zephon_jax.transforms.map import MapTransform
 from zephon_jax.transforms.random_map import RandomMapTransform
 
 DROP = FilterTransform.DROP
 
-__all__ = ["DROP", "FilterTransform", "MapTransform", "RandomMapTransform", "callable_name"]
+__all__ = [
+    "DROP",
+    "FilterTransform",
+    "MapTransform",
+    "RandomMapTransform",
+    "apply_transforms",
+    "callable_name",
+]
 
 
 def callable_name(fn) -> str:
@@ -15,3 +25,23 @@ def callable_name(fn) -> str:
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or repr(target)
     return f"{module}.{name}" if module else name
+
+
+def apply_transforms(transforms, data, lane: int, stage: int, lineage):
+    """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
+
+    A transform that raises is reported as ``TransformFailed`` naming it, with
+    the original exception chained. Packed rows reach user functions as plain dicts.
+    """
+    if transforms:
+        data = plain(data)
+    for transform in transforms:
+        try:
+            data = transform.apply(data, (lane, stage, lineage))
+        except ZephonError:
+            raise
+        except Exception as e:
+            raise TransformFailed(transform.describe()) from e
+        if data is DROP:
+            return DROP
+    return data

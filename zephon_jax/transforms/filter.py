@@ -11,12 +11,10 @@ class FilterTransform:
     DROP = object()
 
     def __init__(self, pred: Callable[[Any], bool] | Any):
+        from zephon_jax.checks import unwrap_grain
         from zephon_jax.transforms import callable_name
 
-        grain_filter = getattr(pred, "filter", None)
-        self._pred = grain_filter if callable(grain_filter) and not callable(pred) else pred
-        if not callable(self._pred):
-            raise TypeError(f"filter needs a callable or a grain Filter; got {pred!r}")
+        self._pred = unwrap_grain(pred, "filter", "filter")
         self.name = callable_name(pred)
 
     def apply(self, record: Any, rng_key: tuple) -> Any:

@@ -13,12 +13,10 @@ class MapTransform:
     """
 
     def __init__(self, fn: Callable[[Any], Any] | Any):
+        from zephon_jax.checks import unwrap_grain
         from zephon_jax.transforms import callable_name
 
-        grain_map = getattr(fn, "map", None)
-        self._fn = grain_map if callable(grain_map) and not callable(fn) else fn
-        if not callable(self._fn):
-            raise TypeError(f"map needs a callable or a grain MapTransform; got {fn!r}")
+        self._fn = unwrap_grain(fn, "map", "map")
         self.name = callable_name(fn)
 
     def apply(self, record: Any, rng_key: tuple) -> Any:

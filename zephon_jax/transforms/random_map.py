@@ -33,14 +33,10 @@ class RandomMapTransform:
     """Wraps ``fn(record, rng) -> record`` or a Grain ``RandomMapTransform``."""
 
     def __init__(self, fn: Callable[[Any, np.random.Generator], Any] | Any, seed: int):
+        from zephon_jax.checks import unwrap_grain
         from zephon_jax.transforms import callable_name
 
-        grain_fn = getattr(fn, "random_map", None)
-        self._fn = grain_fn if callable(grain_fn) and not callable(fn) else fn
-        if not callable(self._fn):
-            raise TypeError(
-                f"random_map needs a callable or a grain RandomMapTransform; got {fn!r}"
-            )
+        self._fn = unwrap_grain(fn, "random_map", "random_map")
         self.seed = int(seed)
         self.name = callable_name(fn)
 

@@ -7,7 +7,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError
-from zephon_jax.lane import Lane, LanePlan, encode_lane_state
+from zephon_jax.lane import Lane, LanePlan
+from zephon_jax.lane_state import encode_lane_state
 from zephon_jax.operators.packing import PackedRow, assemble_rows, plain
 from zephon_jax.sampler.resolve import leaves
 from zephon_jax.state import lane_bytes
