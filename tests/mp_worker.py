@@ -24,6 +24,8 @@ import numpy as np
 
 GLOBAL_BATCH = 16
 SEQ_LEN = 24
+# With --schedule: the staged token-weighted mixture pipeline of pipelines.py, ramped up.
+SCHEDULE_SIZES = {0: 8, 4: 16, 9: 32}
 
 
 def make_pipeline(num_epochs: int | None = None):
@@ -119,6 +121,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--hold", action="store_true", help="after saving, wait to be killed")
     p.add_argument("--resume", action="store_true", help="restore the latest step of --ckpt")
     p.add_argument("--epochs", type=int, help="read the sources this many times, then stop")
+    p.add_argument("--schedule", action="store_true", help="staged mixture + batch ramp-up")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -146,7 +149,12 @@ def main(argv: list[str]) -> None:
     batch_axes = tuple(args.batch_axes.split(","))
     spec = PartitionSpec(batch_axes if len(batch_axes) > 1 else batch_axes[0])
     sharding = NamedSharding(mesh, spec)
-    dataset = make_pipeline(args.epochs)
+    if args.schedule:
+        from pipelines import schedule_pipeline
+
+        dataset = schedule_pipeline(sizes=SCHEDULE_SIZES)
+    else:
+        dataset = make_pipeline(args.epochs)
     params_sharding = NamedSharding(mesh, PartitionSpec(spec[0]))
     params = {
         "w": jax.make_array_from_callback(
@@ -184,13 +192,13 @@ def main(argv: list[str]) -> None:
         manager = ocp.CheckpointManager(args.ckpt, options=options)
     if args.fresh:
         it = iter(loader())
-        out["rows"] = list(it.loader.rows)
+        out["rows"] = list(it.loader.rows_at(it.step))
         out["lanes"] = it.loader.lanes
         out["lanes_to_save"] = it.loader.lanes_to_save()
         record(it, "fresh", 1)
     if args.resume:
         it = iter(loader())
-        out["rows"] = list(it.loader.rows)
+        out["rows"] = list(it.loader.rows_at(it.step))
         step = manager.latest_step()
         abstract = {"w": jax.ShapeDtypeStruct((8,), np.float32, sharding=params_sharding)}
         restored = manager.restore(

@@ -104,3 +104,27 @@ def resume_across(ds, steps: int, save_at: int, save_procs: int, restore_procs: 
     for it in restored:
         it.set_state(state)
     return [concat_parts([next(it) for it in restored]) for _ in range(steps - save_at)]
+
+
+STAGED_TOKEN_WEIGHTS = {0: [0.5, 0.3, 0.2], 6: [0.0, 0.5, 0.5], 14: [0.2, 0.3, 0.5]}
+RAMP = {0: 4, 5: 8, 11: 16}
+
+
+def schedule_pipeline(sizes=None, num_lanes: int | None = None) -> zj.BatchedDataset:
+    """Token-weighted staged mixture + shuffle + map + split + pack + batch-size ramp-up.
+
+    Stages change at steps 6 and 14 (the first component has weight 0 in the
+    second stage); the batch grows at steps 5 and 11; the third source ends after
+    three epochs on some lanes partway through.
+    """
+    a = zj.Dataset.source(make_docs(300, 150, seed=1))
+    b = zj.Dataset.source(make_docs(200, 40, seed=2, vocab=500)).map(add_one)
+    c = zj.Dataset.source(make_docs(100, 10, seed=3, vocab=50)).repeat(3)
+    return (
+        zj.Dataset.mix([a, b, c], STAGED_TOKEN_WEIGHTS, unit="tokens")
+        .shuffle(seed=3)
+        .filter(not_multiple_of_seven)
+        .split(48)
+        .pack(48, method="best_fit", num_bins=6)
+        .batch(RAMP if sizes is None else sizes, num_lanes=num_lanes)
+    )

@@ -99,3 +99,13 @@ def test_every_operator_has_a_section():
             f"docs/operators.md has no section on {method}"
         )
         assert callable(getattr(zj.Dataset, method))
+
+
+@pytest.mark.parametrize("page", ["mixtures.md", "batch_size_rampup.md"])
+def test_schedule_pages_run(page):
+    """The mixture and ramp-up pages' examples, including their assertions, run as written."""
+    blocks = _python_blocks(page)
+    assert len(blocks) >= 2
+    namespace: dict = {"__name__": "docs_example"}
+    for block in blocks:
+        exec(compile(block, page, "exec"), namespace)

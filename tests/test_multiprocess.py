@@ -104,8 +104,8 @@ def launch(
 
 def assert_batches_equal(reports: list[dict], reference, run: str, steps: range) -> None:
     """Every row of every global batch in ``steps`` equals the reference, on every replica."""
-    batch = len(reference[0])
     for step in steps:
+        batch = len(reference[step - 1])
         seen: dict[int, list[str]] = {}
         for report in reports:
             for row, digests in report["runs"][run][str(step)].items():
@@ -203,3 +203,42 @@ def test_finite_input_ends_at_the_same_step_on_every_process(tmp_path):
     for report in reports:
         assert sorted(map(int, report["runs"]["fresh"])) == list(range(1, len(expected) + 1))
     assert_batches_equal(reports, expected, "fresh", range(1, len(expected) + 1))
+
+
+def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_1x2(tmp_path):
+    """The schedule pipeline under jax.distributed, saved after 5 batches (past the first size
+    change) and resumed on one process, across the first stage change and the second ramp."""
+    from pipelines import schedule_pipeline
+
+    import zephon_jax as zj
+
+    dataset = schedule_pipeline(sizes=worker.SCHEDULE_SIZES)
+    reference = [worker.batch_digests(b) for _, b in zip(range(STEPS), zj.Loader(dataset))]
+    ckpt = str(tmp_path / "ckpt")
+    saved = launch(
+        tmp_path,
+        "sched",
+        2,
+        2,
+        "data=4",
+        "data",
+        "--schedule",
+        "--fresh",
+        f"--ckpt={ckpt}",
+        "--save-at=5",
+    )
+    assert_batches_equal(saved, reference, "fresh", range(1, STEPS + 1))
+    assert_rows_loaded_once(saved, dataset.num_lanes)
+    resumed = launch(
+        tmp_path,
+        "sched-resume",
+        1,
+        2,
+        "data=2",
+        "data",
+        "--schedule",
+        "--resume",
+        f"--ckpt={ckpt}",
+    )
+    assert all(r["restored_step"] == 5 for r in resumed)
+    assert_batches_equal(resumed, reference, "resumed", range(6, STEPS + 1))

@@ -8,7 +8,9 @@ topology (process count, and worker count when workers are available). At each
 cut the processes' states are merged with ``merge_states`` and passed through
 the codec or JSON, which proves they are plain data. Every global batch must be
 byte-identical to the uninterrupted single-process run, and every process must
-end at the same batch when the input is finite.
+end at the same batch when the input is finite. A second search adds mixtures by
+tokens, a second stage of mixture weights and a batch-size ramp-up (in-process
+topologies only, so it stays fast).
 
 The normal suite runs a small derandomized profile. Set
 ``ZEPHON_PROPERTY_EXAMPLES=N`` to run ``N`` examples instead, and
@@ -111,7 +113,15 @@ class SwapPairs(zj.Operator):
 def build(spec: dict) -> zj.BatchedDataset:
     """The batched dataset a spec (plain data drawn by hypothesis) describes."""
     parts = [zj.Dataset.source(make_source(i, *src)) for i, src in enumerate(spec["sources"])]
-    ds = parts[0] if len(parts) == 1 else zj.Dataset.mix(parts, spec["weights"])
+    weights = spec["weights"]
+    if spec.get("stage") is not None:
+        start, later = spec["stage"]
+        weights = {0: weights, start: later[: len(weights)]}
+    ds = (
+        parts[0]
+        if len(parts) == 1
+        else zj.Dataset.mix(parts, weights, unit=spec.get("unit", "records"))
+    )
     if spec["epochs"] is not None:
         ds = ds.repeat(spec["epochs"])
     if spec["shuffle"] is not None:
@@ -128,7 +138,11 @@ def build(spec: dict) -> zj.BatchedDataset:
         ds = ds.split(seq_len)
     ds = ds.pack(seq_len, method=method, num_bins=num_bins)
     ds = add_ops(ds, spec["post_ops"])
-    return ds.batch(spec["batch"], num_lanes=spec["lanes"])
+    batch = spec["batch"]
+    if spec.get("ramp") is not None:
+        start, factor = spec["ramp"]
+        batch = {0: batch, start: batch * factor}
+    return ds.batch(batch, num_lanes=spec["lanes"])
 
 
 def add_ops(ds: zj.Dataset, ops: list) -> zj.Dataset:
@@ -208,6 +222,23 @@ def specs(draw) -> dict:
         "phases": phases,
         "state_form": draw(st.sampled_from(["codec", "json"])),
     }
+
+
+@st.composite
+def schedule_specs(draw) -> dict:
+    """A spec whose mixture is by records or tokens, with a second stage of weights (zeros
+    allowed, positive sum) and a batch ramp-up, each or not; in-process topologies only."""
+    spec = draw(specs())
+    later = [draw(st.integers(0, 5)) for _ in range(3)]
+    later[draw(st.integers(0, len(spec["sources"]) - 1))] += 1
+    spec["unit"] = draw(st.sampled_from(["records", "tokens"]))
+    spec["stage"] = draw(st.one_of(st.none(), st.tuples(st.integers(1, 8), st.just(later))))
+    ramp = st.tuples(st.integers(1, 8), st.sampled_from([2, 3]))
+    spec["ramp"] = draw(st.one_of(st.none(), ramp))
+    phases = [(procs, 0) for procs, _ in spec["phases"]]
+    spec["phases"] = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    spec["cuts"] = spec["cuts"][: len(spec["phases"]) - 1]
+    return spec
 
 
 # ----- running --------------------------------------------------------------------------------
@@ -297,6 +328,19 @@ def check(spec: dict) -> None:
 )
 @given(specs())
 def test_any_pipeline_topology_and_resume_gives_the_same_batches(spec):
+    check(spec)
+
+
+@settings(
+    max_examples=2 * EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+@given(schedule_specs())
+def test_token_and_staged_mixtures_and_ramps_give_the_same_batches(spec):
     check(spec)
 
 

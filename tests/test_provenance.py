@@ -245,3 +245,22 @@ def test_state_files_reject_damage(tmp_path):
     (tmp_path / "other").write_text("hello")
     with pytest.raises(zj.StateError, match="not a zephon_jax state file"):
         zj.load_state(tmp_path / "other")
+
+
+def test_token_weighted_staged_mixture_with_a_ramp():
+    """Rows of a mixture by tokens with weight stages, batch ramped up, on two processes."""
+    mixed = zj.Dataset.mix(
+        [component(DOCS, "docs"), component(CODE, "code")],
+        {0: [0.7, 0.3], 4: [0.0, 1.0], 8: [0.5, 0.5]},
+        unit="tokens",
+    )
+    ds = mixed.shuffle(seed=3).split(SEQ).pack(SEQ).batch({0: 4, 5: 8})
+    whole = [next(it) for it in [iter(zj.Loader(ds))] for _ in range(STEPS)]
+    its = [iter(zj.Loader(ds, process_index=i, process_count=2)) for i in range(2)]
+    for step in range(STEPS):
+        parts = [next(it) for it in its]
+        provenance = [seg for it in its for seg in it.provenance()]
+        batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        np.testing.assert_array_equal(batch["tokens"], whole[step]["tokens"])
+        assert_rows_match(batch, provenance)
+        assert provenance == explain_step(ds, step)

@@ -24,6 +24,13 @@ from zephon_jax.operators import (
 )
 from zephon_jax.sampler import MixtureNode, SourceNode, derive_key
 from zephon_jax.sampler.mixture import normalize_weights
+from zephon_jax.sampler.scheduled_mixture import (
+    UNITS,
+    ScheduledMixtureNode,
+    parse_weight_stages,
+    quantize,
+)
+from zephon_jax.schedule import StepSchedule
 from zephon_jax.transforms import FilterTransform, MapTransform, RandomMapTransform
 
 PACK_METHODS = ("best_fit", "first_fit", "concat")
@@ -40,6 +47,12 @@ def _check_seed(seed: Any, what: str) -> int:
             pass
         raise PipelineError(f"{what} needs an int seed; got {seed!r}")
     return seed
+
+
+def _has_scheduled_mixture(node) -> bool:
+    if isinstance(node, ScheduledMixtureNode):
+        return True
+    return any(_has_scheduled_mixture(c) for c in getattr(node, "children", ()))
 
 
 def _with_transforms(node, transforms: tuple):
@@ -97,11 +110,23 @@ class Dataset:
         return Dataset(SourceNode(source, name=name))
 
     @staticmethod
-    def mix(datasets: Sequence[Dataset], weights: Sequence[float]) -> Dataset:
+    def mix(
+        datasets: Sequence[Dataset],
+        weights: Sequence[float] | Mapping[int, Sequence[float]],
+        unit: str = "records",
+    ) -> Dataset:
         """Mixes datasets with exact long-run proportions ``weights`` (normalized).
 
-        Every lane receives each component in proportion. Operators (``split``,
-        ``pack``, ...) must come after the mixture, not inside its components.
+        ``unit="records"`` (default): the weights are shares of records;
+        ``unit="tokens"``: shares of tokens, a record counting
+        ``len(record["tokens"])`` after its component's own transforms.
+        ``weights`` may be a stage schedule ``{start_step: [w, ...], ...}`` (first
+        key 0; zero weights allowed in a stage with a positive sum): the draws a
+        lane makes while producing global step ``t`` use the stage holding ``t``.
+        Every lane receives each component in proportion (see
+        :mod:`zephon_jax.sampler.scheduled_mixture` for the bound). Operators
+        (``split``, ``pack``, ...) must come after the mixture, not inside its
+        components; a mixture by tokens or with stages must be the outermost one.
         """
         datasets = list(datasets)
         for i, ds in enumerate(datasets):
@@ -113,14 +138,34 @@ class Dataset:
                     f"{ds._stages[0].operator.describe()}; mix the sources first and apply "
                     "split/pack/window_shuffle/flat_map after the mixture"
                 )
-        normalized = normalize_weights(weights)
-        if len(normalized) != len(datasets):
-            raise PipelineError(
-                f"Dataset.mix got {len(datasets)} datasets but {len(normalized)} weights; "
-                "give one weight per dataset"
+            if _has_scheduled_mixture(ds._sampler):
+                raise PipelineError(
+                    f"Dataset.mix input {i} is itself a mixture by tokens or with weight stages; "
+                    "such a mixture must be the outermost one: mix its components directly in it"
+                )
+        if unit not in UNITS:
+            raise PipelineError(f"Dataset.mix(unit={unit!r}) is unknown; use one of {UNITS}")
+        if unit == "records" and not isinstance(weights, Mapping):
+            normalized = normalize_weights(weights)
+            if len(normalized) != len(datasets):
+                raise PipelineError(
+                    f"Dataset.mix got {len(datasets)} datasets but {len(normalized)} weights; "
+                    "give one weight per dataset"
+                )
+            key = derive_key(len(datasets), *[round(w * 2**32) for w in normalized])
+            return Dataset(
+                MixtureNode(tuple(ds._sampler for ds in datasets), normalized, node_key=key)
             )
-        key = derive_key(len(datasets), *[round(w * 2**32) for w in normalized])
-        return Dataset(MixtureNode(tuple(ds._sampler for ds in datasets), normalized, node_key=key))
+        if not datasets:
+            raise PipelineError("Dataset.mix needs at least one dataset and one weight")
+        stages = parse_weight_stages(weights, len(datasets))
+        key = derive_key(
+            len(datasets),
+            UNITS.index(unit),
+            *[x for s, ws in zip(stages.starts, stages.values) for x in (s, *quantize(ws))],
+        )
+        children = tuple(ds._sampler for ds in datasets)
+        return Dataset(ScheduledMixtureNode(children, stages, unit, node_key=key))
 
     def shuffle(self, seed: int) -> Dataset:
         """Global shuffle, reseeded every epoch, with no materialized permutation.
@@ -221,12 +266,19 @@ class Dataset:
         return self._add_operator(UserOperator(operator))
 
     # ----- batching ----------------------------------------------------------------
-    def batch(self, global_batch_size: int, num_lanes: int | None = None) -> BatchedDataset:
+    def batch(
+        self, global_batch_size: int | Mapping[int, int], num_lanes: int | None = None
+    ) -> BatchedDataset:
         """Groups rows into global batches of ``global_batch_size`` rows.
 
         The pipeline runs in ``num_lanes`` independent lanes (default: the global
         batch size); lane ``l`` owns rows ``[l*R, (l+1)*R)`` of every global batch,
         ``R = global_batch_size // num_lanes``. Neither depends on the topology.
+
+        ``global_batch_size`` may be a ramp-up schedule ``{start_step: size, ...}``
+        (first key 0): global step ``t`` has the size of the stage holding ``t``,
+        every size is a multiple of ``num_lanes`` (default: the smallest size) and
+        each lane produces ``size_t // num_lanes`` rows at step ``t``.
         """
         return BatchedDataset(self, global_batch_size, num_lanes)
 
@@ -235,26 +287,80 @@ class Dataset:
         return f"Dataset({self._sampler.describe()}{' -> ' + ops if ops else ''})"
 
 
-class BatchedDataset:
-    """A dataset cut into global batches by a fixed number of lanes."""
+def _check_size(size: Any, what: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise PipelineError(f"batch(global_batch_size) needs a positive int ({what}); got {size!r}")
+    return size
 
-    def __init__(self, dataset: Dataset, global_batch_size: int, num_lanes: int | None = None):
-        global_batch_size = positive_int(global_batch_size, "batch(global_batch_size)")
+
+class BatchedDataset:
+    """A dataset cut into global batches by a fixed number of lanes.
+
+    ``global_batch_size`` is the int (or the ramp-up schedule) it was built
+    with; :meth:`batch_size_at` gives the size of a step, ``batch_sizes`` every
+    size a step may have.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        global_batch_size: int | Mapping[int, int],
+        num_lanes: int | None = None,
+    ):
+        if isinstance(global_batch_size, Mapping):
+            schedule = StepSchedule.parse(
+                global_batch_size, "batch(global_batch_size)", _check_size
+            )
+        else:
+            _check_size(global_batch_size, "the size of every step")
+            schedule = StepSchedule((0,), (global_batch_size,))
         num_lanes = positive_int(num_lanes, "batch(num_lanes)", allow_none=True)
         if num_lanes is None:
-            num_lanes = global_batch_size
-        if global_batch_size % num_lanes:
-            raise PipelineError(
-                f"global_batch_size={global_batch_size} is not a multiple of num_lanes={num_lanes}; "
-                "every lane must own the same number of rows: choose num_lanes dividing the batch "
-                "(the default, num_lanes=None, uses one lane per row)"
-            )
+            num_lanes = min(schedule.values)
+        for start, size in zip(schedule.starts, schedule.values):
+            if size % num_lanes:
+                at = "" if schedule.is_constant else f" (the size from step {start})"
+                raise PipelineError(
+                    f"global_batch_size={size}{at} is not a multiple of num_lanes={num_lanes}; "
+                    "every lane must own the same number of rows: choose num_lanes dividing "
+                    "every batch size (the default, num_lanes=None, uses one lane per row of "
+                    "the smallest batch)"
+                )
         self.dataset = dataset
-        self.global_batch_size = global_batch_size
+        self.batch_schedule = schedule
+        self.global_batch_size = (
+            schedule.values[0]
+            if schedule.is_constant
+            else dict(zip(schedule.starts, schedule.values))
+        )
         self.num_lanes = num_lanes
 
     @property
+    def is_ramp(self) -> bool:
+        """True if the batch size changes with the step (a ramp-up schedule)."""
+        return not self.batch_schedule.is_constant
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Every global batch size a step may have, sorted, without repeats."""
+        return tuple(sorted(set(self.batch_schedule.values)))
+
+    def batch_size_at(self, step: int) -> int:
+        """The global batch size of global step ``step`` (0-based)."""
+        return self.batch_schedule.at(step)
+
+    def rows_per_lane_at(self, step: int) -> int:
+        """The rows each lane produces at global step ``step``."""
+        return self.batch_schedule.at(step) // self.num_lanes
+
+    @property
     def rows_per_lane(self) -> int:
+        """Rows per lane of every step; a ramp-up has no single one (use ``rows_per_lane_at``)."""
+        if self.is_ramp:
+            raise PipelineError(
+                "this pipeline ramps its batch size up, so rows per lane change with the step: "
+                "use rows_per_lane_at(step)"
+            )
         return self.global_batch_size // self.num_lanes
 
     @property
@@ -280,6 +386,6 @@ class BatchedDataset:
 
     def __repr__(self) -> str:
         return (
-            f"{self.dataset!r}.batch(global_batch_size={self.global_batch_size}, "
+            f"{self.dataset!r}.batch(global_batch_size={self.global_batch_size!r}, "
             f"num_lanes={self.num_lanes})"
         )

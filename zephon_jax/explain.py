@@ -80,10 +80,11 @@ def explain(
     started = time.perf_counter()
     provenance = explain_step(dataset, step, state=state, rows=rows)
     seconds = time.perf_counter() - started
-    rows = list(range(dataset.global_batch_size)) if rows is None else list(rows)
+    size = dataset.batch_size_at(int(step))
+    rows = list(range(size)) if rows is None else list(rows)
     origin = f"from the state at step {int(state['step'])}" if state is not None else "from step 0"
     lines = [
-        f"global batch {step} (0-based), {len(rows)} of {dataset.global_batch_size} rows, "
+        f"global batch {step} (0-based), {len(rows)} of {size} rows, "
         f"computed {origin} in {seconds:.2f} s"
     ]
     for row, segments in zip(rows, provenance):

@@ -21,6 +21,7 @@ from typing import Any
 from zephon_jax.dataset import BatchedDataset, Dataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.sampler.mixture import MixtureNode
+from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode
 from zephon_jax.sampler.source import describe_source
 
 
@@ -56,6 +57,16 @@ def _sampler_lines(node, weight: float | None, indent: str, out: list[str]) -> N
         out.append(f"{indent}{share}mixture of {len(node.children)}{seed}")
         for child, w in zip(node.children, node.weights):
             _sampler_lines(child, w, indent + "  ", out)
+    elif isinstance(node, ScheduledMixtureNode):
+        seed = "" if node.order_seed is None else f"  order seed {node.order_seed}"
+        out.append(f"{indent}{share}mixture of {len(node.children)} by {node.unit}{seed}")
+        for start, ws in zip(node.stages.starts, node.stages.values):
+            if not node.stages.is_constant:
+                weights = ", ".join(f"{w:.3f}" for w in ws)
+                out.append(f"{indent}  from step {start}: weights {weights}")
+        first = node.stages.values[0] if node.stages.is_constant else (None,) * len(ws)
+        for child, w in zip(node.children, first):
+            _sampler_lines(child, w, indent + "  ", out)
     else:
         epochs = "forever" if node.num_epochs is None else f"{node.num_epochs} epoch(s)"
         shuffle = "not shuffled" if node.shuffle_seed is None else f"shuffled ({node.shuffle_seed})"
@@ -80,10 +91,12 @@ def describe_plan(batched: BatchedDataset) -> str:
         out.append(f"     carry bound: {op.carry_bound()}")
         for t in stage.transforms:
             out.append(f"     then {t.describe()}")
-    out.append(
-        f"batch: {batched.global_batch_size} rows per global batch, {batched.num_lanes} lanes, "
-        f"{batched.rows_per_lane} row(s) per lane"
-    )
+    for start, size in zip(batched.batch_schedule.starts, batched.batch_schedule.values):
+        since = f" from step {start}" if batched.is_ramp else ""
+        out.append(
+            f"batch{since}: {size} rows per global batch, {batched.num_lanes} lanes, "
+            f"{size // batched.num_lanes} row(s) per lane"
+        )
     out.append(f"fingerprint: {short_fingerprint(batched)}")
     return "\n".join(out)
 
@@ -183,10 +196,10 @@ def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     """Runs ``steps`` global batches on one process; seconds per stage and throughput."""
     from zephon_jax.rows import RowProducer, stack_rows
 
-    producer = RowProducer(batched, range(batched.global_batch_size))
+    producer = RowProducer(batched, lambda size: range(size))
     clock = _Clock()
     _instrument(producer.plan, batched, clock)
-    done, rows_tokens, stack = 0, 0, 0.0
+    done, rows_tokens, stack, rows_done = 0, 0, 0.0, 0
     t0 = time.perf_counter()
     for _ in range(steps):
         rows = producer.next_rows()
@@ -196,6 +209,7 @@ def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
         batch = stack_rows(rows)
         stack += time.perf_counter() - t1
         done += 1
+        rows_done += len(rows)
         if isinstance(batch, dict) and "tokens_segment_ids" in batch:
             rows_tokens += int((batch["tokens_segment_ids"] > 0).sum())
     total = time.perf_counter() - t0
@@ -206,6 +220,7 @@ def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     stages.append(("sampler and lane bookkeeping", other))
     return {
         "steps": done,
+        "rows": rows_done,
         "seconds": total,
         "stages": stages,
         "tokens": rows_tokens,
@@ -231,7 +246,8 @@ def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]
     return [(name, int(statistics.median(v)), max(v)) for name, v in zip(names, parts)]
 
 
-def format_timing(result: dict[str, Any], global_batch_size: int) -> str:
+def format_timing(result: dict[str, Any], global_batch_size: Any = None) -> str:
+    """Timing as text (``global_batch_size`` is unused: rows are counted)."""
     steps, total = result["steps"], max(result["seconds"], 1e-12)
     out = [f"timing over {steps} global batches (one process, every lane)"]
     out.append(f"  {'stage':<56} {'total s':>8} {'ms/batch':>9} {'share':>6}")
@@ -239,7 +255,7 @@ def format_timing(result: dict[str, Any], global_batch_size: int) -> str:
         per = seconds / max(steps, 1) * 1e3
         out.append(f"  {name[:56]:<56} {seconds:8.3f} {per:9.2f} {seconds / total:6.1%}")
     out.append(f"  {'total':<56} {total:8.3f} {total / max(steps, 1) * 1e3:9.2f}")
-    line = f"  {steps / total:.1f} batches/s, {steps * global_batch_size / total:,.0f} rows/s"
+    line = f"  {steps / total:.1f} batches/s, {result['rows'] / total:,.0f} rows/s"
     if result["tokens"]:
         line += f", {result['tokens'] / total:,.0f} real tokens/s"
     out.append(line)

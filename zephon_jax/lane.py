@@ -15,8 +15,10 @@ The indices the core speaks of:
 * **lineage**: the pointer that regenerates an element (see :mod:`zephon_jax.lineage`).
 * **step**: the number of global batches delivered so far.
 
-A lane's state is its next position, each operator's saved carry and the
-finished rows not yet batched, all written as lineages (:mod:`zephon_jax.lane_state`).
+A lane's state is its next position, the global step it produces next, each
+operator's saved carry, the finished rows not yet batched (all written as
+lineages) and, for a mixture by tokens or with weight stages, the mixture's
+carry of plain ints (:mod:`zephon_jax.lane_state`).
 Restoring regenerates every element a state points to (:mod:`zephon_jax.restore`)
 and continues exactly where the state left off.
 """
@@ -30,13 +32,14 @@ from typing import Sequence
 import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
-from zephon_jax.errors import PipelineError, RecordError, ZephonError
+from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
-from zephon_jax.lineage import Element, root_position
+from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import Saved
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import Rebuilder
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP, apply_transforms
 
@@ -58,6 +61,9 @@ class LanePlan:
     def __init__(self, batched):
         self.num_lanes = batched.num_lanes
         self.sampler = batched.sampler
+        self.rows_per_lane_at = batched.rows_per_lane_at
+        # A mixture by tokens or with weight stages is drawn sequentially by each lane.
+        self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
         self.leaves = leaves(self.sampler)
         self.leaf_transforms = leaf_paths(self.sampler)
         self.leaf_labels = leaf_labels(self.leaves)
@@ -82,7 +88,13 @@ class Lane:
         self.plan = plan
         self.lane = lane
         self.next_position = 0
+        self.step = 0  # the global step this lane produces next
         self.input_done = False
+        self.drawer = None
+        if plan.mixture is not None:
+            self.drawer = MixtureDrawer(
+                plan.mixture, lane, plan.num_lanes, self._read_leaf, self._transform_root
+            )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
@@ -108,23 +120,7 @@ class Lane:
             where = valid[res.leaf[valid] == leaf_id]
             source = plan.leaves[leaf_id].source
             records = res.record[where].tolist()
-            try:
-                getitems = getattr(source, "__getitems__", None)
-                datas = getitems(records) if getitems else [source[r] for r in records]
-            except Exception as e:
-                raise RecordError(
-                    f"lane {self.lane}: reading records {records[:8]}"
-                    f"{'...' if len(records) > 8 else ''} (lane-local positions "
-                    f"{positions[where[:8]].tolist()}) from source {source_label(source)} "
-                    f"failed: {e!r}. Check that the source's files exist, are readable and "
-                    "intact (the original error is chained as __cause__)"
-                ) from e
-            if len(datas) != len(records):
-                raise RecordError(
-                    f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
-                    f"records for {len(records)} indices from __getitems__; it must return one "
-                    "record per index, in order"
-                )
+            datas = self._read_leaf(int(leaf_id), records, positions[where[:8]].tolist())
             transforms = plan.leaf_transforms[leaf_id]
             for i, record, data in zip(where.tolist(), records, datas):
                 position = int(positions[i])
@@ -141,12 +137,45 @@ class Lane:
                 out[i] = data if data is DROP else Element(data, position)
         return out
 
+    def _read_leaf(self, leaf_id: int, records: list[int], positions: list | None = None) -> list:
+        """The records ``records`` of sampler leaf ``leaf_id``, in one batched read."""
+        source = self.plan.leaves[leaf_id].source
+        try:
+            getitems = getattr(source, "__getitems__", None)
+            datas = getitems(records) if getitems else [source[r] for r in records]
+        except Exception as e:
+            at = "" if positions is None else f" (lane-local positions {positions})"
+            raise RecordError(
+                f"lane {self.lane}: reading records {records[:8]}"
+                f"{'...' if len(records) > 8 else ''}{at} from source {source_label(source)} "
+                f"failed: {e!r}. Check that the source's files exist, are readable and "
+                "intact (the original error is chained as __cause__)"
+            ) from e
+        if len(datas) != len(records):
+            raise RecordError(
+                f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
+                f"records for {len(records)} indices from __getitems__; it must return one "
+                "record per index, in order"
+            )
+        return datas
+
+    def _transform_root(self, transforms, data, lineage, where: str):
+        """Sampler-level transforms of a mixture drawer's record (errors name ``where``)."""
+        try:
+            return apply_transforms(transforms, data, self.lane, 0, lineage)
+        except TransformFailed as e:
+            raise user_error(e.name, where, e) from e.__cause__
+
     def locate(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
         """(leaf, record, epoch) of each lane-local position in ``positions``.
 
         Positions read recently are found in the blocks this lane resolved when
         it read them; others are resolved again (the sampler is a pure function).
+        With a mixture by tokens or with stages, ``positions`` are its roots
+        ``(position, component, draw)``, which locate themselves.
         """
+        if self.drawer is not None:
+            return self.drawer.locate(positions)
         out: list = [None] * len(positions)
         missing = []
         for i, p in enumerate(positions):
@@ -177,6 +206,16 @@ class Lane:
         if position is None:
             return text + " (an output of a user operator)"
         plan = self.plan
+        if plan.mixture is not None:
+            root = lineage
+            while is_derived(root):
+                root = root[0][0]
+            if isinstance(root, tuple) and len(root) == 3:
+                return (
+                    f"{text} (from lane-local position {position}: mixture component "
+                    f"{root[1]}, component draw {root[2]})"
+                )
+            return text
         res = resolve(plan.sampler, self.lane, np.array([position], np.int64), plan.num_lanes)
         source = plan.leaves[int(res.leaf[0])].source
         return (
@@ -255,20 +294,37 @@ class Lane:
             if outputs:
                 self._push(stage + 1, self._post(stage, self.plan.post_transforms[stage], outputs))
 
-    def take(self, n: int) -> list[Element] | None:
-        """The next ``n`` rows of this lane, or ``None`` once a finite input is exhausted.
+    def take(self, n: int | None = None) -> list[Element] | None:
+        """This lane's rows of its next global step, or ``None`` once a finite input ends.
 
-        Raises a RecordError once ``plan.max_records_without_row`` records in a row
-        yield no row (every one dropped somewhere), instead of reading forever.
+        ``n`` rows (default: the step's rows per lane); the lane then moves to the
+        next step. Raises a RecordError once ``plan.max_records_without_row``
+        records in a row yield no row (every one dropped somewhere), instead of
+        reading forever.
         """
+        if n is None:
+            n = self.plan.rows_per_lane_at(self.step)
+        rows = self._take(n)
+        self.step += 1
+        return rows
+
+    def _take(self, n: int) -> list[Element] | None:
         pending, ahead, push = self.pending, self._ahead, self._push
         limit = self.plan.max_records_without_row
+        drawer = self.drawer
+        if drawer is not None:
+            stage = self.plan.mixture.stages.index_at(self.step)
         while len(pending) < n:
             if self.input_done:
                 return None
-            if not ahead:
-                self._read_ahead()
-            item = ahead.popleft()
+            if drawer is not None:
+                item = drawer.draw(stage, self.next_position)
+                if item is None:
+                    item = _END
+            else:
+                if not ahead:
+                    self._read_ahead()
+                item = ahead.popleft()
             if item is _END:  # the position is not consumed
                 self._finish_input()
                 continue
@@ -316,8 +372,15 @@ class Lane:
             held, aux = op.save(carry)
             carries.append((tuple(map(_lineage, held)), aux))
         pending = tuple(map(_lineage, self.pending))
+        mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
-            LANE_FORMAT, self.next_position, self.input_done, tuple(carries), pending
+            LANE_FORMAT,
+            self.next_position,
+            self.input_done,
+            tuple(carries),
+            pending,
+            self.step,
+            mixture,
         )
 
     def get_state(self) -> bytes:
@@ -327,6 +390,14 @@ class Lane:
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to)."""
         snapshot = decode_lane_state(self.lane, data, self.plan.num_operators)
+        if (snapshot.mixture is None) != (self.drawer is None):
+            raise StateError(
+                f"lane {self.lane}: the state {'has no' if snapshot.mixture is None else 'has a'} "
+                f"mixture carry but this pipeline's sampler "
+                f"{'needs' if snapshot.mixture is None else 'has'} none"
+            )
+        if self.drawer is not None:
+            self.drawer.set_carry(snapshot.mixture)
         rebuild = Rebuilder(self)
         rebuild.prefetch([held for held, _ in snapshot.carries], snapshot.pending)
         carries = [
@@ -336,6 +407,7 @@ class Lane:
         final = self.plan.num_operators
         pending = collections.deque(rebuild.build(final, lin) for lin in snapshot.pending)
         self.next_position = snapshot.next_position
+        self.step = snapshot.step
         self.input_done = snapshot.input_done
         self.carries = carries
         self.pending = pending

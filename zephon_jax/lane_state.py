@@ -1,9 +1,11 @@
 """The lane state format: a lane's snapshot as plain data, and as checksummed bytes.
 
 A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
-pending)``: ``carries`` holds, per operator, ``(held_lineages, aux)`` (its
-:class:`~zephon_jax.operators.base.Saved` form with elements written as their
-lineages) and ``pending`` the lineages of the finished rows not yet batched.
+pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
+aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
+as their lineages), ``pending`` the lineages of the finished rows not yet
+batched, ``step`` the global step the lane produces next and ``mixture`` the
+carry of plain ints of a mixture by tokens or with weight stages (else None).
 Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it.
 """
 
@@ -17,7 +19,8 @@ from zephon_jax.errors import StateError
 
 # 2: lane bytes end with a CRC-32 of the encoded state, so corruption is detected.
 # 3: carries are saved as (held lineages, aux); operator outputs as (parents, recipe).
-LANE_FORMAT = 3
+# 4: the lane's step and its mixture carry (batch-size ramps, token and staged mixtures).
+LANE_FORMAT = 4
 
 
 class LaneSnapshot(NamedTuple):
@@ -28,6 +31,8 @@ class LaneSnapshot(NamedTuple):
     input_done: bool
     carries: tuple
     pending: tuple
+    step: int
+    mixture: Any
 
 
 def encode_lane_state(snapshot: tuple) -> bytes:
@@ -48,7 +53,7 @@ def decode_lane_state(lane: int, data: bytes, num_operators: int) -> LaneSnapsho
             "restore from an intact checkpoint"
         )
     value = codec.decode(body)
-    if not (isinstance(value, tuple) and len(value) == 5 and value[0] == LANE_FORMAT):
+    if not (isinstance(value, tuple) and len(value) == 7 and value[0] == LANE_FORMAT):
         raise _format_error(lane, value)
     snapshot = LaneSnapshot(*value)
     if not isinstance(snapshot.carries, tuple) or len(snapshot.carries) != num_operators:
@@ -64,6 +69,8 @@ def decode_lane_state(lane: int, data: bytes, num_operators: int) -> LaneSnapsho
             )
     if not isinstance(snapshot.pending, tuple):
         raise StateError(f"lane {lane}: pending rows must be a tuple of lineages")
+    if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
+        raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
     return snapshot
 
 

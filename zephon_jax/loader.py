@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from zephon_jax.checks import positive_int
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
-from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run
+from zephon_jax.rows import RowProducer, encode_snapshots
 from zephon_jax.state import check_state, lane_bytes, make_state
 
 
@@ -80,11 +80,37 @@ class Loader:
         if sharding is None:
             self.process_index = 0 if process_index is None else process_index
             self.process_count = 1 if process_count is None else process_count
-            self.rows: Sequence[int] = process_rows(
-                dataset.global_batch_size, self.process_index, self.process_count
-            )
+            self._rows = {}
+            for start, size in zip(dataset.batch_schedule.starts, dataset.batch_schedule.values):
+                try:
+                    self._rows[size] = process_rows(size, self.process_index, self.process_count)
+                except PipelineError as e:
+                    if not dataset.is_ramp:
+                        raise
+                    raise PipelineError(f"at step {start} of the batch-size ramp-up: {e}") from e
         else:
             self._init_sharded(sharding, process_index, process_count)
+
+    @property
+    def rows(self) -> Sequence[int]:
+        """The global rows this process loads, in the order of its batch rows.
+
+        With a batch-size ramp-up they depend on the step: see :meth:`rows_at`.
+        """
+        if self.dataset.is_ramp:
+            raise PipelineError(
+                "with a batch-size ramp-up the rows a process loads change with the step: "
+                "use rows_at(step)"
+            )
+        return self._rows[self.dataset.global_batch_size]
+
+    def rows_at(self, step: int) -> Sequence[int]:
+        """The global rows this process loads at global step ``step``."""
+        return self._rows[self.dataset.batch_size_at(step)]
+
+    def rows_of_size(self, size: int) -> Sequence[int]:
+        """The global rows this process loads from a global batch of ``size`` rows."""
+        return self._rows[size]
 
     def _init_sharded(
         self, sharding: Any, process_index: int | None, process_count: int | None
@@ -104,24 +130,38 @@ class Loader:
                     f"{name}={given} was given with sharding, but jax says {actual}; with "
                     f"sharding the process comes from jax: drop {name}"
                 )
-        self.sharding = BatchSharding(sharding, self.dataset.global_batch_size)
-        self.rows = self.sharding.process_rows(self.process_index)
-        if not self.rows:
+        self.sharding = BatchSharding(sharding, self.dataset.batch_sizes)
+        self._rows = {
+            size: self.sharding.process_rows(self.process_index, size)
+            for size in self.dataset.batch_sizes
+        }
+        if not any(self._rows.values()):
             raise PipelineError(
                 f"the devices of process {self.process_index} hold no rows of the batch sharding; "
                 "build the mesh over the devices of every process (e.g. jax.make_mesh)"
             )
 
     # ----- which process holds what ---------------------------------------------------
-    def rows_of_process(self, process_index: int) -> Sequence[int]:
-        """The global rows process ``process_index`` loads, in the order of its batch rows."""
-        if self.sharding is not None:
-            return self.sharding.process_rows(process_index)
-        return process_rows(self.dataset.global_batch_size, process_index, self.process_count)
+    def rows_of_process(self, process_index: int, size: int | None = None) -> Sequence[int]:
+        """The global rows process ``process_index`` loads from a batch of ``size`` rows.
 
-    def _lanes_of(self, rows: Sequence[int]) -> list[int]:
-        per_lane = self.dataset.rows_per_lane
-        return sorted({r // per_lane for r in rows})
+        ``size`` defaults to the constant batch size (required with a ramp-up).
+        """
+        if size is None:
+            size = self.dataset.batch_size_at(0)
+            if self.dataset.is_ramp:
+                raise PipelineError("with a batch-size ramp-up, give the batch size: size=")
+        if self.sharding is not None:
+            return self.sharding.process_rows(process_index, size)
+        return process_rows(size, process_index, self.process_count)
+
+    def _lanes_of_process(self, process_index: int) -> set[int]:
+        """The lanes behind the rows of process ``process_index`` at any step."""
+        lanes: set[int] = set()
+        for size in self.dataset.batch_sizes:
+            per_lane = size // self.dataset.num_lanes
+            lanes.update(r // per_lane for r in self.rows_of_process(process_index, size))
+        return lanes
 
     @property
     def agree_on_end(self) -> bool:
@@ -138,7 +178,9 @@ class Loader:
 
         Those behind its rows, or every lane of a finite input (see ``agree_on_end``).
         """
-        return lanes_to_run(self.dataset, self.rows, self.agree_on_end)
+        if self.agree_on_end and self.dataset.is_finite:
+            return list(range(self.dataset.num_lanes))
+        return sorted(self._lanes_of_process(self.process_index))
 
     def lanes_to_save(self) -> list[int]:
         """The lanes this process writes in a checkpoint.
@@ -151,20 +193,20 @@ class Loader:
             lower = range(self.process_index)
         taken: set[int] = set()
         for p in lower:
-            taken.update(self._lanes_of(self.rows_of_process(p)))
-        return [lane for lane in self._lanes_of(self.rows) if lane not in taken]
+            taken.update(self._lanes_of_process(p))
+        return sorted(self._lanes_of_process(self.process_index) - taken)
 
     # ----- iteration ------------------------------------------------------------------
     def make_producer(self):
         """The row producer for this loader: in-process, or split over worker processes."""
         agree_on_end = self.agree_on_end
         if self.num_workers == 0:
-            return RowProducer(self.dataset, self.rows, agree_on_end=agree_on_end)
+            return RowProducer(self.dataset, self.rows_of_size, agree_on_end=agree_on_end)
         from zephon_jax.workers import WorkerRowProducer
 
         return WorkerRowProducer(
             self.dataset,
-            self.rows,
+            self.rows_of_size,
             self.num_workers,
             self.worker_prefetch,
             agree_on_end=agree_on_end,
@@ -199,7 +241,8 @@ class LoaderIterator(Iterator[Any]):
             if not self._all_processes_have(batch is not None):
                 raise StopIteration
             if sharding is not None:
-                batch = sharding.make_global(self.loader.rows, batch)
+                size = self.loader.dataset.batch_size_at(self.step)
+                batch = sharding.make_global(self.loader.rows_of_size(size), batch, size)
             self._last_picks = last_picks() if last_picks is not None else None
             self._before_last = before
             self.step += 1
@@ -238,7 +281,7 @@ class LoaderIterator(Iterator[Any]):
             )
         from zephon_jax.rows import RowProducer, encode_snapshots
 
-        replay = RowProducer(self.loader.dataset, self.loader.rows, agree_on_end=False)
+        replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
         lanes = encode_snapshots(self._before_last)
         replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
         replay.next_rows()
@@ -263,7 +306,9 @@ class LoaderIterator(Iterator[Any]):
     def _start_prefetch(self) -> None:
         from zephon_jax.sharding import DevicePrefetcher
 
-        producer, sharding, rows = self._producer, self.loader.sharding, self.loader.rows
+        producer, sharding = self._producer, self.loader.sharding
+        rows_of_size, size_at = self.loader.rows_of_size, self.loader.dataset.batch_size_at
+        next_step = [self.step]
 
         # A closure, not a method: the thread must not keep this iterator alive.
         last_picks = getattr(producer, "last_picks", None)
@@ -273,9 +318,11 @@ class LoaderIterator(Iterator[Any]):
             batch = producer.next_batch()
             if batch is None:
                 return None
+            size = size_at(next_step[0])
+            next_step[0] += 1
             lanes = producer.lane_snapshots()
             picks = last_picks() if last_picks is not None else None
-            return sharding.make_global(rows, batch), lanes, picks, before
+            return sharding.make_global(rows_of_size(size), batch, size), lanes, picks, before
 
         self._delivered = producer.lane_snapshots()
         self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)

@@ -32,6 +32,7 @@ import numpy as np
 from zephon_jax.errors import PipelineError
 from zephon_jax.lineage import Opaque
 from zephon_jax.sampler.resolve import resolve
+from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import source_label
 
 Segment = dict[str, Any]
@@ -82,15 +83,17 @@ def lane_provenance(
     """
     rows = [row_pieces(plan.operators, lineage) for lineage in lineages]
     positions = sorted(
-        {int(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
+        {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
     )
-    located: dict[int, tuple[int, int, int]] = {}
+    located: dict[Any, tuple[int, int, int]] = {}
     if positions:
-        if locate is None:
+        if locate is not None:
+            found = locate(positions)
+        elif isinstance(plan.sampler, ScheduledMixtureNode):
+            found = locate_roots(plan.sampler, lane, plan.num_lanes, positions)
+        else:
             res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
             found = list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
-        else:
-            found = locate(positions)
         located = dict(zip(positions, found))
     labels = plan.leaf_labels
     out = []
@@ -100,7 +103,7 @@ def lane_provenance(
             if isinstance(p.lineage, Opaque):
                 segment = {"source": None, "label": None, "record": None, "epoch": None}
             else:
-                leaf, record, epoch = located[int(p.lineage)]
+                leaf, record, epoch = located[_root(p.lineage)]
                 segment = {"source": leaf, "label": labels[leaf], "record": record, "epoch": epoch}
             segment["start"], segment["stop"] = p.start, p.stop
             if p.output is not None:
@@ -108,6 +111,12 @@ def lane_provenance(
             segments.append(segment)
         out.append(segments)
     return out
+
+
+def _root(lineage: Any) -> Any:
+    """A root lineage as a dict key: a position, or ``(position, component, sub)`` for a
+    mixture by tokens or with stages."""
+    return lineage if isinstance(lineage, tuple) else int(lineage)
 
 
 def leaf_labels(leaves: Sequence[Any]) -> list[str]:
@@ -162,8 +171,12 @@ def explain_step(
         )
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise PipelineError(f"explain_step(step) needs an int >= 0; got {step!r}")
-    rows = checked_rows(dataset, range(dataset.global_batch_size) if rows is None else rows)
-    producer = RowProducer(dataset, rows)
+    size = dataset.batch_size_at(int(step))
+    rows = checked_rows(dataset, range(size) if rows is None else rows, size)
+    if dataset.is_ramp:  # the rows of other steps have other sizes: produce every row
+        producer = RowProducer(dataset, lambda n: range(n))
+    else:
+        producer = RowProducer(dataset, rows)
     start = 0
     if state is not None:
         check_state(state, dataset.fingerprint())
@@ -180,4 +193,7 @@ def explain_step(
                 f"the pipeline's finite input ends at step {t}, before step {step}: there is no "
                 f"global batch {step}"
             )
+    if dataset.is_ramp:
+        every = producer.provenance()
+        return [every[r] for r in rows]
     return producer.provenance()

@@ -31,7 +31,7 @@ class Rebuilder:
 
     def __init__(self, lane: Lane):
         self.lane = lane
-        self.roots: dict[int, Any] = {}
+        self.roots: dict[Any, Any] = {}
         self.cache: dict = {}
 
     def _collect(self, stage: int, lineage, out: set) -> None:
@@ -40,6 +40,8 @@ class Rebuilder:
         if stage == 0:
             if isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
                 out.add(int(lineage))
+            elif _is_mixture_root(lineage):
+                out.add(lineage)
             return
         if is_derived(lineage):
             for parent in lineage[0]:
@@ -53,7 +55,12 @@ class Rebuilder:
                 self._collect(stage, lineage, positions)
         for lineage in pending:
             self._collect(len(self.lane.plan.operators), lineage, positions)
-        if positions:
+        drawer = self.lane.drawer
+        if drawer is not None:  # roots are (position, component, draw)
+            roots = sorted(p for p in positions if _is_mixture_root(p))
+            if roots:
+                self.roots.update(drawer.regenerate(roots))
+        elif positions:
             ordered = np.array(sorted(positions), dtype=np.int64)
             for position, item in zip(ordered.tolist(), self.lane.read_roots(ordered)):
                 self.roots[position] = item
@@ -77,6 +84,8 @@ class Rebuilder:
 
     def _root(self, lineage) -> Element:
         lane = self.lane
+        if lane.drawer is not None:
+            return self._mixture_root(lineage)
         if not isinstance(lineage, (int, np.integer)) or isinstance(lineage, bool) or lineage < 0:
             raise StateError(
                 f"lane {lane.lane}: the state holds {lineage!r} where a lane-local sampler "
@@ -91,6 +100,26 @@ class Rebuilder:
                 f"lane {lane.lane}: the state points to lane-local position {position}, which "
                 "the pipeline no longer produces (filtered or past the last epoch); the "
                 "sources or functions changed since the state was taken"
+            )
+        return item
+
+    def _mixture_root(self, lineage) -> Element:
+        """A record drawn by a mixture by tokens or with stages: ``(position, component, draw)``."""
+        lane = self.lane
+        if not _is_mixture_root(lineage):
+            raise StateError(
+                f"lane {lane.lane}: the state holds {lineage!r} where a mixture draw "
+                "(position, component, draw) belongs; the state is malformed or was taken "
+                "with another pipeline"
+            )
+        item = self.roots.get(lineage)
+        if item is None:
+            item = lane.drawer.regenerate([lineage]).get(lineage)
+        if not isinstance(item, Element):
+            raise StateError(
+                f"lane {lane.lane}: the state points to mixture draw {lineage!r}, which the "
+                "pipeline no longer produces (filtered or past the last epoch); the sources "
+                "or functions changed since the state was taken"
             )
         return item
 
@@ -136,3 +165,11 @@ def _has_opaque(lineage) -> bool:
     if isinstance(lineage, tuple):
         return any(_has_opaque(x) for x in lineage)
     return False
+
+
+def _is_mixture_root(lineage) -> bool:
+    return (
+        type(lineage) is tuple
+        and len(lineage) == 3
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lineage)
+    )

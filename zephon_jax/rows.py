@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.errors import PipelineError, RecordError
+from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.lane_state import encode_lane_state
 from zephon_jax.operators.packing import PackedRow, assemble_rows, plain
@@ -67,19 +67,28 @@ def is_finite(batched) -> bool:
     return any(leaf.num_epochs is not None for leaf in leaves(batched.sampler))
 
 
-def checked_rows(batched, rows: Sequence[int]) -> list[int]:
-    """``rows`` as ints, each checked to be a row of the global batch."""
+def _size(batched, size: int | None) -> int:
+    if size is not None:
+        return size
+    if batched.is_ramp:
+        raise PipelineError("a batch-size ramp-up needs the size of the step: pass size=")
+    return batched.global_batch_size
+
+
+def checked_rows(batched, rows: Sequence[int], size: int | None = None) -> list[int]:
+    """``rows`` as ints, each checked to be a row of a global batch of ``size`` rows."""
+    size = _size(batched, size)
     rows = [int(r) for r in rows]
     for r in rows:
-        if not 0 <= r < batched.global_batch_size:
-            raise PipelineError(
-                f"row {r} is outside the global batch of {batched.global_batch_size}"
-            )
+        if not 0 <= r < size:
+            raise PipelineError(f"row {r} is outside the global batch of {size}")
     return rows
 
 
-def lanes_to_run(batched, rows: Sequence[int], agree_on_end: bool = True) -> list[int]:
-    """The lanes a producer of global ``rows`` runs.
+def lanes_to_run(
+    batched, rows: Sequence[int], agree_on_end: bool = True, size: int | None = None
+) -> list[int]:
+    """The lanes a producer of global ``rows`` (of a batch of ``size`` rows) runs.
 
     Those owning the rows; with a finite input and ``agree_on_end``, every lane:
     the batch at which a finite input ends depends on every lane, so producers
@@ -88,38 +97,72 @@ def lanes_to_run(batched, rows: Sequence[int], agree_on_end: bool = True) -> lis
     """
     if agree_on_end and is_finite(batched):
         return list(range(batched.num_lanes))
-    return sorted({int(r) // batched.rows_per_lane for r in rows})
+    per_lane = _size(batched, size) // batched.num_lanes
+    return sorted({int(r) // per_lane for r in rows})
+
+
+RowsOfSize = Callable[[int], Sequence[int]] | Mapping[int, Sequence[int]]
+
+
+def rows_by_size(batched, rows: Sequence[int] | RowsOfSize) -> dict[int, list[int]]:
+    """For every batch size of ``batched``, the global rows a producer makes (checked).
+
+    ``rows`` is a fixed list (a constant batch size), ``rows(size) -> rows`` or a
+    mapping ``{size: rows}``.
+    """
+    if isinstance(rows, Mapping):
+        rows = rows.__getitem__
+    elif not callable(rows):
+        return {_size(batched, None): checked_rows(batched, rows)}
+    return {size: checked_rows(batched, rows(size), size) for size in batched.batch_sizes}
 
 
 class RowProducer:
     """Produces global rows ``rows`` (any subset, in the given order) of each batch.
 
-    Only the lanes owning those rows run (see :func:`lanes_to_run` for finite
-    inputs); a lane whose rows are split between several producers (processes)
-    runs in each of them, identically.
+    ``rows`` is a list of rows, or, for a batch-size ramp-up, a function from a
+    batch size to the rows of a batch of that size. Only the lanes owning those
+    rows run (see :func:`lanes_to_run` for finite inputs); a lane whose rows are
+    split between several producers (processes) runs in each of them, identically.
     """
 
     def __init__(
         self,
         batched,
-        rows: Sequence[int],
+        rows: Sequence[int] | RowsOfSize,
         lanes: Sequence[int] | None = None,
         agree_on_end: bool = True,
     ):
         self.batched = batched
         self.plan = LanePlan(batched)
-        self.rows = checked_rows(batched, rows)
-        per_lane = batched.rows_per_lane
-        if lanes is None:
-            self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
-        else:
-            self.lane_ids = sorted(set(lanes) | set(lanes_to_run(batched, self.rows, False)))
+        self._rows = rows_by_size(batched, rows)
+        running: set[int] = set()
+        for size, size_rows in self._rows.items():
+            running.update(
+                lanes_to_run(batched, size_rows, agree_on_end if lanes is None else False, size)
+            )
+        if lanes is not None:
+            running.update(lanes)
+        self.lane_ids = sorted(running)
         self.lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
-        self._picks = [(r // per_lane, r % per_lane) for r in self.rows]
+        self._picks = {
+            size: [(r // (size // batched.num_lanes), r % (size // batched.num_lanes)) for r in rs]
+            for size, rs in self._rows.items()
+        }
+        self.step = 0  # the global step produced next
         # The error that interrupted a batch: the lanes are then part-way through it.
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
         self._last: list[tuple[int, Any]] | None = None
+
+    @property
+    def rows(self) -> list[int]:
+        """The rows of the next step's batch."""
+        return self.rows_at(self.step)
+
+    def rows_at(self, step: int) -> list[int]:
+        """The global rows this producer makes at global step ``step``, in order."""
+        return self._rows[self.batched.batch_size_at(step)]
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -136,7 +179,8 @@ class RowProducer:
         After an error the producer refuses to continue until :meth:`restore`.
         """
         self._check_usable()
-        per_lane = self.batched.rows_per_lane
+        size = self.batched.batch_size_at(self.step)
+        per_lane = size // self.batched.num_lanes
         try:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
@@ -144,11 +188,12 @@ class RowProducer:
         except BaseException as e:
             self._failure = e
             raise
+        self.step += 1
         if any(elements is None for elements in taken.values()):
             self._last = None
             return None
-        picked = [taken[l][i] for l, i in self._picks]
-        self._last = [(l, element.lineage) for (l, _), element in zip(self._picks, picked)]
+        picked = [taken[l][i] for l, i in self._picks[size]]
+        self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
 
     def last_picks(self) -> list[tuple[int, Any]] | None:
@@ -191,6 +236,13 @@ class RowProducer:
         for l, blob in blobs.items():
             lanes[l] = Lane(self.plan, l)
             lanes[l].set_state(blob)
+        steps = {lane.step for lane in lanes.values()}
+        if len(steps) > 1:
+            raise StateError(
+                f"the state's lanes are at different steps {sorted(steps)}; merge states taken "
+                "after the same global batch"
+            )
         self.lanes = lanes
+        self.step = steps.pop() if steps else int(state["step"])
         self._failure = None
         self._last = None

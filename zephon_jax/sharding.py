@@ -13,7 +13,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -48,41 +48,54 @@ def _is_sharding_leaf(x: Any) -> bool:
 class BatchSharding:
     """How a global batch of ``global_batch_size`` rows lies on the devices.
 
+    ``global_batch_size`` may also be the sizes of a batch-size ramp-up (an
+    iterable of ints); methods then take the ``size`` of the batch at hand.
+
     ``sharding`` is one ``NamedSharding`` for every field, a pytree of them
     matching the batch (e.g. ``{"tokens": s1, "mask": s2}``), or a
     ``(Mesh, PartitionSpec)`` pair in place of any ``NamedSharding``. The batch's
     first axis is its rows; trailing axes may be sharded too.
     """
 
-    def __init__(self, sharding: Any, global_batch_size: int):
-        self.global_batch_size = global_batch_size
+    def __init__(self, sharding: Any, global_batch_size: int | Iterable[int]):
+        sizes = (
+            (global_batch_size,) if isinstance(global_batch_size, int) else tuple(global_batch_size)
+        )
+        self.sizes = tuple(sorted(set(sizes)))
+        self.global_batch_size = self.sizes[0]
         leaves, self.treedef = jax.tree.flatten(sharding, is_leaf=_is_sharding_leaf)
         if not leaves:
             raise PipelineError("sharding is empty; give a NamedSharding for the batch")
         self.leaves = [as_named_sharding(s) for s in leaves]
         self.single = self.treedef.num_leaves == 1 and _is_sharding_leaf(sharding)
-        self._row_owners = [self._row_map(s) for s in self.leaves]
+        self._row_owners = {
+            size: [self._row_map(s, size) for s in self.leaves] for size in self.sizes
+        }
 
-    def _row_map(self, sharding: NamedSharding) -> dict[Any, range]:
+    def _row_map(self, sharding: NamedSharding, size: int) -> dict[Any, range]:
         """Device -> the global rows it holds, from the first entry of the spec."""
         spec = sharding.spec
         first = spec[0] if len(spec) else None
         axes = () if first is None else (first if isinstance(first, tuple) else (first,))
         shards = int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
-        if self.global_batch_size % shards:
+        if size % shards:
             raise PipelineError(
                 f"the batch sharding {spec} splits rows into {shards} shards (mesh axes "
-                f"{list(axes)}), which does not divide global_batch_size={self.global_batch_size}; "
-                "choose a batch size that is a multiple of the number of batch shards"
+                f"{list(axes)}), which does not divide global_batch_size={size}; "
+                "choose a batch size (every size of a ramp-up) that is a multiple of the "
+                "number of batch shards"
             )
         rows_only = NamedSharding(sharding.mesh, PartitionSpec(first))
-        indices = rows_only.devices_indices_map((self.global_batch_size,))
-        return {d: range(self.global_batch_size)[index[0]] for d, index in indices.items()}
+        indices = rows_only.devices_indices_map((size,))
+        return {d: range(size)[index[0]] for d, index in indices.items()}
 
-    def process_rows(self, process_index: int) -> list[int]:
-        """The sorted global rows the devices of process ``process_index`` hold (any field)."""
+    def process_rows(self, process_index: int, size: int | None = None) -> list[int]:
+        """The sorted global rows the devices of process ``process_index`` hold (any field).
+
+        ``size``: the global batch size (default: the smallest).
+        """
         rows: set[int] = set()
-        for owners in self._row_owners:
+        for owners in self._row_owners[self.global_batch_size if size is None else size]:
             for device, held in owners.items():
                 if device.process_index == process_index:
                     rows.update(held)
@@ -90,7 +103,8 @@ class BatchSharding:
 
     def process_indices(self) -> list[int]:
         """Every process holding part of the batch."""
-        return sorted({d.process_index for owners in self._row_owners for d in owners})
+        owners = self._row_owners[self.global_batch_size]
+        return sorted({d.process_index for per_leaf in owners for d in per_leaf})
 
     def shardings_for(self, batch: Any) -> Any:
         """The batch's pytree of ``NamedSharding``s (one sharding is used for every field)."""
@@ -104,17 +118,18 @@ class BatchSharding:
             )
         return jax.tree.unflatten(self.treedef, self.leaves)
 
-    def make_global(self, rows: list[int], local: Any) -> Any:
-        """Global ``jax.Array``s from ``local``, whose first axis holds global ``rows``.
+    def make_global(self, rows: list[int], local: Any, size: int | None = None) -> Any:
+        """Global ``jax.Array``s of ``size`` rows from ``local``, whose first axis holds ``rows``.
 
         All processes must produce the same trailing shape for a field; rows a
         device holds are copied from ``local``, never recomputed.
         """
-        position = np.full(self.global_batch_size, -1, dtype=np.int64)
+        size = self.global_batch_size if size is None else size
+        position = np.full(size, -1, dtype=np.int64)
         position[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
         shardings = self.shardings_for(local)
         return jax.tree.map(
-            lambda x, s: _global_array(np.asarray(x), s, position, self.global_batch_size),
+            lambda x, s: _global_array(np.asarray(x), s, position, size),
             local,
             shardings,
         )

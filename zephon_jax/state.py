@@ -60,7 +60,11 @@ def fingerprint(batched) -> dict[str, str]:
         operators.append(stage.operator.describe())
         parts["transforms"].append([t.describe() for t in stage.transforms])
     fields = {
-        "global_batch_size": str(batched.global_batch_size),
+        "global_batch_size": (
+            str(batched.global_batch_size)
+            if not batched.is_ramp
+            else json.dumps(batched.batch_schedule.describe())
+        ),
         "num_lanes": str(batched.num_lanes),
         "operators": json.dumps(operators),
     }

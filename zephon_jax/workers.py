@@ -34,9 +34,9 @@ import numpy as np
 from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.rows import (
     RowProducer,
-    checked_rows,
     encode_snapshots,
     lanes_to_run,
+    rows_by_size,
     stack_rows,
 )
 from zephon_jax.state import lane_bytes
@@ -415,11 +415,14 @@ class WorkerRowProducer:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise PipelineError(f"worker_prefetch must be an int >= 1; got {prefetch!r}")
         self.batched = batched
-        self.rows = checked_rows(batched, rows)
-        per_lane = batched.rows_per_lane
-        if not self.rows:
+        self._rows = rows_by_size(batched, rows)
+        if not any(self._rows.values()):
             raise PipelineError("WorkerRowProducer needs at least one row to produce")
-        self.lane_ids = lanes_to_run(batched, self.rows, agree_on_end)
+        running: set[int] = set()
+        for size, size_rows in self._rows.items():
+            running.update(lanes_to_run(batched, size_rows, agree_on_end, size))
+        self.lane_ids = sorted(running)
+        self.step = 0  # the global step produced next
         self.prefetch = prefetch
         self._ctx = mp.get_context(start_method)
         # One tracker for the parent and all workers (a forked child would start its own,
@@ -430,11 +433,17 @@ class WorkerRowProducer:
         blocks = [
             b.tolist() for b in np.array_split(self.lane_ids, min(num_workers, len(self.lane_ids)))
         ]
-        self._plan = []  # per worker: (lanes, its rows in request order, their output places)
+        # Per worker: (lanes, per batch size its rows in request order, and their output places).
+        self._plan = []
         for lanes in blocks:
             owned = set(lanes)
-            places = [i for i, r in enumerate(self.rows) if r // per_lane in owned]
-            self._plan.append((lanes, [self.rows[i] for i in places], _as_index(places)))
+            rows_of, places_of = {}, {}
+            for size, size_rows in self._rows.items():
+                per_lane = size // batched.num_lanes
+                places = [i for i, r in enumerate(size_rows) if r // per_lane in owned]
+                rows_of[size] = [size_rows[i] for i in places]
+                places_of[size] = _as_index(places)
+            self._plan.append((lanes, rows_of, places_of))
         self._incarnations = [0] * len(blocks)
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown_all, self._workers)
@@ -444,6 +453,15 @@ class WorkerRowProducer:
         self._states: dict[int, tuple] = {}  # lane snapshots after the last batch handed out
         self._ended = False
         self._failure: str | None = None
+
+    @property
+    def rows(self) -> list[int]:
+        """The rows of the next step's batch."""
+        return self.rows_at(self.step)
+
+    def rows_at(self, step: int) -> list[int]:
+        """The global rows this producer makes at global step ``step``, in order."""
+        return self._rows[self.batched.batch_size_at(step)]
 
     @property
     def num_workers(self) -> int:
@@ -522,6 +540,8 @@ class WorkerRowProducer:
                 if message[0] == "batch":
                     worker.free(message[2])
             raise
+        size = self.batched.batch_size_at(self.step)
+        self.step += 1
         if any(m[0] == "end" for m in messages):
             # Like RowProducer: the lanes' states after the failed take.
             self._ended = True
@@ -533,7 +553,7 @@ class WorkerRowProducer:
                     worker.free(message[2])
             return None
         try:
-            batch = self._assemble(messages)
+            batch = self._assemble(messages, size)
         except BaseException as e:  # like RowProducer: no state for a half-made batch
             self._failure = f"the rows of a batch could not be assembled ({e!r})"
             raise
@@ -550,8 +570,9 @@ class WorkerRowProducer:
         if batch is None:
             return None
         if isinstance(batch, dict):
-            return [{k: v[i] for k, v in batch.items()} for i in range(len(self.rows))]
-        return [batch[i] for i in range(len(self.rows))]
+            n = len(next(iter(batch.values())))
+            return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+        return [batch[i] for i in range(len(batch))]
 
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's snapshot right after the last batch handed out (encode on demand)."""
@@ -590,6 +611,7 @@ class WorkerRowProducer:
             raise error[1]
         self._ended = False
         self._failure = None
+        self.step = int(state["step"])
 
     def _send_restore(self, blobs: Mapping[int, bytes]):
         """Sends ``blobs`` to every worker; returns ``None`` or (worker, first error)."""
@@ -618,14 +640,16 @@ class WorkerRowProducer:
         self.close()
 
     # ----- assembling -----------------------------------------------------------------
-    def _assemble(self, messages: list[tuple]) -> Any:
-        """The batch in request order, from each worker's stacked rows."""
+    def _assemble(self, messages: list[tuple], size: int) -> Any:
+        """The batch (of a global batch of ``size`` rows) in request order, from each worker's
+        stacked rows."""
+        count = len(self._rows[size])
         parts, places = [], []  # per worker with rows: {field: view or inline array}, places
         for worker, message, plan in zip(self._workers, messages, self._plan):
             _, _, slot, _, layout, inline, _ = message
             if layout is None:
                 continue
-            places.append(plan[2])
+            places.append(plan[2][size])
             buffer = worker.segments[slot].buf
             parts.append(
                 {
@@ -643,16 +667,18 @@ class WorkerRowProducer:
                     f"{list(next(k for k in keys if k != keys[0]))}; make every record carry "
                     "the same fields (e.g. with a map)"
                 )
-            out = {key: self._gather(key, [p[key] for p in parts], places) for key in keys[0]}
+            out = {
+                key: self._gather(key, [p[key] for p in parts], places, count) for key in keys[0]
+            }
         finally:
             del parts  # drop the views before the slots are reused
         return out[None] if None in out else out
 
-    def _gather(self, key, values: list[np.ndarray], places: list) -> np.ndarray:
+    def _gather(self, key, values: list[np.ndarray], places: list, count: int) -> np.ndarray:
         shapes = {v.shape[1:] for v in values}
         if len(shapes) == 1 and not any(v.dtype.hasobject for v in values):
             dtype = np.result_type(*values) if len(values) > 1 else values[0].dtype
-            out = np.empty((len(self.rows), *values[0].shape[1:]), dtype=dtype)
+            out = np.empty((count, *values[0].shape[1:]), dtype=dtype)
             for value, where in zip(values, places):
                 out[where] = value
             return out
@@ -664,10 +690,8 @@ class WorkerRowProducer:
                 f"shapes {sorted(shapes)[:4]}; batching needs equal shapes: add .pack(seq_len) "
                 "for token sequences, or a map that pads or crops to a fixed length"
             ) from e
-        order = np.empty(len(self.rows), dtype=np.int64)
-        order[np.concatenate([np.arange(len(self.rows))[w] for w in places])] = np.arange(
-            len(self.rows)
-        )
+        order = np.empty(count, dtype=np.int64)
+        order[np.concatenate([np.arange(count)[w] for w in places])] = np.arange(count)
         return joined[order]
 
 

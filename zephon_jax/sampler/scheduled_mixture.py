@@ -1,0 +1,351 @@
+"""Mixtures weighted by tokens, or by stages of weights: a per-lane smooth round robin.
+
+``Dataset.mix(datasets, weights, unit="tokens")`` and mixtures whose weights
+are a stage schedule ``{start_step: [w, ...]}`` cannot be a pure function of
+the lane-local position: which component draw ``k`` reads depends on the
+lengths of the records drawn before it, or on the global step the lane was
+producing when it drew. Each lane therefore runs a small sequential chooser,
+:class:`MixtureDrawer`, over an explicit carry of plain ints:
+
+* ``stage``: the stage whose weights the credits below follow;
+* ``credits[j]``: component ``j``'s token (or record) credit, in units of
+  ``2**-32`` of a token;
+* ``next_sub[j]``: the next component-local draw of component ``j``.
+
+Each draw picks the component with the largest credit (ties broken by a
+per-lane rotation), reads its next record, and with ``n`` the record's tokens
+(``len(record["tokens"])`` after the component's own transforms; 1 with
+``unit="records"``) adds ``q_k * n`` to every credit and takes ``Q * n`` from
+the chosen one (``q_k`` the weights in units of ``2**-32``, ``Q`` their sum).
+Credits sum to zero and the chosen credit is never negative, so in every lane
+and from the start of each stage, component ``j`` has received within
+``(K - 1) * L`` tokens of its share ``w_j * T`` of the ``T`` tokens drawn
+(``K`` components with a positive weight, ``L`` the longest record). The shares
+are exact in the long run on every lane.
+
+The draws a lane makes while producing the rows of global step ``t`` use the
+weights of the stage that holds ``t``; at a stage change the credits restart
+from zero and every component continues from its ``next_sub``, so each
+component's own order is kept across stages. A drawn record's lineage is
+``(position, component, sub)``: restoring reads it back directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from zephon_jax.lineage import Element
+from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.sampler.permutation import derive_key
+from zephon_jax.schedule import StepSchedule
+from zephon_jax.transforms import DROP
+
+UNITS = ("records", "tokens")
+_ONE = 1 << 32
+_FIRST_CHUNK = 8
+_MAX_CHUNK = 256
+
+
+def _check_stage_weights(num_components: int) -> Callable[[Any, str], tuple[float, ...]]:
+    def check(weights: Any, what: str) -> tuple[float, ...]:
+        try:
+            values = [float(w) for w in weights]
+        except (TypeError, ValueError) as e:
+            raise PipelineError(f"mixture weights ({what}) must be numbers; got {weights!r}") from e
+        if len(values) != num_components:
+            raise PipelineError(
+                f"mixture weights ({what}) has {len(values)} weights for {num_components} "
+                "datasets; give one weight per dataset"
+            )
+        for i, w in enumerate(values):
+            if math.isnan(w) or math.isinf(w) or w < 0:
+                raise PipelineError(
+                    f"mixture weight {i} ({what}) is {w!r}; every weight must be a finite "
+                    "number >= 0"
+                )
+        total = sum(values)
+        if total <= 0:
+            raise PipelineError(
+                f"mixture weights ({what}) are all zero; a stage needs a positive weight sum"
+            )
+        return tuple(w / total for w in values)
+
+    return check
+
+
+def parse_weight_stages(weights: Any, num_components: int) -> StepSchedule:
+    """Weights (a list, or ``{start_step: [w, ...]}``) as a schedule of normalized tuples."""
+    if not isinstance(weights, Mapping):
+        weights = {0: weights}
+    return StepSchedule.parse(weights, "Dataset.mix weights", _check_stage_weights(num_components))
+
+
+def quantize(weights: Sequence[float]) -> tuple[int, ...]:
+    """Weights in units of ``2**-32``; positive weights stay positive."""
+    return tuple(0 if w == 0 else max(1, round(w * _ONE)) for w in weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledMixtureNode:
+    """Mixes child sampler nodes by tokens or records, with weights per stage of steps."""
+
+    children: tuple
+    stages: StepSchedule
+    unit: str = "records"
+    order_seed: int | None = None
+    transforms: tuple = ()
+    node_key: int = 0
+
+    def draws_available(self, lane: int, child_draws: list) -> None:
+        """Unknown ahead of time: the lane's :class:`MixtureDrawer` finds its end."""
+        return None
+
+    def describe(self) -> dict:
+        return {
+            "mix": [c.describe() for c in self.children],
+            "weights": {
+                "unit": self.unit,
+                "stages": {
+                    str(s): [round(w, 12) for w in ws]
+                    for s, ws in zip(self.stages.starts, self.stages.values)
+                },
+            },
+            "order_seed": self.order_seed,
+            "transforms": [t.describe() for t in self.transforms],
+        }
+
+
+class _Entry:
+    """A component record read ahead: its data after the component's transforms."""
+
+    __slots__ = ("data", "tokens")
+
+    def __init__(self, data: Any, tokens: int):
+        self.data = data  # record, DROP, or None for a draw past the component's epochs
+        self.tokens = tokens
+
+
+class MixtureDrawer:
+    """One lane's sequential chooser over a :class:`ScheduledMixtureNode` (see module doc).
+
+    ``read(leaf_id, records)`` reads records of a sampler leaf (a list);
+    ``transform(transforms, data, lineage, where)`` applies per-record transforms
+    (returning ``DROP`` for a filtered record). Records are read ahead per
+    component in growing blocks; only the carry is state.
+    """
+
+    def __init__(
+        self,
+        node: ScheduledMixtureNode,
+        lane: int,
+        num_lanes: int,
+        read: Callable[[int, list[int]], list],
+        transform: Callable[[tuple, Any, Any, str], Any],
+    ):
+        from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves
+
+        self.node = node
+        self.lane = lane
+        self.num_lanes = num_lanes
+        self._read = read
+        self._transform = transform
+        k = len(node.children)
+        self._leaf_base = []
+        base = 0
+        for child in node.children:
+            self._leaf_base.append(base)
+            base += len(leaves(child))
+        self._child_transforms = [leaf_paths(child) for child in node.children]
+        self._ends = [end_position(child, lane, num_lanes) for child in node.children]
+        self._quanta = [quantize(ws) for ws in node.stages.values]
+        self._rotation = derive_key(node.node_key, lane) % k
+        self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
+        self._chunk = [_FIRST_CHUNK] * k
+        self.stage = 0
+        self.credits = [0] * k
+        self.next_sub = [0] * k
+
+    # ----- state ---------------------------------------------------------------------
+    def carry(self) -> tuple:
+        """The carry as plain ints: ``(stage, credits, next_sub)``."""
+        return (self.stage, tuple(self.credits), tuple(self.next_sub))
+
+    def set_carry(self, plain: Any) -> None:
+        k = len(self.node.children)
+        if not (
+            isinstance(plain, tuple)
+            and len(plain) == 3
+            and isinstance(plain[0], int)
+            and 0 <= plain[0] < len(self.node.stages.values)
+            and all(isinstance(x, tuple) and len(x) == k for x in plain[1:])
+        ):
+            raise StateError(
+                f"lane {self.lane}: the state's mixture carry {plain!r:.80} does not fit this "
+                f"pipeline's mixture of {k} datasets and {len(self.node.stages.values)} stages"
+            )
+        self.stage = plain[0]
+        self.credits = [int(c) for c in plain[1]]
+        self.next_sub = [int(s) for s in plain[2]]
+        for ahead in self._ahead:
+            ahead.clear()
+
+    # ----- drawing -------------------------------------------------------------------
+    def draw(self, stage: int, position: int) -> Element | Any | None:
+        """The record at lane-local ``position``, drawn with the weights of ``stage``.
+
+        Returns an :class:`Element` with lineage ``(position, component, sub)``,
+        ``DROP`` if a filter dropped it, or ``None`` once every component with a
+        positive weight in ``stage`` is past its last epoch.
+        """
+        if stage != self.stage:
+            self.stage = stage
+            self.credits = [0] * len(self.credits)
+        quanta = self._quanta[stage]
+        credits, next_sub, ends = self.credits, self.next_sub, self._ends
+        while True:
+            best = -1
+            for j, q in enumerate(quanta):
+                if q == 0 or (ends[j] is not None and next_sub[j] >= ends[j]):
+                    continue
+                if best < 0 or credits[j] > credits[best]:
+                    best = j
+                elif credits[j] == credits[best]:
+                    rot = self._rotation
+                    if (j - rot) % len(quanta) < (best - rot) % len(quanta):
+                        best = j
+            if best < 0:
+                return None
+            sub = next_sub[best]
+            entry = self._entry(best, sub)
+            next_sub[best] = sub + 1
+            if entry.data is None:  # a draw of a nested mixture past one source's epochs
+                continue
+            n = entry.tokens
+            if n:
+                total = 0
+                for j, q in enumerate(quanta):
+                    if q and (ends[j] is None or next_sub[j] < ends[j] or j == best):
+                        credits[j] += q * n
+                        total += q
+                credits[best] -= total * n
+            return self._finish(entry.data, position, best, sub)
+
+    def _finish(self, data: Any, position: int, component: int, sub: int) -> Any:
+        if data is DROP:
+            return DROP
+        lineage = (position, component, sub)
+        if self.node.transforms:
+            data = self._transform(
+                self.node.transforms, data, position, self._where(component, sub, position)
+            )
+            if data is DROP:
+                return DROP
+        return Element(data, lineage)
+
+    def _entry(self, component: int, sub: int) -> _Entry:
+        ahead = self._ahead[component]
+        entry = ahead.pop(sub, None)
+        if entry is not None:
+            return entry
+        ahead.clear()
+        count = self._chunk[component]
+        self._chunk[component] = min(_MAX_CHUNK, count * 2)
+        end = self._ends[component]
+        stop = sub + count if end is None else min(sub + count, end)
+        subs = np.arange(sub, max(stop, sub + 1), dtype=np.int64)
+        ahead.update(zip(subs.tolist(), self._read_component(component, subs)))
+        return ahead.pop(sub)
+
+    def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
+        """Component-local draws ``subs``, read and transformed (batched per source)."""
+        from zephon_jax.sampler.resolve import resolve
+
+        child = self.node.children[component]
+        res = resolve(child, self.lane, subs, self.num_lanes)
+        out: list[_Entry] = [_Entry(None, 0)] * len(subs)
+        valid = np.flatnonzero(res.valid)
+        for leaf in np.unique(res.leaf[valid]).tolist():
+            where = valid[res.leaf[valid] == leaf]
+            records = res.record[where].tolist()
+            datas = self._read(self._leaf_base[component] + leaf, records)
+            transforms = self._child_transforms[component][leaf]
+            for i, data in zip(where.tolist(), datas):
+                sub = int(subs[i])
+                if transforms:
+                    data = self._transform(
+                        transforms, data, (component, sub), self._where(component, sub)
+                    )
+                out[i] = _Entry(data, self._tokens(data, component, sub))
+        return out
+
+    def _tokens(self, data: Any, component: int, sub: int) -> int:
+        if data is DROP:
+            return 0 if self.node.unit == "tokens" else 1
+        if self.node.unit == "records":
+            return 1
+        try:
+            return len(data["tokens"])
+        except (KeyError, TypeError, IndexError) as e:
+            fields = list(data) if isinstance(data, Mapping) else type(data).__name__
+            raise RecordError(
+                f"Dataset.mix(unit='tokens') counts the 'tokens' field of each record, but "
+                f"{self._where(component, sub)} has none (its fields: {fields}); give every "
+                "component a 'tokens' field (e.g. with .tokenize or a map before mixing), or "
+                "mix with unit='records'"
+            ) from e
+
+    def _where(self, component: int, sub: int, position: int | None = None) -> str:
+        at = "" if position is None else f", lane-local position {position}"
+        return f"lane {self.lane}{at}, mixture component {component}, component draw {sub}"
+
+    def locate(self, roots: Sequence[tuple]) -> list[tuple[int, int, int]]:
+        """(leaf, record, epoch) of root lineages ``(position, component, sub)``; reads nothing."""
+        return locate_roots(self.node, self.lane, self.num_lanes, roots)
+
+    # ----- restoring -----------------------------------------------------------------
+    def regenerate(self, lineages: Sequence[tuple]) -> dict[tuple, Any]:
+        """Elements (or ``DROP``) for root lineages ``(position, component, sub)``."""
+        by_component: dict[int, list[tuple]] = {}
+        for lineage in lineages:
+            by_component.setdefault(int(lineage[1]), []).append(lineage)
+        out = {}
+        for component, group in by_component.items():
+            subs = np.array([lin[2] for lin in group], dtype=np.int64)
+            entries = self._read_component(component, subs)
+            for lineage, entry in zip(group, entries):
+                if entry.data is None:
+                    out[lineage] = None
+                else:
+                    out[lineage] = self._finish(entry.data, *lineage)
+        return out
+
+
+def locate_roots(
+    node: ScheduledMixtureNode, lane: int, num_lanes: int, roots: Sequence[tuple]
+) -> list[tuple[int, int, int]]:
+    """(leaf, record, epoch) of root lineages ``(position, component, sub)`` of ``lane``.
+
+    A root names its component and that component's own draw, so this is a pure
+    function of the lineage (no history of the lane is needed); nothing is read.
+    """
+    from zephon_jax.sampler.resolve import leaves, resolve
+
+    bases, base = [], 0
+    for child in node.children:
+        bases.append(base)
+        base += len(leaves(child))
+    out: list = [None] * len(roots)
+    by_component: dict[int, list[int]] = {}
+    for i, root in enumerate(roots):
+        by_component.setdefault(int(root[1]), []).append(i)
+    for component, where in by_component.items():
+        subs = np.array([roots[i][2] for i in where], dtype=np.int64)
+        res = resolve(node.children[component], lane, subs, num_lanes)
+        for k, i in enumerate(where):
+            leaf = bases[component] + int(res.leaf[k])
+            out[i] = (leaf, int(res.record[k]), int(res.epoch[k]))
+    return out
