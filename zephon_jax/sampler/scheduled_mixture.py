@@ -38,8 +38,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.lineage import Element
 from zephon_jax.sampler.permutation import derive_key
 from zephon_jax.schedule import StepSchedule
 from zephon_jax.transforms import DROP
