@@ -32,6 +32,9 @@ from zephon_jax.sampler.scheduled_mixture import (
 )
 from zephon_jax.schedule import StepSchedule
 from zephon_jax.transforms import FilterTransform, MapTransform, RandomMapTransform
+from zephon_jax.transforms.to_training import ToTrainingTransform
+from zephon_jax.transforms.tokenize import TokenizeTransform
+from zephon_jax.transforms.tokenize_chat import TokenizeChatTransform
 
 PACK_METHODS = ("best_fit", "first_fit", "concat")
 
@@ -208,6 +211,58 @@ class Dataset:
     def filter(self, predicate: Callable[[Any], bool]) -> Dataset:
         """Keeps the records for which the pure ``predicate`` (or a Grain ``Filter``) holds."""
         return self._add_transform(FilterTransform(predicate))
+
+    # ----- text and training fields ---------------------------------------------------
+    def tokenize(
+        self,
+        tokenizer: Any,
+        *,
+        field: str = "text",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> Dataset:
+        """Turns each record into ``{"tokens": int32 array}`` (other fields are dropped).
+
+        ``tokenizer``: a callable ``str -> Sequence[int]``, a ``tokenizers.Tokenizer``,
+        a ``transformers`` tokenizer, a ``tiktoken.Encoding`` or a
+        ``sentencepiece.SentencePieceProcessor``. It adds no special tokens;
+        ``bos_id``/``eos_id`` are prepended/appended when given. Blocks of records
+        are encoded in one call where the tokenizer batches. The tokenizer's
+        identity is part of the pipeline fingerprint.
+        """
+        return self._add_transform(TokenizeTransform(tokenizer, field, bos_id, eos_id))
+
+    def tokenize_chat(self, tokenizer: Any, *, field: str = "messages") -> Dataset:
+        """Turns each conversation into ``{"tokens", "loss_mask"}`` (int32).
+
+        ``loss_mask`` is 1 exactly on the tokens the assistant generates: from the
+        chat template's ``{% generation %}`` markers as ``transformers`` defines
+        them, or, without markers, by the prefix-difference method (see
+        :mod:`zephon_jax.transforms.tokenize_chat`). ``tokenizer`` is a fast
+        ``transformers`` tokenizer with a chat template.
+        """
+        return self._add_transform(TokenizeChatTransform(tokenizer, field))
+
+    def to_training(self, pad_id: int = 0, *, field_names: str = "default") -> Dataset:
+        """Packed rows -> ``inputs``, ``targets``, ``loss_mask``, ``segment_ids``, ``positions``.
+
+        ``targets[t]`` is ``tokens[t+1]`` when ``t+1`` is in the same non-padding
+        segment, else ``pad_id``; ``loss_mask[t]`` is 1 exactly then and, if rows
+        carry a ``loss_mask``, when ``loss_mask[t+1]`` is 1. All int32 except
+        ``loss_mask`` (float32). ``field_names="maxtext"`` gives ``inputs``,
+        ``inputs_segmentation``, ``inputs_position``, ``targets``,
+        ``targets_segmentation`` (0 where no loss), ``targets_position``. Goes
+        anywhere after ``pack`` (e.g. after a ``window_shuffle`` of packed rows).
+        """
+        transform = ToTrainingTransform(pad_id, field_names)
+        non_packing = (SplitOperator, WindowShuffleOperator, FlatMapOperator)
+        if all(isinstance(s.operator, non_packing) for s in self._stages):
+            before = " -> ".join(s.operator.describe() for s in self._stages) or "no operator"
+            raise PipelineError(
+                f"to_training needs packed rows, but the pipeline has {before} before it; add "
+                ".pack(seq_len) before .to_training()"
+            )
+        return self._add_transform(transform)
 
     # ----- operators -------------------------------------------------------------
     def _add_operator(self, operator: LineageOperator) -> Dataset:

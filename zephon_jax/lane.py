@@ -42,6 +42,7 @@ from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
 from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP, apply_transforms
+from zephon_jax.transforms.block import BlockFailed, apply_transforms_block, block_error
 
 __all__ = ["Lane", "LanePlan", "encode_lane_state"]
 
@@ -93,7 +94,12 @@ class Lane:
         self.drawer = None
         if plan.mixture is not None:
             self.drawer = MixtureDrawer(
-                plan.mixture, lane, plan.num_lanes, self._read_leaf, self._transform_root
+                plan.mixture,
+                lane,
+                plan.num_lanes,
+                self._read_leaf,
+                self._transform_root,
+                self._transform_roots,
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
@@ -122,18 +128,19 @@ class Lane:
             records = res.record[where].tolist()
             datas = self._read_leaf(int(leaf_id), records, positions[where[:8]].tolist())
             transforms = plan.leaf_transforms[leaf_id]
-            for i, record, data in zip(where.tolist(), records, datas):
-                position = int(positions[i])
-                if transforms:
-                    try:
-                        data = apply_transforms(transforms, data, self.lane, 0, position)
-                    except TransformFailed as e:
-                        raise user_error(
-                            e.name,
-                            f"lane {self.lane}, lane-local position {position}, source "
-                            f"{source_label(source)}, record {record}",
-                            e,
-                        ) from e.__cause__
+            block_positions = positions[where].tolist()
+            if transforms:
+                try:
+                    datas = apply_transforms_block(transforms, datas, self.lane, 0, block_positions)
+                except BlockFailed as failed:
+                    error, cause = block_error(
+                        failed,
+                        f"lane {self.lane}, lane-local position {block_positions[failed.index]}, "
+                        f"source {source_label(source)}, record {records[failed.index]}",
+                        user_error,
+                    )
+                    raise error from cause
+            for i, position, data in zip(where.tolist(), block_positions, datas):
                 out[i] = data if data is DROP else Element(data, position)
         return out
 
@@ -165,6 +172,15 @@ class Lane:
             return apply_transforms(transforms, data, self.lane, 0, lineage)
         except TransformFailed as e:
             raise user_error(e.name, where, e) from e.__cause__
+
+    def _transform_roots(self, transforms, datas, lineages, where) -> list:
+        """Sampler-level transforms of a block of a mixture drawer's records, batched where
+        a transform can; ``where(i)`` names record ``i`` in errors."""
+        try:
+            return apply_transforms_block(transforms, datas, self.lane, 0, lineages)
+        except BlockFailed as failed:
+            error, cause = block_error(failed, where(failed.index), user_error)
+            raise error from cause
 
     def locate(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
         """(leaf, record, epoch) of each lane-local position in ``positions``.
@@ -267,19 +283,19 @@ class Lane:
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
             return outputs
-        kept = []
-        for element in outputs:
-            try:
-                data = apply_transforms(post, element.data, self.lane, stage + 1, element.lineage)
-            except TransformFailed as e:
-                raise user_error(
-                    f"{e.name} after {self.plan.operators[stage].describe()}",
-                    self.where(element.lineage),
-                    e,
-                ) from e.__cause__
-            if data is not DROP:
-                kept.append(Element(data, element.lineage))
-        return kept
+        lineages = [element.lineage for element in outputs]
+        datas = [element.data for element in outputs]
+        try:
+            datas = apply_transforms_block(post, datas, self.lane, stage + 1, lineages)
+        except BlockFailed as failed:
+            error, cause = block_error(
+                failed,
+                self.where(lineages[failed.index]),
+                user_error,
+                f" after {self.plan.operators[stage].describe()}",
+            )
+            raise error from cause
+        return [Element(d, lin) for d, lin in zip(datas, lineages) if d is not DROP]
 
     def _finish_input(self) -> None:
         self.input_done = True

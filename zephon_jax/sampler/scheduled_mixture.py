@@ -134,8 +134,11 @@ class MixtureDrawer:
 
     ``read(leaf_id, records)`` reads records of a sampler leaf (a list);
     ``transform(transforms, data, lineage, where)`` applies per-record transforms
-    (returning ``DROP`` for a filtered record). Records are read ahead per
-    component in growing blocks; only the carry is state.
+    (returning ``DROP`` for a filtered record); ``transform_block(transforms,
+    datas, lineages, where)``, when given, does the same for a block of records
+    (``where(i)`` names record ``i``), so that a transform such as ``tokenize``
+    encodes the block in one call. Records are read ahead per component in
+    growing blocks; only the carry is state.
     """
 
     def __init__(
@@ -145,6 +148,7 @@ class MixtureDrawer:
         num_lanes: int,
         read: Callable[[int, list[int]], list],
         transform: Callable[[tuple, Any, Any, str], Any],
+        transform_block: Callable[[tuple, list, list, Callable[[int], str]], list] | None = None,
     ):
         from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves
 
@@ -153,6 +157,7 @@ class MixtureDrawer:
         self.num_lanes = num_lanes
         self._read = read
         self._transform = transform
+        self._transform_block = transform_block
         k = len(node.children)
         self._leaf_base = []
         base = 0
@@ -273,12 +278,20 @@ class MixtureDrawer:
             records = res.record[where].tolist()
             datas = self._read(self._leaf_base[component] + leaf, records)
             transforms = self._child_transforms[component][leaf]
-            for i, data in zip(where.tolist(), datas):
-                sub = int(subs[i])
-                if transforms:
-                    data = self._transform(
-                        transforms, data, (component, sub), self._where(component, sub)
-                    )
+            block_subs = subs[where].tolist()
+            if transforms and self._transform_block is not None:
+                datas = self._transform_block(
+                    transforms,
+                    datas,
+                    [(component, sub) for sub in block_subs],
+                    lambda j, block_subs=block_subs: self._where(component, block_subs[j]),
+                )
+            elif transforms:
+                datas = [
+                    self._transform(transforms, d, (component, sub), self._where(component, sub))
+                    for d, sub in zip(datas, block_subs)
+                ]
+            for i, data, sub in zip(where.tolist(), datas, block_subs):
                 out[i] = _Entry(data, self._tokens(data, component, sub))
         return out
 

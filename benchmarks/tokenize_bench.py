@@ -1,0 +1,283 @@
+"""Tokenization throughput: blocks of records encoded in one call vs one by one.
+
+    python benchmarks/tokenize_bench.py [--quick] [--seconds 6] [--json out.json]
+
+For each tokenizer library (trained here on a synthetic corpus, no downloads):
+
+* ``encode``: the tokenizer alone, ``encode_batch`` over blocks of 256 texts vs
+  ``encode`` in a loop (the most batching can give);
+* ``pipeline``: ``source -> shuffle -> tokenize -> pack(concat) -> batch`` with
+  zephon_jax's ``tokenize`` (batched per block of records, the default) and the
+  same tokenizer applied one record at a time (``map`` of ``TokenizeTransform.apply``);
+* ``grain``: Grain's ``MapDataset.map`` of the same per-record function, then
+  ``ConcatThenSplitIterDataset`` and ``batch``, run side by side in this process.
+
+Rates are medians over timed windows (records/s counts the EOS token every
+record ends with; tokens/s counts non-padding tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from grain_baselines import _close, _timed_windows, _timing  # noqa: E402
+
+import zephon_jax as zj  # noqa: E402
+from zephon_jax.transforms.tokenize import TokenizeTransform  # noqa: E402
+
+WORDS = (
+    "the of and to in is was for on that with as by at from his her it an were are which "
+    "this be or have had not but they one all their there been has when who will more no "
+    "if out so said what up its about into than them can only other new some could time "
+    "these two may then do first any my now such like our over man me even most made after "
+    "also did many before must through back years where much your way well down should "
+    "because each just those people how too little state good very make world still own see "
+    "men work long get here between both life being under never day same another know while "
+    "last might us great old year off come since against go came right used take three"
+).split()
+EOS_TEXT = "<eos>"
+PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
+
+
+def make_texts(num: int, min_words: int = 20, max_words: int = 400, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_words, max_words + 1, size=num)
+    return [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), size=n)) for n in lengths]
+
+
+def train_tokenizers(texts: list[str]) -> dict[str, Any]:
+    """One tokenizer per supported library, trained on ``texts``."""
+    import sentencepiece as spm
+    import tiktoken
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(
+        texts[:20000],
+        trainers.BpeTrainer(
+            vocab_size=1000,
+            special_tokens=["<pad>", EOS_TEXT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    out: dict[str, Any] = {"tokenizers": bpe}
+    out["transformers"] = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    out["tiktoken"] = tiktoken.Encoding(
+        name="bench",
+        pat_str=PATTERN,
+        mergeable_ranks=tiktoken_ranks(texts[:2000], 600),
+        special_tokens={},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "corpus.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(texts[:5000]))
+        spm.SentencePieceTrainer.train(
+            input=path,
+            model_prefix=os.path.join(tmp, "sp"),
+            vocab_size=500,
+            model_type="bpe",
+            minloglevel=2,
+        )
+        out["sentencepiece"] = spm.SentencePieceProcessor(model_file=os.path.join(tmp, "sp.model"))
+    return out
+
+
+def tiktoken_ranks(texts: list[str], num_merges: int) -> dict[bytes, int]:
+    """Byte-pair merges learned on ``texts`` (word counts, most frequent pair first)."""
+    import regex
+
+    words = collections.Counter(w.encode() for t in texts for w in regex.findall(PATTERN, t))
+    ranks = {bytes([b]): b for b in range(256)}
+    split = {w: [bytes([b]) for b in w] for w in words}
+    for _ in range(num_merges):
+        pairs: collections.Counter = collections.Counter()
+        for w, parts in split.items():
+            for a, b in zip(parts, parts[1:]):
+                pairs[a, b] += words[w]
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        ranks[a + b] = len(ranks)
+        for w, parts in split.items():
+            merged, i = [], 0
+            while i < len(parts):
+                if i + 1 < len(parts) and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            split[w] = merged
+    return ranks
+
+
+class OneByOne:
+    """``TokenizeTransform.apply`` as a plain function: one encode call per record."""
+
+    def __init__(self, transform: TokenizeTransform):
+        self.transform = transform
+
+    def __call__(self, record: dict) -> dict:
+        return self.transform.apply(record, ())
+
+
+def _median_rate(fn, windows: int, window_s: float) -> float:
+    rates = []
+    for _ in range(windows):
+        units, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window_s:
+            units += fn()
+        rates.append(units / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def encode_only(transform: TokenizeTransform, texts: list[str], timing) -> dict:
+    """The tokenizer alone: records/s with ``encode_batch`` on blocks of 256 vs ``encode``."""
+    warmup_s, window_s, windows = timing
+    tok = transform.tokenizer
+    cursor = [0]
+
+    def block():
+        start = cursor[0] % (len(texts) - 256)
+        cursor[0] += 256
+        return texts[start : start + 256]
+
+    def batched():
+        tok.encode_batch(block())
+        return 256
+
+    def single():
+        for t in block():
+            tok.encode(t)
+        return 256
+
+    _median_rate(batched, 1, warmup_s)
+    b = _median_rate(batched, windows, window_s)
+    _median_rate(single, 1, warmup_s)
+    s = _median_rate(single, windows, window_s)
+    return {"batched_records_per_s": b, "one_by_one_records_per_s": s, "ratio": b / s}
+
+
+def _count(eos: int):
+    def count(batch):
+        tokens, seg = batch["tokens"], batch["tokens_segment_ids"]
+        return float(np.count_nonzero(seg)), float(np.count_nonzero((tokens == eos) & (seg > 0)))
+
+    return count
+
+
+def pipeline_rates(make_iterator, eos: int, timing) -> dict:
+    warmup_s, window_s, windows = timing
+    it = make_iterator()
+    try:
+        r = _timed_windows(it, _count(eos), warmup_s=warmup_s, window_s=window_s, windows=windows)
+    finally:
+        _close(it)
+    tokens_per_record = r["units"] / r["aux"]
+    return {
+        "tokens_per_s": r["rate_median"],
+        "records_per_s": r["rate_median"] / tokens_per_record,
+        "tokens_per_record": tokens_per_record,
+    }
+
+
+def run(kind: str, tokenizer: Any, texts: list[str], args, timing) -> dict:
+    records = [{"text": t} for t in texts]
+    eos = 1  # "<eos>" in the BPE vocabularies; any id works for counting
+    transform = TokenizeTransform(tokenizer, eos_id=eos)
+    base = zj.Dataset.source(records).shuffle(seed=0)
+
+    def zephon(batched: bool):
+        ds = base.tokenize(tokenizer, eos_id=eos) if batched else base.map(OneByOne(transform))
+        ds = ds.pack(args.seq_len, method="concat").batch(args.batch_size)
+        return lambda: iter(zj.Loader(ds))
+
+    def grain_iterator():
+        import grain
+        from grain.experimental import ConcatThenSplitIterDataset
+
+        ds = (
+            grain.MapDataset.source(records)
+            .shuffle(seed=0)
+            .repeat()
+            .map(OneByOne(transform))
+            .to_iter_dataset()
+        )
+        ds = ConcatThenSplitIterDataset(ds, length_struct={"tokens": args.seq_len})
+        return iter(ds.batch(args.batch_size, drop_remainder=True))
+
+    result = {"encode": encode_only(transform, texts, timing)}
+    result["batched"] = pipeline_rates(zephon(True), eos, timing)
+    result["one_by_one"] = pipeline_rates(zephon(False), eos, timing)
+    result["grain"] = pipeline_rates(grain_iterator, eos, timing)
+    result["batched_over_one_by_one"] = (
+        result["batched"]["tokens_per_s"] / result["one_by_one"]["tokens_per_s"]
+    )
+    result["batched_over_grain"] = (
+        result["batched"]["tokens_per_s"] / result["grain"]["tokens_per_s"]
+    )
+    return result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short windows (smoke run)")
+    parser.add_argument("--seconds", type=float, default=None, help="time per measurement")
+    parser.add_argument("--num-texts", type=int, default=20_000)
+    parser.add_argument("--min-words", type=int, default=20, help="shortest text, in words")
+    parser.add_argument("--max-words", type=int, default=400, help="longest text, in words")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--kinds",
+        default="tokenizers,transformers,tiktoken,sentencepiece",
+        help="comma-separated tokenizer libraries",
+    )
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    timing = _timing(args.quick, args.seconds)
+    texts = make_texts(args.num_texts, args.min_words, args.max_words)
+    tokenizers = train_tokenizers(texts)
+    results = {}
+    print(f"{'tokenizer':<14} {'mode':<11} {'records/s':>11} {'tokens/s':>12}")
+    for kind in args.kinds.split(","):
+        r = results[kind] = run(kind, tokenizers[kind], texts, args, timing)
+        e = r["encode"]
+        print(f"{kind:<14} {'encode x256':<11} {e['batched_records_per_s']:>11,.0f} {'':>12}")
+        print(
+            f"{'':<14} {'encode x1':<11} {e['one_by_one_records_per_s']:>11,.0f} {'':>12}"
+            f"   batched/one-by-one {e['ratio']:.2f}x"
+        )
+        for mode in ("batched", "one_by_one", "grain"):
+            m = r[mode]
+            print(f"{'':<14} {mode:<11} {m['records_per_s']:>11,.0f} {m['tokens_per_s']:>12,.0f}")
+        print(
+            f"{'':<14} pipeline batched/one-by-one {r['batched_over_one_by_one']:.2f}x, "
+            f"batched/grain {r['batched_over_grain']:.2f}x"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""``to_training``: a packed row becomes inputs, shifted targets and a loss mask.
+
+For a packed row of length ``L`` (``tokens``, ``tokens_segment_ids``,
+``tokens_positions`` and, optionally, ``loss_mask``, as ``pack`` makes them),
+with ``next(t)`` true when position ``t + 1 < L`` lies in the same non-padding
+segment as ``t``:
+
+* ``inputs[t] = tokens[t]``;
+* ``targets[t] = tokens[t + 1]`` if ``next(t)``, else ``pad_id``;
+* ``loss_mask[t] = 1`` exactly when ``next(t)`` and, if the row has a
+  ``loss_mask``, ``loss_mask[t + 1] == 1``;
+* ``segment_ids`` and ``positions`` are the packed ones.
+
+All outputs are int32 except ``loss_mask``, which is float32 (0.0 or 1.0), so
+that ``(loss * loss_mask).sum() / loss_mask.sum()`` needs no cast.
+``field_names="maxtext"`` gives MaxText's names instead (all int32, the loss
+mask folded into ``targets_segmentation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from zephon_jax.errors import PipelineError
+
+FIELD_NAMES = ("default", "maxtext")
+PACKED_FIELDS = ("tokens", "tokens_segment_ids", "tokens_positions")
+
+
+def _packed(row: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The packed arrays of a row, validated; raises if the row is not packed."""
+    missing = [f for f in PACKED_FIELDS if not (isinstance(row, Mapping) and f in row)]
+    if missing:
+        have = f"fields {sorted(row)}" if isinstance(row, Mapping) else type(row).__name__
+        raise PipelineError(
+            f"to_training needs packed rows (fields {list(PACKED_FIELDS)}, as pack(...) makes "
+            f"them); got {have}, without {missing}. Add .pack(seq_len) before .to_training()"
+        )
+    arrays = [np.asarray(row[f]) for f in PACKED_FIELDS]
+    mask = row.get("loss_mask")
+    if mask is not None:
+        arrays.append(np.asarray(mask))
+    length = len(arrays[0])
+    for name, arr in zip(PACKED_FIELDS + ("loss_mask",), arrays):
+        if arr.ndim != 1 or len(arr) != length:
+            raise PipelineError(
+                f"to_training needs 1-D fields of one length; {name!r} has shape {arr.shape}, "
+                f"'tokens' {arrays[0].shape}"
+            )
+    tokens, segment_ids, positions = arrays[:3]
+    return tokens, segment_ids, positions, (arrays[3] if mask is not None else None)
+
+
+def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
+    """``inputs``, ``targets``, ``loss_mask``, ``segment_ids``, ``positions`` of a packed row."""
+    tokens, segment_ids, positions, mask = _packed(row)
+    segment_ids = segment_ids.astype(np.int32, copy=False)
+    has_next = np.zeros(len(tokens), bool)
+    has_next[:-1] = (segment_ids[1:] == segment_ids[:-1]) & (segment_ids[:-1] != 0)
+    inputs = tokens.astype(np.int32)
+    targets = np.full(len(tokens), pad_id, np.int32)
+    targets[:-1] = np.where(has_next[:-1], inputs[1:], np.int32(pad_id))
+    loss = has_next.copy()
+    if mask is not None:
+        loss[:-1] &= mask[1:] == 1
+    return {
+        "inputs": inputs,
+        "targets": targets,
+        "loss_mask": loss.astype(np.float32),
+        "segment_ids": segment_ids,
+        "positions": positions.astype(np.int32, copy=False),
+    }
+
+
+class ToTrainingTransform:
+    """A packed row -> training fields (see the module docstring). Pure, per row."""
+
+    def __init__(self, pad_id: int = 0, field_names: str = "default"):
+        if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+            raise PipelineError(f"to_training(pad_id=...) needs an int token id; got {pad_id!r}")
+        if not np.iinfo(np.int32).min <= pad_id <= np.iinfo(np.int32).max:
+            raise PipelineError(f"to_training(pad_id={pad_id}) does not fit int32")
+        if field_names not in FIELD_NAMES:
+            raise PipelineError(
+                f"to_training(field_names={field_names!r}) is unknown; use one of {FIELD_NAMES}"
+            )
+        self.pad_id = int(pad_id)
+        self.field_names = field_names
+        self.name = self.describe()
+
+    def apply(self, row: Any, rng_key: tuple) -> dict[str, np.ndarray]:
+        out = training_arrays(row, self.pad_id)
+        if self.field_names == "default":
+            return out
+        segment_ids = out["segment_ids"]
+        return {
+            "inputs": out["inputs"],
+            "inputs_segmentation": segment_ids,
+            "inputs_position": out["positions"],
+            "targets": out["targets"],
+            "targets_segmentation": np.where(out["loss_mask"] > 0, segment_ids, 0).astype(np.int32),
+            "targets_position": out["positions"].copy(),
+        }
+
+    def describe(self) -> str:
+        return f"to_training(pad_id={self.pad_id}, field_names={self.field_names!r})"
