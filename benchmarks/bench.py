@@ -1,31 +1,41 @@
-"""Side-by-side benchmark driver: Grain baselines vs zephon_jax.
+"""zephon_jax against Grain and against the memory-copy floor, side by side in one process.
 
-    python benchmarks/bench.py --quick --json /tmp/b.json
+    python benchmarks/bench.py --json bench.json --plots docs/_static   # full run, a few minutes
+    python benchmarks/bench.py --quick                                  # under a minute
 
-The Grain column comes from ``grain_baselines.py``. The zephon_jax column is filled
-from ``zephon_side.py`` (next to this file) when it exists and defines a function of
-the same name (``map_batch``, ``packing``, ``restore_cost``, ``mp_throughput``); it is
-called with exactly the same keyword arguments and must return a dict with the same
-keys. Otherwise the column stays blank. ``ratio`` is zephon_jax / grain; each
-benchmark name says whether higher or lower is better. All rates are medians over
-timed windows.
+Cases (every rate is real, non-padding tokens/s unless said otherwise):
+
+* ``packing``: a log-normal corpus (mean about 600 tokens, about 4 % of the
+  documents longer than ``seq_len``), ``shuffle -> split(S) -> pack(S) ->
+  batch(B)`` at ``S=2048``, ``B=64`` and ``B=256``. zephon_jax with its defaults
+  (best fit, 32 open rows per lane, one lane per row) against Grain's first fit
+  and best fit with one bin per batch row and ``read_threads=0``, and against
+  the copy floor: fresh arrays of the batch's shapes filled by ``np.copyto``.
+* ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit with 32
+  bins on both sides, ``B=32``.
+* ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
+* ``lanes``: ``B=1024`` rows made by 8, 64, 256 or 1024 lanes: tokens/s, resident
+  memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
+  the first batch after ``--steps`` batches (checked equal to the uninterrupted run).
+* ``workers``: a Python-heavy map, alone and before packing, with 0, 1 and 2
+  loader worker processes (records/s, tokens/s; the batches are the same for
+  every worker count), with the CPU time per batch of every process, and the
+  same lanes in Grain's own worker processes (``grain_workers.py``).
+
+The sides of a case run interleaved (see ``measure.py``): ratios are between
+medians of windows taken in turns. ``--json`` writes every figure; ``--plots``
+draws the figures of ``docs/performance.md`` from them (see ``plots.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
-import resource
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,377 +43,466 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 import corpus as corpus_mod  # noqa: E402
-import grain_baselines  # noqa: E402
+import grain_baselines as grain_side  # noqa: E402
+import grain_workers  # noqa: E402
+import heavy  # noqa: E402
+import measure  # noqa: E402
+import numpy as np  # noqa: E402
+import zephon_side  # noqa: E402
 
-# ----------------------------------------------------------------------------- cases
+import zephon_jax as zj  # noqa: E402
 
-
-@dataclasses.dataclass(frozen=True)
-class Metric:
-    key: str  # key in the result dict
-    label: str  # shown after the case name
-    unit: str  # "rate", "tok/s", "ratio", "s", "bytes", "MB", "bool"
-    higher_is_better: bool | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    function: str
-    kwargs: dict[str, Any]
-    metrics: tuple[Metric, ...]
-    needs_corpus: bool = True
-    # Arguments that differ on the zephon_jax side (e.g. its own defaults).
-    zephon_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+SEQ_LEN = 2048
 
 
-_REC = Metric("records_per_s", "records/s (↑)", "rate", True)
-_TOK = Metric("tokens_per_s", "real tokens/s (↑)", "rate", True)
-_FILL = Metric("fill", "fill (↑)", "ratio", True)
-_RSS = Metric("peak_rss_delta_mb", "peak RSS delta (↓)", "MB", False)
-_RESTORE = Metric("restore_s", "restore+1st batch (↓)", "s", False)
-_FRESH = Metric("fresh_first_batch_s", "fresh iter 1st batch (↓)", "s", False)
-_STATE = Metric("state_bytes", "state size JSON (↓)", "bytes", False)
-_GETSTATE = Metric("get_state_s", "get_state (↓)", "s", False)
-_MATCH = Metric("restore_matches", "restore matches", "bool", None)
-_STARTUP = Metric("startup_s", "time to 1st batch (↓)", "s", False)
-_RSS_TOTAL = Metric("peak_total_rss_mb", "peak RSS incl. workers (↓)", "MB", False)
-_STATE_LANE = Metric("state_bytes_per_lane", "state bytes per lane (↓)", "bytes", False)
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
-def build_cases(quick: bool) -> list[Case]:
-    cases: list[Case] = [
-        Case("map+batch", "map_batch", {}, (_REC,), needs_corpus=False),
-        Case(
-            "map+batch read_threads=0",
-            "map_batch",
-            {"read_threads": 0},
-            (_REC,),
-            needs_corpus=False,
+# ----- cases ---------------------------------------------------------------------------
+
+
+def _floor_side(sample: dict[str, np.ndarray], source: np.ndarray) -> measure.Side:
+    floor = measure.CopyFloor(measure.batch_layout(sample), source)
+    return measure.Side("copy floor", floor, measure.count_batches)
+
+
+def _with_batches_per_s(result: dict[str, Any], batch_size: int, seq_len: int) -> None:
+    """Adds batches/s (median) to token sides: tokens/s / real tokens per batch."""
+    for name, r in result.items():
+        if name != "copy floor" and r.get("fill"):
+            r["batches_per_s"] = r["rate_median"] / (r["fill"] * batch_size * seq_len)
+
+
+def packing_case(
+    docs: list, source: np.ndarray, batch_size: int, timing: measure.Timing
+) -> dict[str, Any]:
+    """zephon_jax defaults vs Grain first/best fit (one bin per row) vs the copy floor."""
+    zds = zephon_side.packing(docs, SEQ_LEN, batch_size)
+    z_it = iter(zj.Loader(zds))
+    sample = next(z_it)
+    sides = [
+        measure.Side("zephon_jax best_fit", z_it, measure.count_packed),
+        measure.Side(
+            "grain first_fit",
+            iter(grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit")),
+            measure.count_packed,
         ),
+        measure.Side(
+            "grain best_fit",
+            iter(grain_side.packing(docs, SEQ_LEN, batch_size, "best_fit")),
+            measure.count_packed,
+        ),
+        _floor_side(sample, source),
     ]
-    for method, bins, rt in [
-        ("first_fit", 8, None),
-        ("first_fit", 512, None),
-        ("best_fit", 8, None),
-        ("best_fit", 512, None),
-        ("concat", 8, None),
-        ("first_fit", 8, 0),
-        ("first_fit", 512, 0),
-        ("concat", 8, 0),
-    ]:
-        name = f"pack {method}" + (f" bins={bins}" if method != "concat" else "")
-        kwargs: dict[str, Any] = {"method": method, "num_packing_bins": bins}
-        if rt is not None:
-            name += f" read_threads={rt}"
-            kwargs["read_threads"] = rt
-        metrics = (_TOK, _FILL, _RSS) if bins == 512 else (_TOK, _FILL)
-        cases.append(Case(name, "packing", kwargs, metrics))
-    cases.append(
-        Case(
-            "pack defaults (grain first_fit bins=8, zephon_jax best_fit bins=32)",
-            "packing",
-            {"method": "first_fit", "num_packing_bins": 8},
-            (_TOK, _FILL),
-            zephon_kwargs={"method": "best_fit", "num_packing_bins": 32},
-        )
-    )
-
-    restore_grid = [(8, 100, 0), (8, 10_000, 0), (512, 100, 0), (512, 10_000, 0)]
-    restore_grid += [(8, 100, None), (512, 100, None)]
-    if not quick:
-        restore_grid += [(8, 10_000, None), (512, 10_000, None)]
-    for bins, steps, rt in restore_grid:
-        name = f"restore first_fit bins={bins} steps={steps}"
-        kwargs = {"method": "first_fit", "num_packing_bins": bins, "steps": steps}
-        if rt is not None:
-            name += f" read_threads={rt}"
-            kwargs["read_threads"] = rt
-        metrics = (_RESTORE, _FRESH, _STATE, _STATE_LANE, _GETSTATE, _MATCH)
-        if steps == 10_000 and bins == 512:
-            metrics = (_RESTORE, _FRESH, _STATE, _STATE_LANE, _GETSTATE, _MATCH, _RSS)
-        cases.append(Case(name, "restore_cost", kwargs, metrics))
-    for steps in (100, 10_000):
-        cases.append(
-            Case(
-                f"restore defaults (zephon_jax bins=32) steps={steps} read_threads=0",
-                "restore_cost",
-                {"method": "first_fit", "num_packing_bins": 8, "steps": steps, "read_threads": 0},
-                (_RESTORE, _STATE_LANE, _GETSTATE, _MATCH),
-                zephon_kwargs={"num_packing_bins": 32},
-            )
-        )
-    # Grain's ConcatThenSplit state does not survive a JSON round trip when it holds
-    # no remainder (e.g. at step 0): restore_matches shows it.
-    for steps in (0, 100):
-        cases.append(
-            Case(
-                f"restore concat steps={steps} read_threads=0 (JSON round trip)",
-                "restore_cost",
-                {"method": "concat", "steps": steps, "read_threads": 0},
-                (_RESTORE, _STATE, _MATCH),
-            )
-        )
-    for w in (0, 1, 2):
-        cases.append(
-            Case(
-                f"mp_prefetch first_fit bins=8 workers={w}",
-                "mp_throughput",
-                {"num_workers": w, "method": "first_fit", "num_packing_bins": 8},
-                (_TOK, _STARTUP, _RSS_TOTAL) if w else (_TOK, _STARTUP),
-            )
-        )
-    return cases
+    result = measure.interleave(sides, timing)
+    _with_batches_per_s(result, batch_size, SEQ_LEN)
+    floor = result["copy floor"]["rate_median"]
+    z = result["zephon_jax best_fit"]
+    out = {
+        "settings": {
+            "seq_len": SEQ_LEN,
+            "batch_size": batch_size,
+            "zephon_jax": repr(zds) + f", {zds.num_lanes} lanes, best_fit, 32 bins per lane",
+            "grain": f"read_threads=0, num_packing_bins={batch_size}, split by FlatMapTransform",
+            "floor": "np.empty + np.copyto of the batch's three int32 fields, cold source",
+        },
+        "sides": result,
+        "ratio_to_grain_first_fit": measure.ratio(z, result["grain first_fit"]),
+        "ratio_to_grain_best_fit": measure.ratio(z, result["grain best_fit"]),
+        "share_of_floor": {
+            name: r["batches_per_s"] / floor for name, r in result.items() if "batches_per_s" in r
+        },
+    }
+    for it in (s.iterator for s in sides):
+        measure.close(it)
+    return out
 
 
-# ----------------------------------------------------------------------------- formatting
-
-
-def _fmt(value: Any, unit: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if unit == "bool":
-        return "yes" if value else "NO"
-    v = float(value)
-    if unit == "rate":
-        for div, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
-            if abs(v) >= div:
-                return f"{v / div:.2f}{suffix}"
-        return f"{v:.1f}"
-    if unit == "ratio":
-        return f"{100 * v:.1f} %"
-    if unit == "s":
-        return f"{v * 1e3:.2f} ms" if v < 1 else f"{v:.2f} s"
-    if unit == "bytes":
-        return f"{v:.0f} B"
-    if unit == "MB":
-        return f"{v:.1f} MB"
-    return f"{v:.4g}"
-
-
-def _ratio(g: Any, z: Any, unit: str) -> float | None:
-    if unit == "bool" or g is None or z is None:
-        return None
-    try:
-        g, z = float(g), float(z)
-    except (TypeError, ValueError):
-        return None
-    if g == 0:
-        return None
-    return z / g
-
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("benchmark", "grain", "zephon_jax", "ratio")
-    cells = [header] + [
-        (
-            r["benchmark"],
-            r["grain_str"],
-            r["zephon_jax_str"],
-            "" if r["ratio"] is None else f"{r['ratio']:.2f}x",
-        )
-        for r in rows
+def uniform_case(
+    docs: list, source: np.ndarray, batch_size: int, bins: int, timing: measure.Timing
+) -> dict[str, Any]:
+    """first_fit with ``bins`` bins on both sides, uniform lengths (no split needed)."""
+    zds = zephon_side.packing(docs, SEQ_LEN, batch_size, "first_fit", num_bins=bins, split=False)
+    z_it = iter(zj.Loader(zds))
+    sample = next(z_it)
+    g_ds = grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit", bins, split=False)
+    sides = [
+        measure.Side("zephon_jax first_fit", z_it, measure.count_packed),
+        measure.Side("grain first_fit", iter(g_ds), measure.count_packed),
+        _floor_side(sample, source),
     ]
-    widths = [max(len(c[i]) for c in cells) for i in range(4)]
-    line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
-    print(line)
-    print("-+-".join("-" * w for w in widths))
-    for c in cells[1:]:
-        print(
-            " | ".join(
-                (c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i])) for i in range(4)
-            )
-        )
-
-
-# ----------------------------------------------------------------------------- machine
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def machine_info() -> dict[str, Any]:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
+    result = measure.interleave(sides, timing)
+    _with_batches_per_s(result, batch_size, SEQ_LEN)
+    floor = result["copy floor"]["rate_median"]
     return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": sys.version.split()[0],
-        "versions": {
-            d: _version(d) for d in ("grain", "jax", "jaxlib", "numpy", "psutil", "zephon_jax")
+        "settings": {
+            "seq_len": SEQ_LEN,
+            "batch_size": batch_size,
+            "bins": bins,
+            "zephon_jax": f"first_fit, {bins} bins per lane, {zds.num_lanes} lanes",
+            "grain": f"first_fit, num_packing_bins={bins}, read_threads=0",
+        },
+        "sides": result,
+        "ratio_to_grain_first_fit": measure.ratio(
+            result["zephon_jax first_fit"], result["grain first_fit"]
+        ),
+        "share_of_floor": {
+            name: r["batches_per_s"] / floor for name, r in result.items() if "batches_per_s" in r
         },
     }
 
 
-def _load_zephon_side() -> tuple[Any, str | None]:
-    """Returns (module or None, error message or None)."""
-    if importlib.util.find_spec("zephon_side") is None:
-        return None, None
-    try:
-        return importlib.import_module("zephon_side"), None
-    except Exception:  # noqa: BLE001 - report whatever the other side raises
-        return None, traceback.format_exc(limit=3)
+def map_batch_case(timing: measure.Timing, batch_size: int = 128) -> dict[str, Any]:
+    records = [{"x": np.int64(i)} for i in range(100_000)]
+    sides = [
+        measure.Side(
+            "zephon_jax",
+            iter(zj.Loader(zephon_side.map_batch(records, batch_size))),
+            measure.count_records,
+        ),
+        measure.Side(
+            "grain", iter(grain_side.map_batch(records, batch_size)), measure.count_records
+        ),
+    ]
+    result = measure.interleave(sides, timing)
+    return {
+        "settings": {"batch_size": batch_size, "records": "{'x': np.int64}", "read_threads": 0},
+        "sides": result,
+        "ratio_to_grain": measure.ratio(result["zephon_jax"], result["grain"]),
+    }
 
 
-def _call(fn: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    result = fn(**kwargs)
-    result = dict(result)
-    result.setdefault("_wall_s", time.perf_counter() - t0)
-    return result
+def _batches_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+def _snapshot_time(it: Any, repeats: int = 5) -> float | None:
+    """Median time of one lane snapshot of every lane (what prefetch and workers take per batch)."""
+    producer = getattr(it, "_producer", None)
+    snap = getattr(producer, "lane_snapshots", None)
+    if snap is None:
+        return None
+    return measure.median_time(snap, repeats)[0]
+
+
+def lane_sweep(
+    docs: list, lane_counts: list[int], batch_size: int, steps: int, timing: measure.Timing
+) -> dict[str, Any]:
+    """The same batches made by different lane counts: speed, memory, state, restore."""
+    rows: dict[int, dict[str, Any]] = {}
+    sides = []
+    for lanes in lane_counts:
+        log(f"  lanes={lanes}: {steps} steps")
+        ds = zephon_side.packing(docs, SEQ_LEN, batch_size, num_lanes=lanes)
+        loader = zj.Loader(ds)
+        rss0 = measure.current_rss()
+        it = iter(loader)
+        t0 = time.perf_counter()
+        first = next(it)
+        first_batch_s = time.perf_counter() - t0
+        del first
+        for _ in range(steps - 1):
+            next(it)
+        rss1 = measure.current_rss()
+        get_state_s, _, state = measure.median_time(it.get_state, 5)
+        lane_sizes = [len(v) for v in state["lanes"].values()]
+        expected = next(it)
+
+        def restore(loader=loader, state=state):
+            it2 = iter(loader)
+            it2.set_state(state)
+            batch = next(it2)
+            measure.close(it2)
+            return batch
+
+        restore_s, restore_best_s, got = measure.median_time(restore, 3)
+        rows[lanes] = {
+            "num_lanes": lanes,
+            "rows_per_lane": batch_size // lanes,
+            "first_batch_s": first_batch_s,
+            "rss_bytes_per_lane": (rss1 - rss0) / lanes,
+            "get_state_s": get_state_s,
+            "snapshot_s": _snapshot_time(it),
+            "state_bytes_per_lane": sum(lane_sizes) / len(lane_sizes),
+            "state_bytes_per_lane_max": max(lane_sizes),
+            "restore_first_batch_s": restore_s,
+            "restore_first_batch_best_s": restore_best_s,
+            "restore_exact": _batches_equal(expected, got),
+        }
+        del expected, got
+        sides.append(measure.Side(f"{lanes} lanes", it, measure.count_packed))
+    log("  lane sweep: timed windows")
+    result = measure.interleave(sides, timing)
+    for lanes, side in zip(lane_counts, sides, strict=True):
+        rows[lanes].update(
+            tokens_per_s=result[side.name]["rate_median"],
+            tokens_per_s_best=result[side.name]["rate_best"],
+            fill=result[side.name]["fill"],
+        )
+        measure.close(side.iterator)
+    base = rows[lane_counts[0]]["tokens_per_s"]
+    for r in rows.values():
+        r["speed_vs_fewest_lanes"] = r["tokens_per_s"] / base
+    return {
+        "settings": {
+            "seq_len": SEQ_LEN,
+            "batch_size": batch_size,
+            "steps_before_restore": steps,
+            "pipeline": "shuffle -> split(2048) -> pack(2048, best_fit, 32 bins) -> batch",
+        },
+        "rows": [rows[n] for n in lane_counts],
+    }
+
+
+def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
+    """CPU seconds per batch of the loader process and of each worker (busy-machine proof).
+
+    On a machine shared with other work, wall-clock speed-ups understate what
+    idle cores give; the CPU time per batch of the busiest process bounds it.
+    """
+    import psutil
+
+    producer = getattr(it, "_producer", it)
+    pids = producer.worker_pids() if hasattr(producer, "worker_pids") else []
+    procs = [psutil.Process()] + [psutil.Process(p) for p in pids]
+
+    def cpu():
+        return [sum(p.cpu_times()[:2]) for p in procs]
+
+    for _ in range(2):
+        next(it)
+    before, t0, batches = cpu(), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:  # CPU times tick in 10 ms
+        next(it)
+        batches += 1
+    used = [(b - a) / batches for a, b in zip(before, cpu(), strict=True)]
+    return {
+        "cpu_s_per_batch_loader": used[0],
+        "cpu_s_per_batch_workers": used[1:],
+        "cpu_s_per_batch_total": sum(used),
+        "cpu_s_per_batch_busiest": max(used),
+    }
+
+
+def _label(side: str) -> str:
+    return side.split("=")[1] if side.startswith("workers=") else "grain_2"
+
+
+def workers_case(
+    docs: list, timing: measure.Timing, counts: tuple[int, ...], batch_size: int = 64
+) -> dict[str, Any]:
+    """A heavy map alone and before packing, with 0, 1 and 2 worker processes, interleaved."""
+    records = [{"x": np.int64(i)} for i in range(100_000)]
+    pipelines = {
+        "heavy map": (
+            zj.Dataset.source(records).shuffle(0).map(heavy.heavy_record_map).batch(batch_size),
+            measure.count_records,
+        ),
+        "heavy map + pack": (
+            zj.Dataset.source(docs)
+            .shuffle(0)
+            .map(heavy.heavy_document_map)
+            .split(SEQ_LEN)
+            .pack(SEQ_LEN)
+            .batch(batch_size),
+            measure.count_packed,
+        ),
+    }
+    out: dict[str, Any] = {"settings": {"batch_size": batch_size, "cpu_count": os.cpu_count()}}
+    for name, (ds, count) in pipelines.items():
+        log(f"  workers: {name}")
+        its = []
+        for w in counts:
+            t0 = time.perf_counter()
+            it = iter(zj.Loader(ds, num_workers=w))
+            next(it)
+            its.append((w, it, time.perf_counter() - t0))
+        sides = [measure.Side(f"workers={w}", it, count) for w, it, _ in its]
+        if name == "heavy map + pack" and 2 in counts:
+            # The same lanes in Grain's own worker processes (see grain_workers.py).
+            t0 = time.perf_counter()
+            it = grain_workers.GrainWorkerBatches(ds, 2)
+            next(it)
+            its.append((2, it, time.perf_counter() - t0))
+            sides.append(measure.Side("grain mp_prefetch, 2 workers", it, count))
+        load_before = os.getloadavg()[0]
+        result = measure.interleave(sides, timing)
+        for (_, it, startup), side in zip(its, sides, strict=True):
+            result[side.name]["startup_s"] = startup
+            result[side.name].update(_cpu_per_batch(it, 4 * timing.window_s))
+            measure.close(it)
+        base = result["workers=0"]["rate_median"]
+        busiest0 = result["workers=0"]["cpu_s_per_batch_busiest"]
+        out[name] = {
+            **{
+                f"cpu_bound_speedup_{_label(key)}": busiest0 / r["cpu_s_per_batch_busiest"]
+                for key, r in result.items()
+                if key != "workers=0"
+            },
+            "sides": result,
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+            **{
+                f"speedup_{_label(key)}": r["rate_median"] / base
+                for key, r in result.items()
+                if key != "workers=0"
+            },
+        }
+    return out
+
+
+# ----- driver --------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    def version(dist: str) -> str:
         try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, str | int | float | bool) or obj is None:
-        return obj
-    return repr(obj)
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": {d: version(d) for d in ("grain", "numpy", "zephon_jax")},
+        "load_average_at_start": os.getloadavg(),
+    }
 
 
-# ----------------------------------------------------------------------------- main
+def _source_buffer(docs: list) -> np.ndarray:
+    """The corpus's contiguous token buffer (every document is a view into it)."""
+    base = docs[0]["tokens"]
+    while base.base is not None:
+        base = base.base
+    return np.asarray(base)
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """The headline figures, one line each."""
+    lines = []
+    for key, case in results.get("packing", {}).items():
+        s = case["sides"]
+        z, gf, gb = s["zephon_jax best_fit"], s["grain first_fit"], s["grain best_fit"]
+        lines.append(
+            f"packing {key}: zephon_jax {z['rate_median'] / 1e6:.1f} M tok/s (fill "
+            f"{z['fill']:.3f}); grain first_fit {gf['rate_median'] / 1e6:.2f} M "
+            f"(fill {gf['fill']:.3f}), best_fit {gb['rate_median'] / 1e6:.2f} M; ratio "
+            f"{case['ratio_to_grain_first_fit']:.1f}x / {case['ratio_to_grain_best_fit']:.1f}x; "
+            f"share of copy floor {case['share_of_floor']['zephon_jax best_fit']:.3f} "
+            f"(grain first_fit {case['share_of_floor']['grain first_fit']:.4f})"
+        )
+    if "uniform" in results:
+        case = results["uniform"]
+        s = case["sides"]
+        lines.append(
+            f"uniform first_fit 32 bins: zephon_jax "
+            f"{s['zephon_jax first_fit']['rate_median'] / 1e6:.1f} M (fill "
+            f"{s['zephon_jax first_fit']['fill']:.3f}), grain "
+            f"{s['grain first_fit']['rate_median'] / 1e6:.2f} M (fill "
+            f"{s['grain first_fit']['fill']:.3f}); ratio {case['ratio_to_grain_first_fit']:.1f}x"
+        )
+    if "map_batch" in results:
+        case = results["map_batch"]
+        lines.append(
+            f"map+batch: zephon_jax {case['sides']['zephon_jax']['rate_median'] / 1e3:.0f} k "
+            f"records/s, grain {case['sides']['grain']['rate_median'] / 1e3:.0f} k; ratio "
+            f"{case['ratio_to_grain']:.1f}x"
+        )
+    for r in results.get("lanes", {}).get("rows", []):
+        lines.append(
+            f"lanes {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s "
+            f"({r['speed_vs_fewest_lanes']:.2f}x), RSS {r['rss_bytes_per_lane'] / 1024:7.1f} "
+            f"KiB/lane, state {r['state_bytes_per_lane']:.0f} B/lane, get_state "
+            f"{r['get_state_s'] * 1e3:.1f} ms, set_state+1st batch "
+            f"{r['restore_first_batch_s'] * 1e3:.0f} ms (exact: {r['restore_exact']})"
+        )
+    for name in ("heavy map", "heavy map + pack"):
+        w = results.get("workers", {}).get(name)
+        if w:
+            speedups = ", ".join(
+                f"{k[len('speedup_') :]} workers {v:.2f}x"
+                for k, v in w.items()
+                if k.startswith("speedup")
+            )
+            bound = ", ".join(
+                f"{k[len('cpu_bound_speedup_') :]} workers {v:.2f}x"
+                for k, v in w.items()
+                if k.startswith("cpu_")
+            )
+            lines.append(
+                f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
+                f"by CPU time of the busiest process: {bound}"
+            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short timings (< 30 s Grain side)")
-    parser.add_argument("--json", metavar="PATH", help="write the rows (and raw results) as JSON")
-    parser.add_argument("--filter", metavar="SUBSTR", help="run only cases whose name contains it")
+    parser.add_argument("--quick", action="store_true", help="small corpus, short windows")
+    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    parser.add_argument("--plots", metavar="DIR", help="draw the plots into DIR (PNG)")
+    parser.add_argument(
+        "--only",
+        metavar="CASES",
+        default="packing,uniform,map_batch,lanes,workers",
+        help="comma-separated cases to run",
+    )
     parser.add_argument("--num-docs", type=int, default=None, help="corpus size (documents)")
+    parser.add_argument("--steps", type=int, default=None, help="steps before the restore")
     args = parser.parse_args(argv)
+    cases = set(args.only.split(","))
+    timing = measure.QUICK if args.quick else measure.FULL
+    num_docs = args.num_docs or (5000 if args.quick else 20_000)
+    steps = args.steps or (10 if args.quick else 200)
+    lane_counts, lane_batch = ([8, 64, 256], 256) if args.quick else ([8, 64, 256, 1024], 1024)
 
     info = machine_info()
-    print(
-        f"cpus: {info['cpu_count']} (affinity {info['cpu_affinity']})  "
-        f"python {info['python']}  {info['platform']}"
-    )
-    print("versions: " + "  ".join(f"{k} {v}" for k, v in info["versions"].items()))
-
-    num_docs = args.num_docs or (2048 if args.quick else 8192)
-    t0 = time.perf_counter()
-    corpus = corpus_mod.make_corpus(num_docs, max_len=2048, seed=0)
-    corpus_s = time.perf_counter() - t0
-    corpus_desc = {
-        "num_docs": num_docs,
-        "max_len": 2048,
-        "seed": 0,
-        "tokens": corpus_mod.corpus_tokens(corpus),
+    log(f"machine: {info}")
+    docs = corpus_mod.make_lognormal_corpus(num_docs, seed=0)
+    uniform = corpus_mod.make_corpus(num_docs, max_len=SEQ_LEN, seed=1)
+    results: dict[str, Any] = {
+        "machine": info,
+        "mode": "quick" if args.quick else "full",
+        "timing": timing.__dict__,
+        "corpus": corpus_mod.describe(docs, SEQ_LEN),
+        "uniform_corpus": corpus_mod.describe(uniform, SEQ_LEN),
     }
-    print(
-        f"corpus: {num_docs} docs, {corpus_desc['tokens']} tokens "
-        f"(built in {corpus_s * 1e3:.0f} ms); mode: {'quick' if args.quick else 'full'}"
-    )
-
-    zside, zerr = _load_zephon_side()
-    if zerr:
-        print(f"zephon_side.py failed to import; zephon_jax column left blank:\n{zerr}")
-    elif zside is None:
-        print("zephon_side.py not found; zephon_jax column left blank")
-    print()
-
-    cases = build_cases(args.quick)
-    if args.filter:
-        cases = [c for c in cases if args.filter in c.name]
-
-    rows: list[dict[str, Any]] = []
-    raw: list[dict[str, Any]] = []
-    errors: list[str] = []
+    source = _source_buffer(docs)
     t_start = time.perf_counter()
-    grain_s = 0.0
-    for case in cases:
-        kwargs = dict(case.kwargs, quick=args.quick)
-        call_kwargs = dict(kwargs, corpus=corpus) if case.needs_corpus else kwargs
-        g_res: dict[str, Any] | None
-        try:
-            t0 = time.perf_counter()
-            g_res = _call(getattr(grain_baselines, case.function), call_kwargs)
-            grain_s += time.perf_counter() - t0
-        except Exception:  # noqa: BLE001
-            g_res = None
-            errors.append(f"grain / {case.name}:\n{traceback.format_exc(limit=4)}")
-        z_res: dict[str, Any] | None = None
-        z_fn = getattr(zside, case.function, None) if zside is not None else None
-        z_err = None
-        if z_fn is not None:
-            try:
-                z_res = _call(z_fn, dict(call_kwargs, **case.zephon_kwargs))
-            except Exception as e:  # noqa: BLE001
-                z_err = f"error: {type(e).__name__}"
-                errors.append(f"zephon_jax / {case.name}:\n{traceback.format_exc(limit=4)}")
-        for m in case.metrics:
-            g = g_res.get(m.key) if g_res else None
-            z = z_res.get(m.key) if z_res else None
-            rows.append(
-                {
-                    "benchmark": f"{case.name}: {m.label}",
-                    "case": case.name,
-                    "function": case.function,
-                    "metric": m.key,
-                    "unit": m.unit,
-                    "higher_is_better": m.higher_is_better,
-                    "grain": g,
-                    "zephon_jax": z,
-                    "ratio": _ratio(g, z, m.unit),
-                    "grain_str": _fmt(g, m.unit) if g_res else "error",
-                    "zephon_jax_str": z_err or _fmt(z, m.unit),
-                }
-            )
-        raw.append(
-            {
-                "case": case.name,
-                "function": case.function,
-                "kwargs": dict(kwargs, **({"corpus": corpus_desc} if case.needs_corpus else {})),
-                "zephon_kwargs": case.zephon_kwargs,
-                "grain": g_res,
-                "zephon_jax": z_res,
-            }
-        )
-        print(f"  done {case.name} ({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+    if "packing" in cases:
+        results["packing"] = {}
+        for b in (64, 256):
+            log(f"packing B={b}")
+            results["packing"][f"B={b}"] = packing_case(docs, source, b, timing)
+    if "uniform" in cases:
+        log("uniform first_fit 32 bins")
+        results["uniform"] = uniform_case(uniform, source, 32, 32, timing)
+    if "map_batch" in cases:
+        log("map+batch")
+        results["map_batch"] = map_batch_case(timing)
+    if "lanes" in cases:
+        log("lane sweep")
+        results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
+    if "workers" in cases:
+        log("workers")
+        results["workers"] = workers_case(docs, timing, (0, 2) if args.quick else (0, 1, 2))
+    results["total_s"] = time.perf_counter() - t_start
+    results["machine"]["load_average_at_end"] = os.getloadavg()
 
-    total_s = time.perf_counter() - t_start
-    print()
-    _print_table(rows)
-    print()
-    maxrss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(
-        f"total {total_s:.1f} s (grain side {grain_s:.1f} s); "
-        f"process lifetime peak RSS {maxrss_mb:.0f} MB"
-    )
-    for e in errors:
-        print(f"\nERROR {e}", file=sys.stderr)
-
+    print("\n".join(summary_lines(results)))
+    print(f"total {results['total_s']:.0f} s")
     if args.json:
-        payload = {
-            "machine": info,
-            "quick": args.quick,
-            "corpus": corpus_desc,
-            "total_s": total_s,
-            "grain_s": grain_s,
-            "rows": rows,
-            "raw": raw,
-            "errors": errors,
-        }
         with open(args.json, "w") as f:
-            json.dump(_jsonable(payload), f, indent=2)
-        print(f"wrote {args.json}")
-    return 1 if errors else 0
+            json.dump(results, f, indent=1, default=float)
+        log(f"wrote {args.json}")
+    if args.plots:
+        import plots
+
+        for path in plots.draw_all(results, args.plots):
+            log(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from grain_baselines import _close, _timed_windows, _timing  # noqa: E402
+from measure import close as _close  # noqa: E402
+from measure import timed_windows as _timed_windows  # noqa: E402
+from measure import timing as _timing  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
 from zephon_jax.transforms.tokenize import TokenizeTransform  # noqa: E402

@@ -235,6 +235,30 @@ def test_worker_exception_is_raised_with_its_lane_and_traceback():
         it.close()
 
 
+def test_state_of_the_last_batch_survives_a_failure_made_ahead():
+    """Workers keep the lanes' snapshots and send them when asked: a worker that already
+    failed on a later batch still answers for the batch handed out."""
+    docs = [{"tokens": np.full(BAD_LENGTH if i == 1500 else 10, i, np.int32)} for i in range(2000)]
+    ds = zj.Dataset.source(docs).map(failing_map).pack(256, "first_fit", 2).batch(4, num_lanes=2)
+    in_process = iter(zj.Loader(ds))
+    good, states = [], []
+    with pytest.raises(zj.RecordError):
+        for _ in range(50):
+            good.append(next(in_process))
+            states.append(in_process.get_state())
+    assert len(good) >= 2
+    it = iter(zj.Loader(ds, num_workers=2, worker_prefetch=4))
+    try:
+        assert_same_batches([next(it) for _ in range(len(good) - 1)], good[:-1])
+        time.sleep(0.5)  # the workers run ahead into the failing record
+        assert_same_states([it.get_state()], [states[-2]])
+        with pytest.raises(zj.RecordError):
+            for _ in range(50):
+                next(it)
+    finally:
+        it.close()
+
+
 def test_killed_worker_raises_within_bounded_time_and_restore_restarts_it(reference):
     it = iter(zj.Loader(packing_pipeline(), num_workers=2))
     try:

@@ -230,13 +230,16 @@ class LoaderIterator(Iterator[Any]):
         # What provenance() needs about the last batch: its rows' (lane, lineage) pairs,
         # or, from worker processes, the lane snapshots taken just before it.
         self._last_picks: list | None = None
-        self._before_last: Mapping[int, tuple] | None = None
+        self._before_last: Any = None  # snapshots, or a function returning them (workers)
 
     def __next__(self) -> Any:
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
             last_picks = getattr(self._producer, "last_picks", None)
-            before = self._producer.lane_snapshots() if last_picks is None else None
+            # Worker processes keep the snapshots and send them only when asked.
+            lazy = getattr(self._producer, "snapshots_before_last", None)
+            eager = last_picks is None and lazy is None
+            before = self._producer.lane_snapshots() if eager else None
             batch = self._producer.next_batch()
             if not self._all_processes_have(batch is not None):
                 raise StopIteration
@@ -244,7 +247,7 @@ class LoaderIterator(Iterator[Any]):
                 size = self.loader.dataset.batch_size_at(self.step)
                 batch = sharding.make_global(self.loader.rows_of_size(size), batch, size)
             self._last_picks = last_picks() if last_picks is not None else None
-            self._before_last = before
+            self._before_last = lazy if lazy is not None else before
             self.step += 1
             return batch
         if self._prefetcher is None:
@@ -282,7 +285,8 @@ class LoaderIterator(Iterator[Any]):
         from zephon_jax.rows import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
-        lanes = encode_snapshots(self._before_last)
+        before = self._before_last
+        lanes = encode_snapshots(before() if callable(before) else before)
         replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
         replay.next_rows()
         return replay.provenance()

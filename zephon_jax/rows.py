@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -117,6 +117,29 @@ def rows_by_size(batched, rows: Sequence[int] | RowsOfSize) -> dict[int, list[in
     return {size: checked_rows(batched, rows(size), size) for size in batched.batch_sizes}
 
 
+class Producer(Protocol):
+    """What a loader iterator reads batches from: :class:`RowProducer`, or
+    :class:`~zephon_jax.workers.WorkerRowProducer` with worker processes.
+
+    Both produce the same batches and lane states for the same rows.
+    """
+
+    def next_batch(self) -> Any:
+        """The next batch of the producer's rows, or ``None`` at the end of a finite input."""
+
+    def lane_snapshots(self) -> dict[int, tuple]:
+        """Each lane's snapshot right after the last batch returned."""
+
+    def lane_states(self) -> dict[int, bytes]:
+        """The snapshots encoded as lane states."""
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state``; on an error the producer is unchanged."""
+
+    def close(self) -> None:
+        """Releases what the producer holds (worker processes); idempotent."""
+
+
 class RowProducer:
     """Produces global rows ``rows`` (any subset, in the given order) of each batch.
 
@@ -228,6 +251,9 @@ class RowProducer:
 
     def lane_states(self) -> dict[int, bytes]:
         return encode_snapshots(self.lane_snapshots())
+
+    def close(self) -> None:
+        """Nothing to release in-process."""
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Restores every lane from ``state``; on any error the producer is unchanged."""

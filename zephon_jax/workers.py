@@ -1,23 +1,24 @@
-"""Loader worker processes: lanes split across processes, arrays through shared memory.
+"""Loader worker processes: lanes split across processes, batches through shared memory.
 
-:class:`WorkerRowProducer` has the interface of
-:class:`~zephon_jax.rows.RowProducer`. Worker ``k`` runs a ``RowProducer``
-over a contiguous block of the needed lanes, produces up to ``prefetch``
-batches ahead, writes their arrays into a ring of ``prefetch`` shared-memory
-slots and sends, with every batch, its lanes' states taken right after it. The
-parent copies each worker's rows into their places in the batch.
+:class:`WorkerRowProducer` is a :class:`~zephon_jax.rows.Producer`. Worker
+``k`` runs a :class:`~zephon_jax.rows.RowProducer` over a contiguous block
+of the needed lanes, produces up to ``prefetch`` batches ahead into its ring of
+shared-memory slots (:mod:`zephon_jax.shared_slots`) and announces each with a
+:class:`Batch` message. The loader copies each worker's rows into their places
+in the batch.
 
 Lanes, not data, are split, and every lane runs the same code as in-process, so
-batches and states are byte-identical for every worker count, including 0;
-:meth:`WorkerRowProducer.lane_states` always describes the last batch handed
-out, however far ahead the workers are.
+batches and states are byte-identical for every worker count, including 0.
+A worker keeps its lanes' snapshots after every batch it made that the loader
+may still ask about, and sends them only when asked (:meth:`lane_snapshots`,
+i.e. ``get_state``): batches carry no state.
 
-Shared memory never outlives its use: a worker creates a slot's segment, the
-parent maps it and removes its name at once, and both keep only the mapping.
+Parent and workers talk in the named messages below, one per class.
 """
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
 import os
 import pickle
@@ -26,8 +27,8 @@ import secrets
 import signal
 import traceback
 import weakref
-from multiprocessing import resource_tracker, shared_memory
-from typing import Any, Mapping, Sequence
+from multiprocessing import resource_tracker
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -39,13 +40,97 @@ from zephon_jax.rows import (
     rows_by_size,
     stack_rows,
 )
+from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
 _POLL_S = 0.05  # how often a blocked parent checks that its workers are alive
 _LAST_WORDS_S = 0.5  # how long to wait for the messages of a worker that just died
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
-_ALIGN = 64
+
+Snapshots = dict[int, tuple]  # lane -> Lane.snapshot()
+
+
+# ----- messages: loader -> worker --------------------------------------------------------
+
+
+class LoadDataset(NamedTuple):
+    payload: bytes  # the pickled BatchedDataset
+
+
+class Free(NamedTuple):
+    """The loader is done with batch ``index`` of ``generation`` and its ``slot``."""
+
+    generation: int
+    index: int
+    slot: int
+
+
+class AskStates(NamedTuple):
+    """Send the lanes' snapshots taken right after batch ``index``."""
+
+    generation: int
+    index: int
+
+
+class Restore(NamedTuple):
+    generation: int
+    state: dict  # {"lanes": {str(lane): uint8 array}} for this worker's lanes
+
+
+class Stop(NamedTuple):
+    pass
+
+
+# ----- messages: worker -> loader --------------------------------------------------------
+
+
+class ErrorReport(NamedTuple):
+    summary: str
+    traceback: str
+    pickled: bytes | None  # the exception, if it survives a pickle round trip
+
+    @staticmethod
+    def of(e: BaseException) -> ErrorReport:
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        try:
+            blob = pickle.dumps(e)
+            pickle.loads(blob)  # exceptions whose __init__ needs more than args do not round-trip
+        except Exception:
+            blob = None
+        return ErrorReport(f"{type(e).__name__}: {e}", text, blob)
+
+
+class Ready(NamedTuple):
+    snapshots: Snapshots  # the lanes before the first batch
+
+
+class Batch(NamedTuple):
+    generation: int
+    index: int  # 1 for the first batch of a generation
+    slot: int
+    layout: Layout | None  # None: this worker has no rows here (its lanes run for the end)
+
+
+class States(NamedTuple):
+    generation: int
+    index: int
+    snapshots: Snapshots
+
+
+class End(NamedTuple):
+    generation: int
+    snapshots: Snapshots  # after the take that found the end, as in-process
+
+
+class Restored(NamedTuple):
+    generation: int
+    snapshots: Snapshots
+
+
+class Failed(NamedTuple):
+    generation: int | None  # None: while starting (fails every generation)
+    error: ErrorReport
 
 
 class RemoteTraceback(Exception):
@@ -72,61 +157,8 @@ def describe_lanes(lanes: Sequence[int]) -> str:
 # ----- worker side ----------------------------------------------------------------------
 
 
-def _error_payload(e: BaseException) -> tuple[str, str, bytes | None]:
-    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    try:
-        blob = pickle.dumps(e)
-        pickle.loads(blob)  # exceptions whose __init__ needs more than args do not round-trip
-    except Exception:
-        blob = None
-    return f"{type(e).__name__}: {e}", text, blob
-
-
-class _SlotWriter:
-    """The worker's side of its ring of shared-memory slots."""
-
-    def __init__(self, prefix: str, count: int):
-        self.prefix = prefix
-        self.segments: list[shared_memory.SharedMemory | None] = [None] * count
-        self.generations = [-1] * count
-
-    def write(self, slot: int, batch: Any) -> tuple[str | None, tuple, dict]:
-        """Writes ``batch``'s arrays into ``slot``; returns (new segment name, layout, inline)."""
-        if batch is None:  # a worker running lanes with no rows here (finite inputs)
-            return None, None, {}
-        fields = batch.items() if isinstance(batch, dict) else [(None, batch)]
-        layout, inline, arrays, offset = [], {}, [], 0
-        for key, value in fields:
-            array = np.asarray(value)
-            if array.dtype.hasobject:
-                inline[key] = array  # not plain memory: goes through the pipe
-                layout.append((key, None, None, None))
-                continue
-            layout.append((key, array.dtype, array.shape, offset))
-            arrays.append((array, offset))
-            offset += -(-array.nbytes // _ALIGN) * _ALIGN
-        name = None
-        segment = self.segments[slot]
-        if segment is None or segment.size < offset:
-            _close_quietly(segment)
-            self.generations[slot] += 1
-            name = f"{self.prefix}{slot}_{self.generations[slot]}"
-            size = max(offset, 1 if segment is None else 2 * segment.size)
-            segment = shared_memory.SharedMemory(name=name, create=True, size=size)
-            self.segments[slot] = segment
-        for array, start in arrays:
-            view = np.ndarray(array.shape, dtype=array.dtype, buffer=segment.buf, offset=start)
-            view[...] = array
-            del view
-        return name, tuple(layout), inline
-
-    def close(self) -> None:
-        for segment in self.segments:
-            _close_quietly(segment)
-
-
 def _next_command(commands, block: bool):
-    """The next parent command; ``None`` if none is waiting and ``block`` is False."""
+    """The next loader command; ``None`` if none is waiting and ``block`` is False."""
     parent = mp.parent_process()
     while True:
         try:
@@ -135,7 +167,89 @@ def _next_command(commands, block: bool):
             if not block:
                 return None
             if parent is not None and not parent.is_alive():
-                return ("stop",)
+                return Stop()
+
+
+def _load_dataset(command) -> Any:
+    try:
+        return pickle.loads(command.payload)
+    except Exception as e:
+        raise PipelineError(
+            f"a loader worker could not unpickle the dataset: {type(e).__name__}: {e}. "
+            "Spawned workers import the functions of the pipeline by name; those "
+            "defined in a notebook or an interactive session (the __main__ module) "
+            "cannot be found: define them in an importable module, or use "
+            "num_workers=0"
+        ) from e
+
+
+class _WorkerLoop:
+    """One worker: makes batches ahead into free slots, answers the loader's commands."""
+
+    def __init__(self, producer: RowProducer, prefetch: int, prefix: str, results):
+        self.producer = producer
+        self.slots = SlotWriter(prefix, prefetch)
+        self.free = list(range(prefetch))
+        self.results = results
+        self.generation = 0
+        self.index = 0
+        self.idle = False  # ended or failed; waits for a restore
+        # Snapshots after each batch the loader may still ask about (from the one before the
+        # last freed on).
+        self.snapshots: dict[int, Snapshots] = {0: producer.lane_snapshots()}
+
+    def make_batch(self) -> None:
+        try:
+            data = self.producer.next_rows()
+            if data is None:
+                self.idle = True
+                self.results.put(End(self.generation, self.producer.lane_snapshots()))
+                return
+            layout = None
+            slot = self.free.pop()
+            if data:
+                layout = self.slots.write(slot, stack_rows(data))
+            self.index += 1
+            self.snapshots[self.index] = self.producer.lane_snapshots()
+            self.results.put(Batch(self.generation, self.index, slot, layout))
+        except Exception as e:
+            self.idle = True
+            self.results.put(Failed(self.generation, ErrorReport.of(e)))
+
+    def handle(self, command) -> bool:
+        """Carries out ``command``; False to stop."""
+        if isinstance(command, Free):
+            self.free.append(command.slot)
+            if command.generation == self.generation:  # keep the one before it (provenance)
+                for index in [i for i in self.snapshots if i < command.index - 1]:
+                    del self.snapshots[index]
+        elif isinstance(command, AskStates):
+            if command.generation == self.generation:
+                snapshots = self.snapshots[command.index]
+                self.results.put(States(self.generation, command.index, snapshots))
+        elif isinstance(command, Restore):
+            self.generation = command.generation
+            try:
+                self.producer.restore(command.state)
+            except Exception as e:  # the producer is unchanged; the loader rolls back
+                self.idle = True
+                self.results.put(Failed(self.generation, ErrorReport.of(e)))
+                return True
+            self.idle, self.index = False, 0
+            self.snapshots = {0: self.producer.lane_snapshots()}
+            self.results.put(Restored(self.generation, self.snapshots[0]))
+        elif isinstance(command, Stop):
+            return False
+        return True
+
+    def run(self, commands) -> None:
+        self.results.put(Ready(self.snapshots[0]))
+        while True:
+            command = _next_command(commands, block=self.idle or not self.free)
+            if command is None:
+                self.make_batch()
+            elif not self.handle(command):
+                return
 
 
 def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
@@ -146,66 +260,23 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
     child that died while starting.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    slots = _SlotWriter(prefix, prefetch)
-    free = list(range(prefetch))
-    generation, idle = 0, False  # idle: ended or failed; waits for a restore
+    loop = None
     try:
         try:
-            payload = _next_command(commands, block=True)
-            if payload[0] == "stop":
+            command = _next_command(commands, block=True)
+            if isinstance(command, Stop):
                 return
-            try:
-                batched = pickle.loads(payload[1])
-            except Exception as e:
-                raise PipelineError(
-                    f"a loader worker could not unpickle the dataset: {type(e).__name__}: {e}. "
-                    "Spawned workers import the functions of the pipeline by name; those "
-                    "defined in a notebook or an interactive session (the __main__ module) "
-                    "cannot be found: define them in an importable module, or use "
-                    "num_workers=0"
-                ) from e
-            producer = RowProducer(batched, rows, lanes)
+            producer = RowProducer(_load_dataset(command), rows, lanes)
+            loop = _WorkerLoop(producer, prefetch, prefix, results)
         except Exception as e:
-            results.put(("error", None, _error_payload(e)))  # None: fails any generation
+            results.put(Failed(None, ErrorReport.of(e)))
             results.close()
             results.join_thread()  # deliver it before exiting
             return
-        results.put(("ready", 0, producer.lane_snapshots()))
-        while True:
-            command = _next_command(commands, block=idle or not free)
-            if command is None:
-                try:
-                    data = producer.next_rows()
-                    if data is None:
-                        idle = True
-                        results.put(("end", generation, producer.lane_snapshots()))
-                        continue
-                    batch = stack_rows(data) if data else None
-                    states = producer.lane_snapshots()
-                    slot = free.pop()
-                    name, layout, inline = slots.write(slot, batch)
-                    results.put(("batch", generation, slot, name, layout, inline, states))
-                except Exception as e:
-                    idle = True
-                    results.put(("error", generation, _error_payload(e)))
-                continue
-            kind = command[0]
-            if kind == "free":
-                free.append(command[1])
-            elif kind == "restore":
-                generation = command[1]
-                try:
-                    producer.restore(command[2])
-                except Exception as e:  # the producer is unchanged; the parent rolls back
-                    idle = True
-                    results.put(("error", generation, _error_payload(e)))
-                    continue
-                idle = False
-                results.put(("restored", generation, producer.lane_snapshots()))
-            elif kind == "stop":
-                return
+        loop.run(commands)
     finally:
-        slots.close()
+        if loop is not None:
+            loop.slots.close()
         results.cancel_join_thread()  # never hang on exit if the parent is gone
 
 
@@ -213,27 +284,16 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
 
 
 class _Worker:
-    """The parent's handle on one worker process and its ring of slots."""
+    """The parent's handle on one worker process, its slots and its early messages."""
 
-    def __init__(
-        self,
-        ctx,
-        index: int,
-        incarnation: int,
-        prefix: str,
-        payload: bytes,
-        rows: list[int],
-        lanes: list[int],
-        prefetch: int,
-    ):
+    def __init__(self, ctx, index, incarnation, prefix, payload, rows, lanes, prefetch):
         self.index = index
         self.lanes = lanes
         self.prefix = f"{prefix}{index}_{incarnation}_"
-        self.prefetch = prefetch
-        self.segments: list[shared_memory.SharedMemory | None] = [None] * prefetch
-        self.generations = [-1] * prefetch
+        self.slots = SlotReader(self.prefix, prefetch)
         self.commands = ctx.Queue()
         self.results = ctx.Queue()
+        self.pending: collections.deque = collections.deque()  # read ahead of their turn
         self.ready = False
         self.process = process = ctx.Process(
             target=_worker_main,
@@ -243,12 +303,12 @@ class _Worker:
         )
         process.start()
         self.pid = process.pid
-        self.commands.put(("dataset", payload))
+        self.commands.put(LoadDataset(payload))
 
     def describe(self) -> str:
         return f"loader worker {self.index} ({describe_lanes(self.lanes)}, pid {self.pid})"
 
-    def receive(self) -> tuple:
+    def receive(self):
         """The worker's next message; raises :class:`WorkerError` if it died first."""
         while True:
             try:
@@ -284,16 +344,15 @@ class _Worker:
             "with num_workers=0 to debug in-process"
         )
 
-    def attach(self, slot: int, name: str) -> None:
-        """Maps a slot's new segment and removes its name (the mappings keep it alive)."""
-        _close_quietly(self.segments[slot])
-        segment = shared_memory.SharedMemory(name=name)
-        segment.unlink()
-        self.segments[slot] = segment
-        self.generations[slot] = int(name.rsplit("_", 1)[1])
+    def free(self, batch: Batch) -> None:
+        self.commands.put(Free(batch.generation, batch.index, batch.slot))
 
-    def free(self, slot: int) -> None:
-        self.commands.put(("free", slot))
+    def drop_pending(self) -> None:
+        """Forgets the messages read ahead (a new generation starts), freeing their slots."""
+        while self.pending:
+            message = self.pending.popleft()
+            if isinstance(message, Batch):
+                self.free(message)
 
     def shutdown(self) -> None:
         """Stops the process (politely, then by force) and releases all shared memory."""
@@ -302,7 +361,7 @@ class _Worker:
         process = self.process
         if process.is_alive():
             try:
-                self.commands.put(("stop",))
+                self.commands.put(Stop())
             except (OSError, ValueError):
                 pass
             process.join(_STOP_S)
@@ -316,37 +375,9 @@ class _Worker:
             q.cancel_join_thread()
             q.close()
         self.commands = self.results = None  # frees their semaphores now, not at exit
-        for i, segment in enumerate(self.segments):
-            _close_quietly(segment)
-            # a segment the worker created but never announced (it died or we closed first)
-            _unlink_quietly(f"{self.prefix}{i}_{self.generations[i] + 1}")
-        self.segments = [None] * self.prefetch
+        self.pending.clear()
+        self.slots.close()
         process.close()
-
-
-def _close_quietly(segment: shared_memory.SharedMemory | None) -> None:
-    if segment is None:
-        return
-    try:
-        segment.close()
-    except BufferError:  # a view is still alive (an exception's frame); the GC unmaps it
-        pass
-
-
-def _unlink_quietly(name: str) -> None:
-    """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
-    try:
-        from _posixshmem import shm_unlink  # what SharedMemory.unlink uses on POSIX
-    except ImportError:  # Windows: a segment disappears with its last handle
-        return
-    path = "/" + name
-    # Register first so that the unregister below always matches one registration.
-    resource_tracker.register(path, "shared_memory")
-    try:
-        shm_unlink(path)
-    except OSError:
-        pass
-    resource_tracker.unregister(path, "shared_memory")
 
 
 def _shutdown_all(workers: list[_Worker]) -> None:
@@ -357,19 +388,18 @@ def _shutdown_all(workers: list[_Worker]) -> None:
             pass
 
 
-def _raise_worker_error(worker: _Worker, payload: tuple[str, str, bytes | None]) -> None:
-    summary, text, blob = payload
-    remote = RemoteTraceback(text)
+def _raise_worker_error(worker: _Worker, report: ErrorReport) -> None:
+    remote = RemoteTraceback(report.traceback)
     error: BaseException | None = None
-    if blob is not None:
+    if report.pickled is not None:
         try:
-            error = pickle.loads(blob)
+            error = pickle.loads(report.pickled)
         except Exception:
             error = None
     if isinstance(error, Exception):
         error.add_note(f"(raised in {worker.describe()}; its traceback is the cause above)")
         raise error from remote
-    raise WorkerError(f"{worker.describe()} failed: {summary}") from remote
+    raise WorkerError(f"{worker.describe()} failed: {report.summary}") from remote
 
 
 def _pickle_dataset(batched, start_method: str) -> bytes:
@@ -386,7 +416,7 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
 
 
 class WorkerRowProducer:
-    """A :class:`~zephon_jax.rows.RowProducer` whose lanes run in worker processes.
+    """A :class:`~zephon_jax.rows.Producer` whose lanes run in worker processes.
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
@@ -450,7 +480,9 @@ class WorkerRowProducer:
         for k in range(len(blocks)):
             self._workers.append(self._start(k))
         self._generation = 0
-        self._states: dict[int, tuple] = {}  # lane snapshots after the last batch handed out
+        self._index = 0  # batches handed out in this generation
+        # Lane snapshots after the last batch handed out; None until asked for.
+        self._states: Snapshots | None = {}
         self._ended = False
         self._failure: str | None = None
 
@@ -480,36 +512,55 @@ class WorkerRowProducer:
         )
 
     # ----- receiving ------------------------------------------------------------------
-    def _receive(self, worker: _Worker, kinds: tuple[str, ...]) -> tuple:
-        """The worker's next current-generation message of one of ``kinds``."""
+    def _receive(self, worker: _Worker, kinds: tuple[type, ...]):
+        """The worker's next current-generation message of one of ``kinds``.
+
+        Batches, ends and failures that arrive while states are awaited (made
+        ahead of the batch asked about) wait in ``worker.pending`` for their turn.
+        """
+        in_turn = (Batch, End, Failed)
+        if worker.pending and any(k in in_turn for k in kinds):
+            message = worker.pending.popleft()
+            if isinstance(message, Failed):
+                self._fail(worker, message)
+            if not isinstance(message, kinds):
+                raise WorkerError(f"{worker.describe()} sent {message!r:.80} out of turn")
+            return message
         while True:
             message = worker.receive()
-            kind, generation = message[0], message[1]
-            if kind == "batch" and message[3] is not None:
-                worker.attach(message[2], message[3])
-            if kind == "ready":  # always the first message; the initial lane states
+            if isinstance(message, Batch):
+                worker.slots.attach(message.slot, message.layout)
+            if isinstance(message, Ready):  # always the first message; the initial states
                 worker.ready = True
-                if self._generation == 0:
-                    self._states.update(message[2])
-                if "ready" in kinds:
+                if self._generation == 0 and self._states is not None:
+                    self._states.update(message.snapshots)
+                if Ready in kinds:
                     return message
                 continue
-            if generation is not None and generation != self._generation:
-                if kind == "batch":
-                    worker.free(message[2])  # made before a restore: not part of the stream
+            if message.generation is not None and message.generation != self._generation:
+                if isinstance(message, Batch):  # made before a restore: not part of the stream
+                    worker.free(message)
                 continue
-            if kind == "error":
-                self._failure = f"{worker.describe()} failed"
-                _raise_worker_error(worker, message[2])
-            if kind in kinds:
+            if States in kinds and isinstance(message, in_turn):  # made ahead: not yet
+                worker.pending.append(message)
+                continue
+            if isinstance(message, Failed):
+                self._fail(worker, message)
+            if isinstance(message, kinds):
                 return message
-            raise WorkerError(f"{worker.describe()} sent {kind!r} where {kinds} was expected")
+            raise WorkerError(
+                f"{worker.describe()} sent {message!r:.80} where {kinds} was expected"
+            )
+
+    def _fail(self, worker: _Worker, message: Failed) -> None:
+        self._failure = f"{worker.describe()} failed"
+        _raise_worker_error(worker, message.error)
 
     def _ensure_ready(self) -> None:
         for worker in self._workers:
             if not worker.ready:
                 try:
-                    self._receive(worker, ("ready",))
+                    self._receive(worker, (Ready,))
                 except WorkerError:
                     self._failure = f"{worker.describe()} failed to start"
                     raise
@@ -523,7 +574,11 @@ class WorkerRowProducer:
                 "a state with set_state(...) to restart them"
             )
 
-    # ----- the RowProducer interface --------------------------------------------------
+    def _ask_states(self, worker: _Worker, index: int) -> Snapshots:
+        worker.commands.put(AskStates(self._generation, index))
+        return self._receive(worker, (States,)).snapshots
+
+    # ----- the Producer interface -----------------------------------------------------
     def next_batch(self) -> Any:
         """The next batch of this producer's rows, or ``None`` at the end of a finite input."""
         self._check_usable()
@@ -533,24 +588,26 @@ class WorkerRowProducer:
         messages = []
         try:
             for worker in self._workers:
-                messages.append(self._receive(worker, ("batch", "end")))
+                messages.append(self._receive(worker, (Batch, End)))
         except BaseException:
             self._failure = self._failure or "a worker failed"
             for worker, message in zip(self._workers, messages):
-                if message[0] == "batch":
-                    worker.free(message[2])
+                if isinstance(message, Batch):
+                    worker.free(message)
             raise
         size = self.batched.batch_size_at(self.step)
         self.step += 1
-        if any(m[0] == "end" for m in messages):
-            # Like RowProducer: the lanes' states after the failed take.
+        if any(isinstance(m, End) for m in messages):
+            # Like RowProducer: the lanes' states after the take that found the end.
             self._ended = True
+            states: Snapshots = {}
             for worker, message in zip(self._workers, messages):
-                if message[0] == "end":
-                    self._states.update(message[2])
+                if isinstance(message, End):
+                    states.update(message.snapshots)
                 else:
-                    self._states.update(message[6])
-                    worker.free(message[2])
+                    states.update(self._ask_states(worker, message.index))
+                    worker.free(message)
+            self._states = states
             return None
         try:
             batch = self._assemble(messages, size)
@@ -559,26 +616,39 @@ class WorkerRowProducer:
             raise
         finally:
             for worker, message in zip(self._workers, messages):
-                worker.free(message[2])
-        for message in messages:
-            self._states.update(message[6])
+                worker.free(message)
+        self._index = messages[0].index
+        self._states = None
         return batch
 
-    def next_rows(self) -> list[Any] | None:
-        """The rows of the next batch (views into it), or ``None`` at the end."""
-        batch = self.next_batch()
-        if batch is None:
-            return None
-        if isinstance(batch, dict):
-            n = len(next(iter(batch.values())))
-            return [{k: v[i] for k, v in batch.items()} for i in range(n)]
-        return [batch[i] for i in range(len(batch))]
+    def lane_snapshots(self) -> Snapshots:
+        """Each lane's snapshot right after the last batch handed out (encode on demand).
 
-    def lane_snapshots(self) -> dict[int, tuple]:
-        """Each lane's snapshot right after the last batch handed out (encode on demand)."""
+        Asks the workers the first time after each batch (they keep the snapshots
+        of the batches they made ahead).
+        """
         self._check_usable()
         self._ensure_ready()
+        if self._states is None:
+            states: Snapshots = {}
+            try:
+                for worker in self._workers:
+                    states.update(self._ask_states(worker, self._index))
+            except BaseException:
+                self._failure = self._failure or "a worker failed"
+                raise
+            self._states = states
         return dict(sorted(self._states.items()))
+
+    def snapshots_before_last(self) -> Snapshots:
+        """Each lane's snapshot right before the last batch handed out (for provenance)."""
+        self._check_usable()
+        if self._index < 1:
+            raise PipelineError("no batch was handed out since the start or the last restore")
+        states: Snapshots = {}
+        for worker in self._workers:
+            states.update(self._ask_states(worker, self._index - 1))
+        return dict(sorted(states.items()))
 
     def lane_states(self) -> dict[int, bytes]:
         """Each lane's state right after the last batch handed out (not the workers' own).
@@ -592,6 +662,9 @@ class WorkerRowProducer:
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
         if not self._finalizer.alive:
             raise WorkerError("this producer is closed; create a new loader iterator")
+        previous = None  # where to roll back to, if the workers are healthy
+        if self._failure is None and all(w.process.is_alive() for w in self._workers):
+            previous = encode_snapshots(self.lane_snapshots())
         for k, worker in enumerate(self._workers):
             if not worker.process.is_alive():
                 worker.shutdown()
@@ -601,10 +674,9 @@ class WorkerRowProducer:
         except BaseException:
             self._failure = self._failure or "a worker failed to start"
             raise
-        previous = encode_snapshots(self._states)
         error = self._send_restore(blobs)
         if error is not None:
-            if self._send_restore(previous) is None:
+            if previous is not None and self._send_restore(previous) is None:
                 self._failure = None  # back at the last batch handed out
             else:
                 self._failure = "restoring the previous state failed too"
@@ -617,16 +689,17 @@ class WorkerRowProducer:
         """Sends ``blobs`` to every worker; returns ``None`` or (worker, first error)."""
         self._generation += 1
         for (lanes, _, _), worker in zip(self._plan, self._workers):
+            worker.drop_pending()
             lanes_state = {str(l): np.frombuffer(blobs[l], dtype=np.uint8) for l in lanes}
-            worker.commands.put(("restore", self._generation, {"lanes": lanes_state}))
+            worker.commands.put(Restore(self._generation, {"lanes": lanes_state}))
         first, states = None, {}
         for worker in self._workers:
             try:
-                states.update(self._receive(worker, ("restored",))[2])
+                states.update(self._receive(worker, (Restored,)).snapshots)
             except Exception as e:
                 first = first or (worker, e)
         if first is None:
-            self._states = states
+            self._states, self._index = states, 0
         return first
 
     def close(self) -> None:
@@ -640,25 +713,16 @@ class WorkerRowProducer:
         self.close()
 
     # ----- assembling -----------------------------------------------------------------
-    def _assemble(self, messages: list[tuple], size: int) -> Any:
-        """The batch (of a global batch of ``size`` rows) in request order, from each worker's
-        stacked rows."""
+    def _assemble(self, messages: list[Batch], size: int) -> Any:
+        """The batch (of a global batch of ``size`` rows) in request order, from each
+        worker's stacked rows."""
         count = len(self._rows[size])
         parts, places = [], []  # per worker with rows: {field: view or inline array}, places
         for worker, message, plan in zip(self._workers, messages, self._plan):
-            _, _, slot, _, layout, inline, _ = message
-            if layout is None:
+            if message.layout is None:
                 continue
             places.append(plan[2][size])
-            buffer = worker.segments[slot].buf
-            parts.append(
-                {
-                    key: inline[key]
-                    if dtype is None
-                    else np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset)
-                    for key, dtype, shape, offset in layout
-                }
-            )
+            parts.append(worker.slots.views(message.slot, message.layout))
         try:
             keys = [tuple(p) for p in parts]
             if any(k != keys[0] for k in keys):

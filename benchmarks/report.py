@@ -1,0 +1,114 @@
+"""Markdown tables of a ``bench.py`` results file, as pasted into ``docs/performance.md``.
+
+python benchmarks/report.py bench.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def _m(v: float) -> str:
+    return f"{v / 1e6:.1f} M"
+
+
+def packing_table(results: dict[str, Any]) -> str:
+    lines = [
+        "| case | zephon_jax | Grain first fit | Grain best fit | ratio | share of copy floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, case in results["packing"].items():
+        s = case["sides"]
+        z, gf, gb = s["zephon_jax best_fit"], s["grain first_fit"], s["grain best_fit"]
+        floor = case["share_of_floor"]
+        lines.append(
+            f"| log-normal, split, {key} | {_m(z['rate_median'])} (fill {z['fill']:.3f}) | "
+            f"{_m(gf['rate_median'])} ({gf['fill']:.3f}) | {_m(gb['rate_median'])} "
+            f"({gb['fill']:.3f}) | {case['ratio_to_grain_first_fit']:.1f}x / "
+            f"{case['ratio_to_grain_best_fit']:.1f}x | {100 * floor['zephon_jax best_fit']:.2f} % "
+            f"(Grain {100 * floor['grain first_fit']:.2f} %) |"
+        )
+    if "uniform" in results:
+        case = results["uniform"]
+        s = case["sides"]
+        z, g = s["zephon_jax first_fit"], s["grain first_fit"]
+        floor = case["share_of_floor"]
+        lines.append(
+            f"| uniform 1..2048, first fit, 32 bins, B=32 | {_m(z['rate_median'])} (fill "
+            f"{z['fill']:.3f}) | {_m(g['rate_median'])} ({g['fill']:.3f}) | | "
+            f"{case['ratio_to_grain_first_fit']:.1f}x | {100 * floor['zephon_jax first_fit']:.2f} %"
+            f" (Grain {100 * floor['grain first_fit']:.2f} %) |"
+        )
+    return "\n".join(lines)
+
+
+def lanes_table(results: dict[str, Any]) -> str:
+    lines = [
+        "| lanes | real tokens/s | vs 8 lanes | RSS per lane | state per lane | `get_state` "
+        "| `set_state` + 1st batch | exact |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results["lanes"]["rows"]:
+        lines.append(
+            f"| {r['num_lanes']} | {_m(r['tokens_per_s'])} | {r['speed_vs_fewest_lanes']:.2f}x | "
+            f"{r['rss_bytes_per_lane'] / 1024:.0f} KiB | {r['state_bytes_per_lane']:.0f} B | "
+            f"{r['get_state_s'] * 1e3:.1f} ms | {r['restore_first_batch_s']:.2f} s | "
+            f"{'yes' if r['restore_exact'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def workers_table(results: dict[str, Any]) -> str:
+    w = results["workers"]
+    counts: list[str] = []
+    for k, v in w.items():
+        if k != "settings":
+            counts += [c for c in v["sides"] if c not in counts]
+    lines = [
+        "| pipeline | " + " | ".join(counts) + " |",
+        "|---|" + "---:|" * len(counts),
+    ]
+    for name in ("heavy map", "heavy map + pack"):
+        if name not in w:
+            continue
+        unit = "records/s" if name == "heavy map" else "tokens/s"
+        base = w[name]["sides"]["workers=0"]["rate_median"]
+        cells = []
+        for c in counts:
+            if c not in w[name]["sides"]:
+                cells.append("")
+                continue
+            rate = w[name]["sides"][c]["rate_median"]
+            value = f"{rate / 1e3:.0f} k" if rate < 1e6 else _m(rate)
+            cells.append(f"{value} {unit}" + ("" if c == "workers=0" else f" ({rate / base:.2f}x)"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        results = json.load(f)
+    m = results["machine"]
+    print(
+        f"machine: {m['cpu_count']} cpus, python {m['python']}, {m['versions']}, load "
+        f"{m['load_average_at_start']} -> {m.get('load_average_at_end')}; corpus "
+        f"{results['corpus']}\n"
+    )
+    for name, fn in (("packing", packing_table), ("lanes", lanes_table)):
+        if name in results:
+            print(fn(results) + "\n")
+    if "workers" in results:
+        print(workers_table(results) + "\n")
+    if "map_batch" in results:
+        mb = results["map_batch"]
+        print(
+            f"map+batch: zephon_jax {mb['sides']['zephon_jax']['rate_median'] / 1e3:.0f} k "
+            f"records/s, Grain {mb['sides']['grain']['rate_median'] / 1e3:.0f} k "
+            f"({mb['ratio_to_grain']:.1f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Batches through shared memory: a ring of slots written by a worker, read by the loader.
+
+Each slot is one shared-memory segment holding the arrays of one batch. The
+writer (:class:`SlotWriter`, in the worker) creates a slot's segment the first
+time, and a larger one when a batch outgrows it; it then sends the segment's
+name once with the batch's :class:`Layout`. The reader (:class:`SlotReader`, in
+the loader) maps the segment and removes its name at once, so that no segment
+outlives the two processes that map it.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any, NamedTuple
+
+import numpy as np
+
+_ALIGN = 64
+
+
+class Field(NamedTuple):
+    """Where one field of a batch lies in a slot (``dtype is None``: sent inline)."""
+
+    key: str | None  # None: the batch is one array, not a dict
+    dtype: Any
+    shape: tuple[int, ...] | None
+    offset: int | None
+
+
+class Layout(NamedTuple):
+    """A batch written into a slot: its fields, the arrays too odd for shared memory."""
+
+    fields: tuple[Field, ...]
+    inline: dict  # key -> array of objects (e.g. strings), pickled with the message
+    segment: str | None  # the slot's new segment to map, if it changed
+
+
+class SlotWriter:
+    """The worker's side: writes batches into its ring of ``count`` slots."""
+
+    def __init__(self, prefix: str, count: int):
+        self.prefix = prefix
+        self.segments: list[shared_memory.SharedMemory | None] = [None] * count
+        self.generations = [-1] * count
+
+    def write(self, slot: int, batch: Any) -> Layout:
+        """Writes ``batch`` (a dict of arrays, or an array) into ``slot``."""
+        items = batch.items() if isinstance(batch, dict) else [(None, batch)]
+        fields, inline, arrays, size = [], {}, [], 0
+        for key, value in items:
+            array = np.asarray(value)
+            if array.dtype.hasobject:  # not plain memory: goes through the pipe
+                inline[key] = array
+                fields.append(Field(key, None, None, None))
+                continue
+            fields.append(Field(key, array.dtype, array.shape, size))
+            arrays.append((array, size))
+            size += -(-array.nbytes // _ALIGN) * _ALIGN
+        name = None
+        segment = self.segments[slot]
+        if segment is None or segment.size < size:
+            close_quietly(segment)
+            self.generations[slot] += 1
+            name = segment_name(self.prefix, slot, self.generations[slot])
+            grown = max(size, 1 if segment is None else 2 * segment.size)
+            segment = shared_memory.SharedMemory(name=name, create=True, size=grown)
+            self.segments[slot] = segment
+        for array, offset in arrays:
+            view = np.ndarray(array.shape, dtype=array.dtype, buffer=segment.buf, offset=offset)
+            view[...] = array
+            del view
+        return Layout(tuple(fields), inline, name)
+
+    def close(self) -> None:
+        for segment in self.segments:
+            close_quietly(segment)
+
+
+class SlotReader:
+    """The loader's side: maps a worker's slots and reads batches out of them."""
+
+    def __init__(self, prefix: str, count: int):
+        self.prefix = prefix
+        self.segments: list[shared_memory.SharedMemory | None] = [None] * count
+        self.generations = [-1] * count
+
+    def attach(self, slot: int, layout: Layout | None) -> None:
+        """Maps the slot's new segment, if ``layout`` announces one (call on every receipt)."""
+        if layout is None or layout.segment is None:
+            return
+        close_quietly(self.segments[slot])
+        segment = shared_memory.SharedMemory(name=layout.segment)
+        segment.unlink()  # the mappings keep it alive; the name is not needed any more
+        self.segments[slot] = segment
+        self.generations[slot] = int(layout.segment.rsplit("_", 1)[1])
+
+    def views(self, slot: int, layout: Layout) -> dict:
+        """``{key: array}`` of the batch in ``slot``: views valid until the slot is reused."""
+        buffer = self.segments[slot].buf
+        return {
+            f.key: layout.inline[f.key]
+            if f.dtype is None
+            else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)
+            for f in layout.fields
+        }
+
+    def close(self) -> None:
+        """Unmaps every slot, and removes a segment created but never announced."""
+        for slot, segment in enumerate(self.segments):
+            close_quietly(segment)
+            # the next segment of each slot, if the worker died (or we closed) before sending it
+            unlink_quietly(segment_name(self.prefix, slot, self.generations[slot] + 1))
+        self.segments = [None] * len(self.segments)
+
+
+def segment_name(prefix: str, slot: int, generation: int) -> str:
+    return f"{prefix}{slot}_{generation}"
+
+
+def close_quietly(segment: shared_memory.SharedMemory | None) -> None:
+    if segment is None:
+        return
+    try:
+        segment.close()
+    except BufferError:  # a view is still alive (an exception's frame); the GC unmaps it
+        pass
+
+
+def unlink_quietly(name: str) -> None:
+    """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
+    try:
+        from _posixshmem import shm_unlink  # what SharedMemory.unlink uses on POSIX
+    except ImportError:  # Windows: a segment disappears with its last handle
+        return
+    path = "/" + name
+    # Register first so that the unregister below always matches one registration.
+    resource_tracker.register(path, "shared_memory")
+    try:
+        shm_unlink(path)
+    except OSError:
+        pass
+    resource_tracker.unregister(path, "shared_memory")
