@@ -17,6 +17,7 @@ version = release
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
@@ -29,15 +30,20 @@ myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_typehints = "signature"
+autodoc_default_options = {"members": True}
+autosummary_generate = False  # summary tables link to the entries on the API page
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
-html_theme = "alabaster"
+# The theme of the JAX ecosystem's documentation (JAX, Flax, Grain).
+html_theme = "sphinx_book_theme"
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_title = f"zephon_jax {release}"
 html_theme_options = {
-    "description": "Elastic-deterministic data loading for JAX",
-    "fixed_sidebar": True,
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "home_page_in_toc": True,
 }
+pygments_style = "default"

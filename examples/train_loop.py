@@ -11,7 +11,9 @@ the batches the uninterrupted run would have seen::
     XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
         python examples/train_loop.py --workdir /tmp/run --steps 10
 
-Each step prints one JSON line: the step, the loss and a digest of the batch.
+It first says whether it starts afresh or resumes (and from which step, on how
+many devices); then each step prints one JSON line: the step, the loss and a
+digest of the batch.
 """
 
 from __future__ import annotations
@@ -112,10 +114,20 @@ def main(argv: list[str] | None = None) -> None:
     params = jax.device_put(init_params(jax.random.key(0), args.width), replicated)
 
     options = ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2)
-    with ocp.CheckpointManager(
-        Path(args.workdir).absolute() / "checkpoints", options=options
-    ) as mngr:
+    directory = Path(args.workdir).absolute() / "checkpoints"
+    with ocp.CheckpointManager(directory, options=options) as mngr:
         start = mngr.latest_step()
+        where = f"{jax.device_count()} device(s), {jax.process_count()} process(es)"
+        if jax.process_index() == 0:
+            if start is None:
+                print(f"no checkpoint in {directory}: training from step 1 on {where}")
+            elif start >= args.steps:
+                print(f"the checkpoint in {directory} is at step {start}: nothing to do")
+            else:
+                print(
+                    f"resumed from the checkpoint of step {start} in {directory} on {where}: "
+                    f"continuing with step {start + 1}, the batches of an uninterrupted run"
+                )
         if start is not None:
             abstract = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params

@@ -24,12 +24,47 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 
 COLAB_INSTALL = """\
-# In Colab, install zephon_jax first; elsewhere it is expected to be installed.
+# Installs zephon_jax only when it is missing (in Colab, for example): from the package
+# index once it is released there; until then from ZEPHON_JAX_SOURCE, a wheel path
+# ("/content/zephon_jax-0.1.0-py3-none-any.whl") or a VCS URL
+# ("git+https://github.com/OWNER/zephon_jax"). Set it below and run this cell.
+import importlib.util
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "zephon_jax"], check=True)
+ZEPHON_JAX_SOURCE = ""
+
+
+class ZephonJaxMissing(Exception):
+    def _render_traceback_(self):  # Jupyter and Colab show this message, no traceback
+        return [f"ZephonJaxMissing: {self}"]
+
+
+if importlib.util.find_spec("zephon_jax") is not None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        print(f"zephon_jax {version('zephon_jax')} is installed")
+    except PackageNotFoundError:
+        print("zephon_jax is importable from", importlib.util.find_spec("zephon_jax").origin)
+else:
+    requirement = ZEPHON_JAX_SOURCE.strip() or "zephon_jax"
+    print(f"installing {requirement} ...")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-color", requirement]
+    result = subprocess.run(pip, capture_output=True, text=True)
+    if result.returncode != 0:
+        if ZEPHON_JAX_SOURCE.strip():
+            hint = f"check ZEPHON_JAX_SOURCE = {ZEPHON_JAX_SOURCE!r} (a wheel path or a VCS URL)"
+        else:
+            hint = (
+                "it may not be on the package index yet: set ZEPHON_JAX_SOURCE in this cell "
+                "to a wheel path or a VCS URL and run the cell again"
+            )
+        pip_said = [line for line in result.stderr.splitlines() if line.strip()] or ["nothing"]
+        message = f"pip could not install it; {hint}. pip said: {pip_said[-1].strip()}"
+        raise ZephonJaxMissing(message)  # stops "run all" here
+    importlib.invalidate_caches()
+    print(f"installed zephon_jax from {requirement}")
 """
 
 
@@ -68,6 +103,8 @@ QUICKSTART = [
     (
         "code",
         """\
+        import sys
+
         import jax
         import numpy as np
         import orbax.checkpoint as ocp
@@ -89,13 +126,14 @@ QUICKSTART = [
         Any random-access source works (`__len__` and `__getitem__`): a list of dicts,
         a `grain.sources.ArrayRecordDataSource`, or a `TokenStore`. The built-in corpus
         is the Python standard library's own source files, tokenized byte-level into a
-        `TokenStore`, so this runs offline. It is prepared once and cached.
+        `TokenStore`, so this runs offline. It is prepared on first use (about ten
+        seconds, with a progress bar) and read from a cache afterwards.
         """,
     ),
     (
         "code",
         """\
-        source = builtin_corpus()
+        source = builtin_corpus(stream=sys.stdout)  # progress while it is prepared
         print(f"{len(source)} documents, {source.num_tokens:,} tokens")
         print(byte_detokenize(source[0]["tokens"][:200]))
         """,
@@ -282,6 +320,8 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
     (
         "code",
         """\
+        import sys
+
         import grain
         import grain.experimental
         import jax
@@ -294,7 +334,8 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
         from zephon_jax.corpus import builtin_corpus
 
         print(len(jax.devices()), "devices")
-        source = builtin_corpus()  # the standard library's sources, byte-level tokens
+        # The standard library's sources, byte-level tokens; prepared on first use, with progress.
+        source = builtin_corpus(stream=sys.stdout)
         print(f"{len(source)} documents, {source.num_tokens:,} tokens")
         """,
     ),
@@ -707,6 +748,7 @@ PACKING = [
     (
         "code",
         """\
+        import sys
         import time
 
         import matplotlib.pyplot as plt
@@ -716,7 +758,8 @@ PACKING = [
         from zephon_jax.corpus import builtin_sources
         from zephon_jax.tokenizers import BYTE_OFFSET
 
-        sources = builtin_sources()  # {"library": TokenStore, "tests": TokenStore}
+        # {"library": TokenStore, "tests": TokenStore}; prepared on first use, with progress.
+        sources = builtin_sources(stream=sys.stdout)
         for name, store in sources.items():
             print(f"{name:8s} {len(store):5d} files {store.num_tokens:12,d} tokens")
         """,
@@ -975,10 +1018,802 @@ PACKING = [
 ]
 
 
+# --------------------------------------------------------------------------------------
+# 04: an LLM pretraining + SFT pipeline, trained, resumed and evaluated across topologies
+# --------------------------------------------------------------------------------------
+LLM_SFT = [
+    (
+        "md",
+        """\
+        # Training a small LLM end to end: tokenizer, SFT mixture, ramp-up
+
+        A complete language-model data pipeline inside the guarantee, and what the
+        guarantee buys in training:
+
+        1. a byte-level BPE tokenizer trained here, on the Python standard library's
+           sources (no download);
+        2. two components: *pretraining* text (whole source files) and *chat SFT*
+           conversations (a user asks for a documented function, the assistant writes
+           it), tokenized inside the pipeline, with a loss mask that is 1 only on what the
+           assistant writes;
+        3. a mixture weighted by **tokens** whose weights change in **stages** (mostly
+           pretraining first, then mostly chat), packed into rows, turned into training
+           batches (`inputs`, `targets`, `loss_mask`, `segment_ids`, `positions`) and
+           batched with a **batch-size ramp-up**;
+        4. a one-layer transformer trained on 8 simulated devices.
+
+        Then two experiments, each run with zephon_jax and with a standard per-host
+        Grain pipeline (the documents sharded by host, mixed and packed on each host):
+
+        * **(a) resume on fewer devices**: train on 8 devices, interrupt, resume on 4
+          and on 2, and compare each loss curve with its own uninterrupted run;
+        * **(b) train from scratch on 1, 2, 4 and 8 devices** and evaluate every model
+          on the same held-out set.
+        """,
+    ),
+    ("code", COLAB_INSTALL),
+    (
+        "code",
+        _devices_cell(
+            160,
+            """\
+RESUME_AT = STEPS // 2  # the interruption in (a), step k
+SEQ_LEN = 128
+""",
+        ),
+    ),
+    (
+        "code",
+        """\
+        import ast
+        import textwrap
+
+        import grain
+        import grain.experimental
+        import jax
+        import jax.numpy as jnp
+        import matplotlib.pyplot as plt
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        import zephon_jax as zj
+        from zephon_jax.corpus import stdlib_files
+
+        print(len(jax.devices()), "devices")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Text the notebook has
+
+        The standard library's modules; every tenth file is held out for evaluation and
+        never trained on. Pretraining documents are the files cut at blank lines into
+        chunks of about 1500 characters (a few hundred tokens), so that a mixture by
+        tokens can interleave them finely with the conversations. The conversations
+        come from the same files: for every short function with a docstring, the user
+        asks for it by its name and the first line of its docstring, and the assistant
+        answers with the function's source.
+        """,
+    ),
+    (
+        "code",
+        """\
+        files = stdlib_files("library")[: 60 + 2 * STEPS]
+
+
+        def read(path):
+            return path.read_text(encoding="utf-8", errors="replace")
+
+
+        def conversations(path):
+            \"\"\"One conversation per function of at most 12 lines that has a docstring.\"\"\"
+            text = read(path)
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                return []
+            lines = text.splitlines(keepends=True)
+            found = []
+            for node in ast.walk(tree):
+                doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+                if doc and node.end_lineno - node.lineno < 12:
+                    code = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno]))
+                    ask = f"Write `{node.name}` for the module `{path.stem}`: {doc.splitlines()[0]}"
+                    found.append([{"role": "user", "content": ask}, {"role": "assistant", "content": code}])
+            return found
+
+
+        def chunks(text, max_chars=1500):
+            \"\"\"The text cut at blank lines into chunks of about ``max_chars`` characters.\"\"\"
+            found, current = [], ""
+            for block in text.split("\\n\\n"):
+                if current and len(current) + len(block) > max_chars:
+                    found.append(current)
+                    current = ""
+                current += block + "\\n\\n"
+            return found + [current] if current.strip() else found
+
+
+        texts = {False: [], True: []}  # held out? -> pretraining documents
+        chats = {False: [], True: []}  # held out? -> conversations
+        for i, path in enumerate(files):
+            held_out = i % 10 == 0
+            texts[held_out] += [{"text": chunk} for chunk in chunks(read(path))]
+            chats[held_out] += [{"messages": c} for c in conversations(path)]
+
+        for out, name in ((False, "training"), (True, "held out")):
+            print(f"{name:9s}: {len(texts[out]):5d} text chunks, {len(chats[out]):5d} conversations")
+        print(chats[False][3]["messages"])
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## A BPE tokenizer, trained here
+
+        A byte-level BPE with 1024 tokens from the `tokenizers` library, trained on the
+        training files, with special tokens for padding, end of document and the chat
+        roles. Wrapped in `transformers`' `PreTrainedTokenizerFast`, it gets a chat
+        template whose `{% generation %}` markers tell which tokens the assistant
+        generates.
+        """,
+    ),
+    (
+        "code",
+        """\
+        SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|end|>"]
+        PAD, EOS, USER = 0, 1, 2
+
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        bpe.train_from_iterator(
+            [t["text"] for t in texts[False]],
+            trainers.BpeTrainer(
+                vocab_size=1024,
+                special_tokens=SPECIAL,
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                show_progress=False,
+            ),
+        )
+        assert [bpe.token_to_id(s) for s in SPECIAL] == list(range(len(SPECIAL)))
+
+        CHAT_TEMPLATE = (
+            "{% for m in messages %}"
+            "{% if m['role'] == 'assistant' %}"
+            "<|assistant|>{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"
+            "{% else %}<|user|>{{ m['content'] }}<|end|>{% endif %}"
+            "{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        )
+        chat_tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>", chat_template=CHAT_TEMPLATE
+        )
+
+        sample = texts[False][0]["text"][:200]
+        ids = bpe.encode(sample).ids
+        print(f"{len(sample)} characters -> {len(ids)} tokens: {[bpe.id_to_token(i) for i in ids[:12]]}")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## The pipeline
+
+        Each component tokenizes its own records: `tokenize` appends `<eos>` to every
+        file; `tokenize_chat` renders a conversation with the chat template and gives
+        `loss_mask` = 1 on the assistant's tokens. Pretraining records get a loss mask
+        of ones, so that both components have the same fields, and conversations that
+        do not fit a row are dropped.
+
+        `mix(..., unit="tokens")` counts the weights in tokens, per lane, exactly in the
+        long run; the weights are a stage schedule: 90% pretraining tokens until
+        `STAGE`, then 40%. Long files are `split` into pieces of a row, pieces are
+        packed best-fit, `to_training` makes the training fields, and `batch` ramps the
+        global batch from 8 to 16 rows at step `RAMP`.
+        """,
+    ),
+    (
+        "code",
+        """\
+        RAMP, STAGE = STEPS // 4, (5 * STEPS) // 8
+        BATCH_SIZES = {0: 8, RAMP: 16}
+        WEIGHTS = {0: [0.9, 0.1], STAGE: [0.4, 0.6]}  # [pretraining, chat] shares of tokens
+
+
+        def with_loss_mask(record):
+            return {"tokens": record["tokens"], "loss_mask": np.ones_like(record["tokens"])}
+
+
+        def fits_a_row(record):
+            return len(record["tokens"]) <= SEQ_LEN
+
+
+        def components(split):
+            pretraining = (
+                zj.Dataset.source(texts[split])
+                .shuffle(seed=0)
+                .tokenize(bpe, eos_id=EOS)
+                .map(with_loss_mask)
+            )
+            chat = (
+                zj.Dataset.source(chats[split])
+                .shuffle(seed=1)
+                .tokenize_chat(chat_tokenizer)
+                .filter(fits_a_row)
+            )
+            return [pretraining, chat]
+
+
+        def training_rows(mixture):
+            return (
+                mixture.split(SEQ_LEN).pack(SEQ_LEN, method="best_fit", num_bins=8).to_training(pad_id=PAD)
+            )
+
+
+        dataset = training_rows(zj.Dataset.mix(components(False), WEIGHTS, unit="tokens")).batch(
+            BATCH_SIZES
+        )
+        dataset
+        """,
+    ),
+    (
+        "md",
+        """\
+        One pass over `STEPS` global batches on one process shows the schedule at work:
+        the batch grows at `RAMP`, and the share of chat tokens in the rows follows the
+        weights of each stage. It follows with a lag: the draws of a lane keep the
+        stage's shares exactly, but a row that was still filling when a stage began
+        holds records drawn before it, and best-fit keeps short conversations in open
+        rows longer than full pieces of text. (A segment is a conversation when it
+        holds a `<|user|>` token.)
+        """,
+    ),
+    (
+        "code",
+        """\
+        def chat_share(batch):
+            \"\"\"Share of the real tokens of a batch that belong to conversations.\"\"\"
+            seg = np.asarray(batch["segment_ids"])
+            is_user = np.asarray(batch["inputs"]) == USER
+            chat_tokens = 0
+            for row, users in zip(seg, is_user):
+                chat_segments = np.unique(row[users])
+                chat_tokens += np.isin(row, chat_segments[chat_segments > 0]).sum()
+            return chat_tokens / max((seg > 0).sum(), 1)
+
+
+        sizes, shares = [], []
+        for batch in zj.Loader(dataset):
+            sizes.append(len(batch["inputs"]))
+            shares.append(chat_share(batch))
+            if len(sizes) == STEPS:
+                break
+        print({k: np.asarray(v).dtype.name for k, v in batch.items()})
+
+        step = np.arange(STEPS)
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        ax.plot(step, shares, ".", color="tab:blue", label="chat share of the batch's tokens")
+        ax.plot(
+            step, [0.1 if s < STAGE else 0.6 for s in step], "--", color="tab:blue", lw=1, label="weight"
+        )
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("chat share of tokens")
+        right = ax.twinx()
+        right.step(step, sizes, where="post", color="tab:red", label="global batch size")
+        right.set_ylim(0, 20)
+        right.set_ylabel("rows per global batch", color="tab:red")
+        fig.legend(loc="upper left", fontsize=8, bbox_to_anchor=(0.08, 0.95))
+        fig.tight_layout()
+        plt.show()
+        for name, lo, hi in (("stage 0", 0, STAGE), ("stage 1", STAGE, STEPS)):
+            print(f"{name}: chat share {np.mean(shares[lo:hi]):.2f} of tokens (weight {WEIGHTS[lo][1]})")
+        """,
+    ),
+]
+LLM_SFT += [
+    (
+        "md",
+        """\
+        ## The model
+
+        A one-layer attention-only transformer (width 64, one head) over the 1024 BPE
+        tokens, attention restricted to each packed segment, positions restarting in
+        each, trained with Adam written out by hand. The loss is the mean over the positions whose
+        `loss_mask` is 1: every pretraining token, and only the assistant's tokens of a
+        conversation. Parameters are replicated and each batch is sharded over the
+        `data` axis of the first `n` devices. Every model starts from the same
+        initialization.
+        """,
+    ),
+    (
+        "code",
+        """\
+        VOCAB, WIDTH = 1024, 64
+        FIELDS = ("inputs", "targets", "loss_mask", "segment_ids", "positions")
+
+
+        def mesh_sharding(num_devices, spec=None):
+            mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+            return NamedSharding(mesh, PartitionSpec("data") if spec is None else spec)
+
+
+        def init_params(seed):
+            rng = np.random.default_rng(seed)
+
+            def normal(shape, scale):
+                return jnp.asarray(rng.normal(0.0, scale, shape), jnp.float32)
+
+            return {
+                "embed": normal((VOCAB, WIDTH), 0.02),
+                "pos": normal((SEQ_LEN, WIDTH), 0.02),
+                "qkv": normal((WIDTH, 3 * WIDTH), WIDTH**-0.5),
+                "out": normal((WIDTH, WIDTH), WIDTH**-0.5),
+            }
+
+
+        def layer_norm(x):
+            return (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
+        def logits_fn(p, inputs, segments, positions):
+            x = p["embed"][inputs] + p["pos"][positions]
+            t = x.shape[1]
+            # Causal, and only within the token's own packed segment.
+            mask = jnp.tril(jnp.ones((t, t), bool)) & (segments[:, :, None] == segments[:, None, :])
+            q, k, v = jnp.split(layer_norm(x) @ p["qkv"], 3, -1)
+            scores = jnp.einsum("bqd,bkd->bqk", q, k) / np.sqrt(WIDTH)
+            attention = jax.nn.softmax(jnp.where(mask, scores, -1e9), -1)
+            x = x + jnp.einsum("bqk,bkd->bqd", attention, v) @ p["out"]
+            return layer_norm(x) @ p["embed"].T
+
+
+        def loss_fn(p, batch):
+            logits = logits_fn(p, batch["inputs"], batch["segment_ids"], batch["positions"])
+            nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], -1)[..., 0]
+            return jnp.sum(nll * batch["loss_mask"]) / jnp.maximum(batch["loss_mask"].sum(), 1)
+
+
+        LEARNING_RATE, BETA1, BETA2 = 3e-3, 0.9, 0.99
+
+
+        @jax.jit
+        def train_step(state, batch):
+            params, mu, nu, count = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            count = count + 1
+            mu = jax.tree.map(lambda m, g: BETA1 * m + (1 - BETA1) * g, mu, grads)
+            nu = jax.tree.map(lambda v, g: BETA2 * v + (1 - BETA2) * g * g, nu, grads)
+            params = jax.tree.map(
+                lambda p, m, v: (
+                    p - LEARNING_RATE * (m / (1 - BETA1**count)) / (jnp.sqrt(v / (1 - BETA2**count)) + 1e-8)
+                ),
+                params,
+                mu,
+                nu,
+            )
+            return (params, mu, nu, count), loss
+
+
+        def train(loader, state, num_devices, steps):
+            \"\"\"Runs ``steps`` steps on the first ``num_devices`` devices; returns state, losses, batches.\"\"\"
+            state = jax.device_put(state, mesh_sharding(num_devices, PartitionSpec()))
+            losses, seen = [], []
+            for _ in range(steps):
+                batch = next(loader)
+                assert batch["inputs"].sharding.mesh.devices.size == num_devices
+                seen.append(np.asarray(batch["inputs"]))
+                state, loss = train_step(state, batch)
+                losses.append(float(loss))
+            return state, np.array(losses), seen
+
+
+        params = init_params(0)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        initial_state = (params, zeros, zeros, jnp.zeros((), jnp.int32))
+        print(sum(x.size for x in jax.tree.leaves(params)), "parameters")
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## Two loaders, one per simulated host
+
+        Both run the way they would on a cluster with one device per host: one loader
+        per host, each producing that host's rows of every global batch (at step `t`,
+        host `h` of `n` holds rows `[h*B_t/n, (h+1)*B_t/n)`), assembled in host order
+        into a global `jax.Array` sharded over the mesh.
+
+        **zephon_jax** defines the pipeline once and every host runs a `Loader` for its
+        process index. A checkpoint merges the hosts' states (`zj.merge_states`; the
+        Orbax integration does this for you) and every host of the new topology
+        restores from it.
+        """,
+    ),
+    (
+        "code",
+        """\
+        class SimulatedHosts:
+            \"\"\"One loader per host, one device per host; a global batch is their rows in host order.\"\"\"
+
+            def __init__(self, host_iterators):
+                self.hosts = host_iterators
+                self.sharding = mesh_sharding(len(host_iterators))
+
+            def __next__(self):
+                parts = [next(host) for host in self.hosts]
+                batch = {f: np.concatenate([p[f] for p in parts]) for f in FIELDS}
+                return jax.device_put(batch, self.sharding)
+
+
+        class ZephonLoader(SimulatedHosts):
+            def __init__(self, num_hosts, state=None):
+                super().__init__(
+                    [
+                        iter(zj.Loader(dataset, process_index=h, process_count=num_hosts))
+                        for h in range(num_hosts)
+                    ]
+                )
+                if state is not None:
+                    for host in self.hosts:
+                        host.set_state(state)
+
+            def get_state(self):
+                return zj.merge_states([host.get_state() for host in self.hosts])
+        """,
+    ),
+    (
+        "md",
+        """\
+        **The standard pipeline** runs one Grain pipeline per host, the recipe MaxText
+        uses: the host takes its shard of each component's shuffled records, tokenizes
+        them (the same tokenizer, the same chat masks), mixes the two, splits and packs
+        locally (`FirstFitPackIterDataset`, 8 open rows), and turns the packed rows
+        into the same training fields. Grain mixes by records with fixed weights, so we
+        give it the record weights that yield the stage's token shares on average, and
+        change stage the way Grain allows: at step `STAGE` each host saves its
+        iterator's state, rebuilds the pipeline with the new weights and restores the
+        state into it. The host takes `B_t / n` rows at each step, which follows the
+        ramp-up. On a new host count, the pipelines are rebuilt for the new hosts and
+        skip the steps already trained on (Grain restores only onto the same process
+        count).
+        """,
+    ),
+    (
+        "code",
+        """\
+        from zephon_jax.transforms.to_training import training_arrays
+
+
+        def encode_text(record):
+            return with_loss_mask({"tokens": np.array(bpe.encode(record["text"]).ids + [EOS], np.int32)})
+
+
+        def encode_chat(record):
+            out = chat_tokenizer.apply_chat_template(
+                record["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+            return {
+                "tokens": np.array(out["input_ids"], np.int32),
+                "loss_mask": np.array(out["assistant_masks"], np.int32),
+            }
+
+
+        # Record weights that give each stage's token shares: token weight / mean record length.
+        mean_tokens = [
+            np.mean([len(encode_text(r)["tokens"]) for r in texts[False][:50]]),
+            np.mean([len(t) for r in chats[False][:500] if len(t := encode_chat(r)["tokens"]) <= SEQ_LEN]),
+        ]
+        RECORD_WEIGHTS = {s: [w / n for w, n in zip(ws, mean_tokens)] for s, ws in WEIGHTS.items()}
+
+
+        class SplitPieces(grain.experimental.FlatMapTransform):
+            max_fan_out = 1 << 16
+
+            def flat_map(self, record):
+                n = len(record["tokens"])
+                return [{k: v[i : i + SEQ_LEN] for k, v in record.items()} for i in range(0, n, SEQ_LEN)]
+
+
+        def grain_host_pipeline(host, num_hosts, weights):
+            def component(records, seed, encode):
+                ds = grain.MapDataset.source(records).shuffle(seed=seed).repeat()
+                return ds[host::num_hosts].map(encode).to_iter_dataset(grain.ReadOptions(num_threads=0))
+
+            mixed = grain.IterDataset.mix(
+                {
+                    "pretraining": component(texts[False], 0, encode_text),
+                    "chat": component(chats[False], 1, encode_chat).filter(fits_a_row),
+                },
+                {"pretraining": weights[0], "chat": weights[1]},
+            )
+            pieces = grain.experimental.FlatMapIterDataset(mixed, SplitPieces())
+            packed = grain.experimental.FirstFitPackIterDataset(
+                pieces, length_struct={"tokens": SEQ_LEN, "loss_mask": SEQ_LEN}, num_packing_bins=8
+            )
+            return iter(packed.map(lambda row: training_arrays(row, PAD)))
+
+
+        def size_at(step):
+            return BATCH_SIZES[max(s for s in BATCH_SIZES if s <= step)]
+
+
+        class GrainHost:
+            \"\"\"A host's Grain pipeline; ``next`` gives its rows of the next global batch.\"\"\"
+
+            def __init__(self, host, num_hosts):
+                self.host, self.num_hosts, self.step = host, num_hosts, 0
+                self.it = grain_host_pipeline(host, num_hosts, RECORD_WEIGHTS[0])
+
+            def __next__(self):
+                if self.step in RECORD_WEIGHTS and self.step > 0:  # a new stage: save, rebuild, restore
+                    state = self.it.get_state()
+                    self.it = grain_host_pipeline(self.host, self.num_hosts, RECORD_WEIGHTS[self.step])
+                    self.it.set_state(state)
+                rows = [next(self.it) for _ in range(size_at(self.step) // self.num_hosts)]
+                self.step += 1
+                return {f: np.stack([r[f] for r in rows]) for f in FIELDS}
+
+
+        class StandardLoader(SimulatedHosts):
+            def __init__(self, num_hosts, skip=0):
+                super().__init__([GrainHost(h, num_hosts) for h in range(num_hosts)])
+                for _ in range(skip):
+                    next(self)
+        """,
+    ),
+]
+LLM_SFT += [
+    (
+        "md",
+        """\
+        ## (a) Train on 8 devices, interrupt at step k, resume on 4 and on 2
+
+        The uninterrupted reference runs all steps on 8 devices. At step `k` (after the
+        ramp-up, before the stage change) we keep the model state and the loader state;
+        each resumed run builds fresh loaders for its hosts, restores and continues on
+        its smaller mesh, through the stage change.
+        """,
+    ),
+    (
+        "code",
+        """\
+        def resume_experiment(make_loader, resume):
+            \"\"\"Reference losses and batches on 8 devices, and the losses resumed on 4 and 2.\"\"\"
+            loader = make_loader(8)
+            state_at_k, losses_a, batches_a = train(loader, initial_state, 8, RESUME_AT)
+            loader_at_k = resume(loader)
+            final_state, losses_b, batches_b = train(loader, state_at_k, 8, STEPS - RESUME_AT)
+            reference = np.concatenate([losses_a, losses_b]), batches_a + batches_b, final_state
+            resumed = {}
+            for n in (4, 2):
+                _, losses, batches = train(loader_at_k(n), state_at_k, n, STEPS - RESUME_AT)
+                same = np.mean([np.array_equal(a, b) for a, b in zip(batches, reference[1][RESUME_AT:])])
+                gap = np.abs(losses - reference[0][RESUME_AT:])
+                print(
+                    f"resumed on {n}: identical batches {same:.0%}; |loss - reference| mean {gap.mean():.2e}, max {gap.max():.2e}"
+                )
+                resumed[n] = losses, same
+            return reference, resumed
+
+
+        def zephon_resume(loader):
+            state = loader.get_state()
+            return lambda n: ZephonLoader(n, state=state)
+
+
+        def standard_resume(loader):
+            return lambda n: StandardLoader(n, skip=RESUME_AT)
+
+
+        print("zephon_jax")
+        zephon_reference, zephon_resumed = resume_experiment(ZephonLoader, zephon_resume)
+        print("standard per-host Grain pipeline")
+        standard_reference, standard_resumed = resume_experiment(StandardLoader, standard_resume)
+        assert all(same == 1 for _, same in zephon_resumed.values())
+        assert all(same < 0.5 for _, same in standard_resumed.values())
+        """,
+    ),
+    (
+        "code",
+        """\
+        steps = np.arange(1, STEPS + 1)
+        resumed_steps = steps[RESUME_AT:]
+        colors = {4: "tab:orange", 2: "tab:green"}
+        floor = 1e-9
+
+        fig, axes = plt.subplots(
+            2, 2, figsize=(11, 6.2), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+        )
+        panels = [
+            ("zephon_jax", zephon_reference[0], zephon_resumed),
+            (
+                "standard Grain pipeline (shard, mix and pack per host)",
+                standard_reference[0],
+                standard_resumed,
+            ),
+        ]
+        for col, (title, reference, resumed) in enumerate(panels):
+            top, bottom = axes[0, col], axes[1, col]
+            top.plot(steps, reference, color="black", lw=1.6, label="uninterrupted, 8 devices")
+            for n, (losses, _) in resumed.items():
+                style, marker = ("--", "o") if n == 4 else (":", "x")
+                top.plot(
+                    resumed_steps, losses, style, color=colors[n], lw=1.4, label=f"resumed on {n} devices"
+                )
+                gap = np.maximum(np.abs(losses - reference[RESUME_AT:]), floor)
+                bottom.plot(
+                    resumed_steps, gap, marker, color=colors[n], ms=3, alpha=0.8, label=f"{n} devices"
+                )
+            for ax in (top, bottom):
+                ax.axvline(RESUME_AT, color="gray", lw=0.8)
+                ax.axvline(RAMP, color="tab:red", lw=0.6, ls=":")
+                ax.axvline(STAGE, color="tab:blue", lw=0.6, ls=":")
+            top.set_title(title, fontsize=11)
+            top.set_ylabel("training loss")
+            top.legend(fontsize=8, loc="upper right")
+            bottom.set_yscale("log")
+            bottom.set_ylim(floor * 0.3, 10)
+            ticks = [floor, 1e-7, 1e-5, 1e-3, 1e-1, 10]
+            bottom.set_yticks(ticks, ["0"] + [f"1e{int(np.log10(t))}" for t in ticks[1:]])
+            bottom.legend(fontsize=8, loc="center right")
+            bottom.set_ylabel("|loss - reference|")
+            bottom.set_xlabel(
+                f"step (interrupted at {RESUME_AT}; dotted: ramp-up at {RAMP}, stage change at {STAGE})"
+            )
+        fig.tight_layout()
+        plt.show()
+        """,
+    ),
+    (
+        "md",
+        """\
+        ## (b) Train from scratch on 1, 2, 4 and 8 devices, evaluate on one held-out set
+
+        The small version of the downstream-evaluation experiment: the same model, the
+        same initialization and the same pipeline, trained for `STEPS` steps on each
+        device count (the 8-device runs are the references of (a)). Every model is then
+        scored on the same held-out batches, on one device: the loss on the held-out
+        files' text, and the loss on the assistant's answers of the held-out
+        conversations.
+        """,
+    ),
+    (
+        "code",
+        """\
+        def held_out_batches(weights, num_batches=4):
+            ds = training_rows(zj.Dataset.mix(components(True), weights, unit="tokens")).batch(16)
+            it = iter(zj.Loader(ds))
+            return [next(it) for _ in range(num_batches)]
+
+
+        EVAL_SETS = {
+            "held-out text": held_out_batches([1.0, 0.0]),
+            "held-out answers": held_out_batches([0.0, 1.0]),
+        }
+        one_device = mesh_sharding(1, PartitionSpec())
+        eval_loss = jax.jit(loss_fn)
+
+
+        def scores(state):
+            params = jax.device_put(state[0], one_device)
+            return {
+                name: float(np.mean([eval_loss(params, jax.device_put(b, one_device)) for b in batches]))
+                for name, batches in EVAL_SETS.items()
+            }
+
+
+        results = {}
+        for name, make_loader, reference in (
+            ("zephon_jax", ZephonLoader, zephon_reference),
+            ("standard", StandardLoader, standard_reference),
+        ):
+            results[name] = {8: scores(reference[2])}
+            for n in (4, 2, 1):
+                final_state, _, batches = train(make_loader(n), initial_state, n, STEPS)
+                if name == "zephon_jax":
+                    assert all(np.array_equal(a, b) for a, b in zip(batches, reference[1]))
+                results[name][n] = scores(final_state)
+            for n in (1, 2, 4, 8):
+                print(
+                    f"{name:10s} trained on {n} devices: "
+                    + ", ".join(f"{k} {v:.6f}" for k, v in results[name][n].items())
+                )
+        """,
+    ),
+    (
+        "code",
+        """\
+        DEVICES = [1, 2, 4, 8]
+        loader_colors = {"zephon_jax": "tab:blue", "standard": "tab:red"}
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 2, 1.5]})
+        spreads = {}
+        for ax, metric in zip(axes[:2], EVAL_SETS):
+            for name, color in loader_colors.items():
+                values = np.array([results[name][n][metric] for n in DEVICES])
+                spreads[name, metric] = values.max() - values.min()
+                ax.plot(
+                    DEVICES, values, "o-", color=color, label=f"{name}: spread {spreads[name, metric]:.1e}"
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(DEVICES, [str(n) for n in DEVICES])
+            ax.set_xlabel("devices trained on")
+            ax.set_ylabel("loss")
+            ax.set_title(metric)
+            ax.legend(fontsize=8)
+        floor = 1e-9
+        x = np.arange(len(EVAL_SETS))
+        for i, (name, color) in enumerate(loader_colors.items()):
+            axes[2].bar(
+                x + (i - 0.5) * 0.38,
+                [max(spreads[name, m], floor) for m in EVAL_SETS],
+                0.38,
+                color=color,
+                label=name,
+            )
+        axes[2].set_yscale("log")
+        axes[2].set_ylim(floor * 0.3, 10)
+        ticks = [floor, 1e-7, 1e-5, 1e-3, 1e-1]
+        axes[2].set_yticks(ticks, ["0"] + [f"1e{int(np.log10(t))}" for t in ticks[1:]])
+        axes[2].set_xticks(x, [m.replace("held-out ", "") for m in EVAL_SETS])
+        axes[2].set_title("spread: max - min over 1, 2, 4, 8")
+        axes[2].legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+
+        # Only a full-size run updates the figure used by the documentation.
+        figure_path = "../docs/_static/llm_sft_eval.png"
+        if "ZEPHON_NB_STEPS" not in os.environ and os.path.isdir(os.path.dirname(figure_path)):
+            fig.savefig(figure_path, dpi=110)
+        plt.show()
+        """,
+    ),
+    (
+        "code",
+        """\
+        for metric in EVAL_SETS:
+            z, s = spreads["zephon_jax", metric], spreads["standard", metric]
+            print(f"{metric:16s} spread over 1/2/4/8 devices: zephon_jax {z:.1e}, standard {s:.1e}")
+        gaps = {
+            name: max(np.abs(r[0] - ref[0][RESUME_AT:]).max() for r in res.values())
+            for name, ref, res in (
+                ("zephon_jax", zephon_reference, zephon_resumed),
+                ("standard", standard_reference, standard_resumed),
+            )
+        }
+        print(
+            f"(a) max |resumed loss - reference|: zephon_jax {gaps['zephon_jax']:.1e}, standard {gaps['standard']:.1e}"
+        )
+        assert gaps["zephon_jax"] < 1e-3 < gaps["standard"]
+        assert all(
+            spreads["zephon_jax", m] < 1e-3 and spreads["zephon_jax", m] * 10 < spreads["standard", m]
+            for m in EVAL_SETS
+        )
+        """,
+    ),
+    (
+        "md",
+        """\
+        With zephon_jax every topology trains on the same global batches, through the
+        tokenizer, the chat masks, the token-weighted stages and the ramp-up: the
+        resumed curves lie on the reference, and the models trained on 1, 2, 4 and 8
+        devices score the same on the held-out set up to the order of floating-point
+        reductions. With the per-host pipeline the device count decides which records
+        each step sees, and it shows in the evaluation: a different score for each
+        device count, from data order alone.
+        """,
+    ),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_elastic_resume.ipynb": ELASTIC,
     "03_packing_and_mixtures.ipynb": PACKING,
+    "04_llm_sft.ipynb": LLM_SFT,
 }
 
 

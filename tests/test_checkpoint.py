@@ -158,7 +158,8 @@ def test_manager_restore_reports_mismatch(tmp_path, dataset, sharding):
             mngr.restore(1, args=ocp.args.Composite(data=zc.Restore(iter(zj.Loader(other)))))
 
 
-def run_example(workdir: Path, steps: int, devices: int) -> list[dict]:
+def run_example(workdir: Path, steps: int, devices: int, says: str) -> list[dict]:
+    """Runs examples/train_loop.py; its first line must match the regular expression ``says``."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
@@ -175,6 +176,8 @@ def run_example(workdir: Path, steps: int, devices: int) -> list[dict]:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    first_line = proc.stdout.splitlines()[0]
+    assert re.fullmatch(says, first_line), first_line
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
@@ -191,10 +194,18 @@ def test_example_train_loop_resumes_on_another_device_count(tmp_path):
         if len(expected) == 8:
             break
 
-    first = run_example(tmp_path, steps=6, devices=4)
+    first = run_example(
+        tmp_path, steps=6, devices=4, says=r"no checkpoint in .*: training from step 1 on 4 .*"
+    )
     assert [r["step"] for r in first] == list(range(1, 7))
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [3, 6]
-    resumed = run_example(tmp_path, steps=8, devices=2)
+    resumed = run_example(
+        tmp_path,
+        steps=8,
+        devices=2,
+        says=r"resumed from the checkpoint of step 6 in .* on 2 device\(s\), 1 process\(es\): "
+        r"continuing with step 7, .*",
+    )
     assert [r["step"] for r in resumed] == [7, 8]
     runs = first + resumed
     assert [r["batch"] for r in runs] == [e["batch"] for e in expected]

@@ -73,6 +73,20 @@ def counter():
 
 def unbatched():
     return zj.Dataset.source(docs())
+
+
+def a_map_function_with_a_name_much_longer_than_any_column_of_a_table(record):
+    return record
+
+
+def long_names():
+    return (
+        zj.Dataset.source(docs())
+        .split(24)
+        .map(a_map_function_with_a_name_much_longer_than_any_column_of_a_table)
+        .pack(24)
+        .batch(4)
+    )
 '''
 
 
@@ -248,3 +262,70 @@ def test_demo_quick(tmp_path, capsys):
     assert "per-host Grain: batches change with the host count" in out
     assert "throughput" in out
     assert json.loads((next(tmp_path.rglob("prepare.json"))).read_text())["complete"]
+
+
+def test_inspect_shows_whole_stage_names(pipelines, capsys):
+    assert main(["inspect", f"{pipelines}:long_names", "--steps", "2"]) == 0
+    timing = capsys.readouterr().out.split("timing over")[1]
+    name = "1. then map(user_pipelines.a_map_function_with_a_name_much_longer_than_any_column_of_a_table)"
+    line = next(line for line in timing.splitlines() if "a_map_function" in line)
+    assert line.strip().startswith(name), line
+    # the columns stay aligned under the longest name
+    header = next(line for line in timing.splitlines() if "total s" in line)
+    first_number = re.search(r"\d+\.\d+", line[line.index(name) + len(name) :])
+    assert (
+        header.index("total s") + len("total s")
+        == line.index(name) + len(name) + first_number.end()
+    )
+
+
+@pytest.mark.parametrize("topologies", ["1x0,3x0", "2x0,5x1"])
+def test_verify_rejects_a_topology_that_cannot_hold_the_batch(pipelines, capsys, topologies):
+    """Checked before anything runs: exit 2 (bad arguments), no blame on user functions."""
+    code = main(["verify", f"{pipelines}:pure", "--topologies", topologies])
+    out, err = capsys.readouterr()
+    assert code == 2
+    bad = topologies.split(",")[1]
+    assert f"topology {bad} cannot hold a global batch of 8 rows" in err
+    assert "use 1, 2, 4, 8 processes" in err
+    assert "pure function" not in out + err and out == ""
+
+
+def test_verify_help_says_2_means_bad_arguments():
+    text = build_parser()._subparsers._group_actions[0].choices["verify"].format_help()
+    assert "2 bad arguments" in text and "cannot hold the batch" in text
+
+
+def test_verify_rejects_a_malformed_topology(pipelines, capsys):
+    assert main(["verify", f"{pipelines}:pure", "--topologies", "1x0,two"]) == 2
+    assert "'two' is not PROCESSESxWORKERS" in capsys.readouterr().err
+
+
+def test_verify_and_inspect_default_to_the_builtin_pipeline(tmp_path, capsys):
+    """No MODULE:FUNCTION needed: a fresh install can run both on the built-in corpus."""
+    cache = ["--quick", "--cache-dir", str(tmp_path)]
+    code = main(["verify", *cache, "--topologies", "1x0,2x0,4x1", "--steps", "6"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("verify the built-in corpus pipeline of `zephon-jax demo` (--quick)")
+    assert "all 6 runs are identical to the reference, bit for bit" in out
+    assert main(["inspect", *cache, "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "weight 0.700  TokenStore(" in out and "weight 0.300  TokenStore(" in out
+    assert "pack(seq_len=256, method='first_fit', num_bins=8)" in out
+    assert "16 rows per global batch, 16 lanes" in out and "timing over 3 global batches" in out
+
+
+def test_builtin_only_options_need_the_builtin_pipeline(pipelines):
+    with pytest.raises(SystemExit, match="apply to the built-in pipeline only"):
+        main(["inspect", f"{pipelines}:pure", "--quick"])
+
+
+def test_sources_is_loaded_lazily():
+    code = (
+        "import sys, zephon_jax as zj\n"
+        "assert 'zephon_jax.sources' not in sys.modules and 'tensorstore' not in sys.modules\n"
+        "assert zj.sources.TokenStore is sys.modules['zephon_jax.sources'].TokenStore\n"
+        "assert {'sources', 'checkpoint'} <= set(dir(zj))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -25,13 +25,81 @@ def _toctree_entries() -> list[str]:
     return entries
 
 
+ROOT = DOCS.parent
+SNIPPET_PAGES = ["README.md"] + sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))
+_SNIPPET = re.compile(
+    r"(?:<!-- (snippet [^>]*?) -->\n)?```(python|\{code-block\} python|bash)\n(.*?)```", re.S
+)
+NOT_RUN = "snippet not run: "
+CONTINUES = "snippet continues the one above"
+SHELL = "snippet run: shell"
+
+
+def snippets(page: str) -> list[tuple[str | None, str, int]]:
+    """``(marker, code, line)`` of every Python snippet of a page (and marked shell ones)."""
+    text = (ROOT / page).read_text()
+    return [
+        (m.group(1), m.group(3), text.count("\n", 0, m.start(3)) + 1)
+        for m in _SNIPPET.finditer(text)
+        if m.group(2) != "bash" or m.group(1) == SHELL
+    ]
+
+
+@pytest.mark.parametrize("page", SNIPPET_PAGES)
+def test_every_snippet_runs_as_written(page, tmp_path, monkeypatch, capsys):
+    """Each snippet runs on its own, in a fresh namespace, unless it says it continues.
+
+    Snippets of a page share a working directory, and shell snippets marked to run
+    run there, in order, so a page can go from files to a pipeline.
+    """
+    monkeypatch.chdir(tmp_path)
+    namespace = None
+    for marker, code, line in snippets(page):
+        if marker is not None and marker.startswith(NOT_RUN):
+            continue
+        if marker == SHELL:
+            proc = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True
+            )
+            assert proc.returncode == 0, f"{page}:{line}\n{proc.stdout}\n{proc.stderr}"
+            continue
+        if marker == CONTINUES:
+            assert namespace is not None, f"{page}:{line} continues nothing"
+        else:
+            assert marker is None, f"{page}:{line}: unknown marker {marker!r}"
+            namespace = {"__name__": "__snippet__"}
+        exec(compile(code, f"{page}:{line}", "exec"), namespace)
+    capsys.readouterr()
+
+
+def test_snippets_that_do_not_run_are_few_and_say_why():
+    """Only snippets that need several processes or accelerators may be left out."""
+    markers = [
+        (page, line, marker)
+        for page in SNIPPET_PAGES
+        for marker, _, line in snippets(page)
+        if marker is not None
+    ]
+    not_run = [(p, line, m) for p, line, m in markers if m.startswith(NOT_RUN)]
+    assert len(not_run) <= 3, not_run
+    for page, line, marker in not_run:
+        assert re.search(r"needs (several|multiple) .*(processes|GPUs|TPUs)", marker), (
+            page,
+            line,
+        )
+    # The README and the migration guide are read piecemeal: every snippet stands alone.
+    continued = {p for p, _, m in markers if m == CONTINUES}
+    assert not continued & {"README.md", "docs/migration_from_grain.md", "docs/index.md"}
+    assert sum(len(snippets(p)) for p in SNIPPET_PAGES) >= 15
+
+
 def _python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
 
 
 def test_every_toctree_page_exists():
     entries = _toctree_entries()
-    required = {"why", "concepts", "operators", "custom_operators", "api"}
+    required = {"why", "your_data", "concepts", "operators", "custom_operators", "api"}
     required |= {"distributed", "migration_from_grain", "performance", "reliability"}
     assert required <= set(entries), sorted(required - set(entries))
     missing = [e for e in entries if not (DOCS / f"{e}.md").is_file()]
@@ -109,3 +177,16 @@ def test_schedule_pages_run(page):
     namespace: dict = {"__name__": "docs_example"}
     for block in blocks:
         exec(compile(block, page, "exec"), namespace)
+
+
+def test_llm_training_page_runs():
+    """The LLM pipeline example (tokenizers trained here) and its resume check run as written."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    blocks = _python_blocks("llm_training.md")
+    assert len(blocks) == 2
+    namespace: dict = {"__name__": "docs_example"}
+    for block in blocks:
+        exec(compile(block, "llm_training.md", "exec"), namespace)
+    assert namespace["dataset"].batch_size_at(0) == 8
+    assert namespace["dataset"].batch_size_at(30) == 16

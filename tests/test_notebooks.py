@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,80 @@ def test_committed_notebook_matches_its_generator_and_has_outputs(name):
     assert (NOTEBOOKS / name).stat().st_size < 1_500_000
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_notebook_starts_with_the_install_cell(name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == GENERATOR.COLAB_INSTALL.strip("\n")
+    assert 'ZEPHON_JAX_SOURCE = ""' in first.source
+
+
+def _run_install_cell(tmp_path, monkeypatch, *, hide_package: bool, source: str = ""):
+    """Runs the install cell in a Jupyter kernel; pip may install only into ``tmp_path``, offline.
+
+    ``hide_package`` makes ``zephon_jax`` unimportable, as on a fresh Colab runtime.
+    PIP_TARGET keeps pip away from this environment (and ignores what it has installed),
+    PIP_NO_INDEX stands for a package index that does not have zephon_jax yet.
+    Returns the cell's outputs.
+    """
+    cell = GENERATOR.COLAB_INSTALL.replace(
+        'ZEPHON_JAX_SOURCE = ""', f"ZEPHON_JAX_SOURCE = {source!r}"
+    )
+    prelude = "import sys\nsys.modules['zephon_jax'] = None\n" if hide_package else ""
+    for name, value in {
+        "PIP_TARGET": str(tmp_path / "target"),
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_DEPS": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(prelude + cell)]
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    return nb.cells[0].outputs
+
+
+def _text(outputs, name="stdout"):
+    return "".join(o.text for o in outputs if o.output_type == "stream" and o.name == name)
+
+
+def test_install_cell_does_nothing_when_the_package_is_present(tmp_path, monkeypatch):
+    outputs = _run_install_cell(tmp_path, monkeypatch, hide_package=False)
+    assert [o.output_type for o in outputs] == ["stream"]
+    assert re.fullmatch(r"zephon_jax \S+ is installed\n", _text(outputs))
+    assert not (tmp_path / "target").exists()
+
+
+def test_install_cell_without_package_or_source_says_what_to_set(tmp_path, monkeypatch):
+    outputs = _run_install_cell(tmp_path, monkeypatch, hide_package=True)
+    assert _text(outputs) == "installing zephon_jax ...\n"
+    assert _text(outputs, "stderr") == ""  # no warnings either
+    (error,) = [o for o in outputs if o.output_type == "error"]
+    # The notebook stops here, showing one line: the message, without a traceback.
+    assert len(error.traceback) == 1
+    message = error.traceback[0]
+    assert message.startswith("ZephonJaxMissing: pip could not install it;")
+    assert "set ZEPHON_JAX_SOURCE in this cell to a wheel path or a VCS URL" in message
+    assert message.endswith("pip said: ERROR: No matching distribution found for zephon_jax")
+
+
+def test_install_cell_names_a_source_that_does_not_install(tmp_path, monkeypatch):
+    missing = str(tmp_path / "zephon_jax-0.1.0-py3-none-any.whl")
+    outputs = _run_install_cell(tmp_path, monkeypatch, hide_package=True, source=missing)
+    (error,) = [o for o in outputs if o.output_type == "error"]
+    assert len(error.traceback) == 1
+    assert (
+        f"check ZEPHON_JAX_SOURCE = {missing!r} (a wheel path or a VCS URL)" in error.traceback[0]
+    )
+
+
 @pytest.fixture(scope="module")
 def corpus_cache(tmp_path_factory):
     """One built-in corpus cache shared by the notebooks of this run, outside the home cache."""
@@ -72,6 +147,7 @@ def test_notebook_runs(name, monkeypatch, corpus_cache):
     assert not errors
 
 
-def test_headline_figure_is_committed():
-    figure = NOTEBOOKS.parent / "docs" / "_static" / "elastic_resume.png"
-    assert figure.is_file() and figure.stat().st_size > 10_000
+@pytest.mark.parametrize("figure", ["elastic_resume.png", "llm_sft_eval.png"])
+def test_docs_figures_are_committed(figure):
+    path = NOTEBOOKS.parent / "docs" / "_static" / figure
+    assert path.is_file() and path.stat().st_size > 10_000

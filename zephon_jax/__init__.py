@@ -23,8 +23,10 @@ from zephon_jax.state_file import load_state, save_state
 
 __version__ = "0.1.0"
 
-# Imported on first use, so that ``import zephon_jax`` does not start jax or orbax.
-_LAZY_SUBMODULES = ("checkpoint", "sharding")
+# Imported on first use, so that ``import zephon_jax`` does not start jax, orbax or
+# tensorstore: ``zj.checkpoint``, ``zj.sharding`` and ``zj.sources`` work after
+# ``import zephon_jax as zj``.
+_LAZY_SUBMODULES = ("checkpoint", "sharding", "sources")
 
 
 def __getattr__(name: str):
@@ -33,6 +35,10 @@ def __getattr__(name: str):
 
         return importlib.import_module(f"zephon_jax.{name}")
     raise AttributeError(f"module 'zephon_jax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 __all__ = [

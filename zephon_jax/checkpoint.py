@@ -2,10 +2,12 @@
 
 Use it as one item of a composite checkpoint::
 
+    import zephon_jax.checkpoint as zc
+
     mngr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(params), data=zephon_jax.checkpoint.Save(it)))
+        state=ocp.args.StandardSave(params), data=zc.Save(it)))
     mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), data=zephon_jax.checkpoint.Restore(it)))
+        state=ocp.args.StandardRestore(abstract), data=zc.Restore(it)))
 
 The item directory holds one file per lane, ``lane_00017.bin`` (the encoded
 lane state, written by the lowest-index process running that lane), and

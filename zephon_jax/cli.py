@@ -188,12 +188,15 @@ its TokenStore is byte-identical to the local engine's.""",
         description="""\
 PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
 pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
-is importable. Prints the sources and weights, the operators in order with
-their carry bounds, the lanes, the rows per lane and the fingerprint, then runs
---steps global batches on one process and prints where the time goes and how
-many bytes each operator's carry takes in a lane state.""",
+is importable. Without PIPELINE: the built-in corpus pipeline of `zephon-jax
+demo` (a mixture of the Python standard library's modules and tests, shuffled,
+split and packed first-fit into rows of 1024, batches of 16). Prints the
+sources and weights, the operators in order with their carry bounds, the
+lanes, the rows per lane and the fingerprint, then runs --steps global batches
+on one process and prints where the time goes and how many bytes each
+operator's carry takes in a lane state.""",
     )
-    insp.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
+    _add_pipeline_arguments(insp)
     insp.add_argument(
         "--steps", type=_non_negative, default=20, help="batches to time (20; 0: none)"
     )
@@ -204,16 +207,19 @@ many bytes each operator's carry takes in a lane state.""",
         help="identical batches on several topologies and across a resume?",
         formatter_class=fmt,
         description="""\
-PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect).
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
+without it, the built-in corpus pipeline of `zephon-jax demo`.
 Runs it on every topology PROCESSESxWORKERS of --topologies (processes are
 simulated in this process and their rows concatenated into the global batch)
 and compares --steps global batches, bit for bit, with an uninterrupted run on
 one process without workers. With --resume-at K, the states of all processes
 after K batches are merged and restored on the next topology of the list.
-Prints the first differing step, row and field of each run.
-Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments.""",
+Every topology is checked first: the process count must divide the global
+batch size. Prints the first differing step, row and field of each run.
+Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments
+(including a topology that cannot hold the batch).""",
     )
-    ver.add_argument("pipeline", metavar="PIPELINE", help="MODULE:FUNCTION")
+    _add_pipeline_arguments(ver)
     ver.add_argument(
         "--topologies",
         default="1x0,2x0,4x0",
@@ -253,6 +259,42 @@ from that state on are produced, and only by the lanes of the rows asked for."""
         "the demo pipeline) or MODULE:FUNCTION taking a token array",
     )
     return parser
+
+
+def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "pipeline",
+        metavar="PIPELINE",
+        nargs="?",
+        default=None,
+        help="MODULE:FUNCTION (default: the built-in corpus pipeline of `zephon-jax demo`)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="built-in pipeline only: 60 files per corpus part and rows of 256",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="built-in pipeline only: where the corpus is cached "
+        "($ZEPHON_JAX_CACHE, else ~/.cache/zephon_jax)",
+    )
+
+
+def _load(args, command: str):
+    """The pipeline named by ``args.pipeline``, or the built-in one; and its name."""
+    from zephon_jax.inspect_plan import BUILTIN_NAME, builtin_pipeline, load_pipeline
+
+    if args.pipeline is None:
+        name = BUILTIN_NAME + (" (--quick)" if args.quick else "")
+        return builtin_pipeline(quick=args.quick, cache_dir=args.cache_dir, stream=sys.stderr), name
+    if args.quick or args.cache_dir:
+        raise SystemExit(
+            f"zephon-jax {command}: --quick and --cache-dir apply to the built-in pipeline only; "
+            "drop them or drop PIPELINE"
+        )
+    return load_pipeline(args.pipeline), args.pipeline
 
 
 def _cmd_explain(args) -> int:
@@ -354,10 +396,10 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from zephon_jax.inspect_plan import describe_plan, format_timing, load_pipeline, time_stages
+    from zephon_jax.inspect_plan import describe_plan, format_timing, time_stages
 
-    batched = load_pipeline(args.pipeline)
-    print(f"pipeline {args.pipeline}")
+    batched, name = _load(args, "inspect")
+    print(f"pipeline {name}")
     print(describe_plan(batched))
     if args.steps:
         print(format_timing(time_stages(batched, args.steps), batched.global_batch_size))
@@ -365,22 +407,34 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from zephon_jax.inspect_plan import load_pipeline
-    from zephon_jax.verify import format_checks, parse_topologies, verify
+    from zephon_jax.errors import PipelineError
+    from zephon_jax.verify import check_topologies, format_checks, parse_topologies, verify
 
-    topologies = parse_topologies(args.topologies)
     resume_at = args.steps // 2 if args.resume_at is None else args.resume_at
     if resume_at and resume_at >= args.steps:
         raise SystemExit(f"zephon-jax verify: --resume-at must be below --steps ({args.steps})")
-    batched = load_pipeline(args.pipeline)
+    try:
+        topologies = parse_topologies(args.topologies)
+    except PipelineError as e:
+        return _usage_error("verify", f"--topologies: {e}")
+    batched, name = _load(args, "verify")
+    try:
+        check_topologies(batched, topologies)
+    except PipelineError as e:
+        return _usage_error("verify", f"--topologies: {e}")
     print(
-        f"verify {args.pipeline}: {args.steps} global batches of {batched.global_batch_size} rows "
+        f"verify {name}: {args.steps} global batches of {batched.global_batch_size} rows "
         f"on {', '.join(f'{p}x{w}' for p, w in topologies)}"
         + (f", resume after {resume_at}" if resume_at else "")
     )
     checks = verify(batched, topologies, steps=args.steps, resume_at=resume_at or None)
     print(format_checks(checks))
     return 0 if all(c.identical for c in checks) else 1
+
+
+def _usage_error(command: str, message: str) -> int:
+    print(f"zephon-jax {command}: {message}", file=sys.stderr)
+    return 2
 
 
 COMMANDS = {

@@ -4,7 +4,9 @@ For training loops built around Grain (``iter(ds)``, ``it.get_state()``,
 ``it.set_state(state)``, ``grain.checkpoint.CheckpointSave``), wrap a batched
 pipeline::
 
-    ds = zephon_jax.grain_interop.ZephonIterDataset(batched, process_index=i, process_count=n)
+    from zephon_jax.grain_interop import ZephonIterDataset
+
+    ds = ZephonIterDataset(batched, process_index=i, process_count=n)
     it = iter(ds.map(to_model_inputs))   # further Grain transformations are fine
     ...
     state = it.get_state()               # JSON-able dict

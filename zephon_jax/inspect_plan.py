@@ -24,6 +24,26 @@ from zephon_jax.sampler.mixture import MixtureNode
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode
 from zephon_jax.sampler.source import describe_source
 
+BUILTIN_NAME = "the built-in corpus pipeline of `zephon-jax demo`"
+
+
+def builtin_pipeline(
+    *, quick: bool = False, cache_dir: str | None = None, stream=None
+) -> BatchedDataset:
+    """The demo's pipeline over the built-in corpus, for ``inspect``/``verify`` without code.
+
+    A 0.7/0.3 mixture of the standard library's modules and its tests (byte-level
+    tokens, prepared once into the cache), shuffled, split and packed first-fit
+    into rows of 1024, in global batches of 16. ``quick``: the first 60 files of
+    each part and rows of 256.
+    """
+    from zephon_jax.demo import DemoConfig, build_pipeline, corpus_sources
+
+    cfg = DemoConfig(cache_dir=cache_dir)
+    if quick:
+        cfg = DemoConfig(cache_dir=cache_dir, seq_len=256, max_files=60)
+    return build_pipeline(cfg, corpus_sources(cfg, stream=stream))
+
 
 def load_pipeline(spec: str) -> BatchedDataset:
     """Calls the ``module:function`` ``spec`` and checks it returned a batched pipeline."""
@@ -250,11 +270,12 @@ def format_timing(result: dict[str, Any], global_batch_size: Any = None) -> str:
     """Timing as text (``global_batch_size`` is unused: rows are counted)."""
     steps, total = result["steps"], max(result["seconds"], 1e-12)
     out = [f"timing over {steps} global batches (one process, every lane)"]
-    out.append(f"  {'stage':<56} {'total s':>8} {'ms/batch':>9} {'share':>6}")
+    width = max([len("stage")] + [len(name) for name, _ in result["stages"]])
+    out.append(f"  {'stage':<{width}} {'total s':>8} {'ms/batch':>9} {'share':>6}")
     for name, seconds in result["stages"]:
         per = seconds / max(steps, 1) * 1e3
-        out.append(f"  {name[:56]:<56} {seconds:8.3f} {per:9.2f} {seconds / total:6.1%}")
-    out.append(f"  {'total':<56} {total:8.3f} {total / max(steps, 1) * 1e3:9.2f}")
+        out.append(f"  {name:<{width}} {seconds:8.3f} {per:9.2f} {seconds / total:6.1%}")
+    out.append(f"  {'total':<{width}} {total:8.3f} {total / max(steps, 1) * 1e3:9.2f}")
     line = f"  {steps / total:.1f} batches/s, {result['rows'] / total:,.0f} rows/s"
     if result["tokens"]:
         line += f", {result['tokens'] / total:,.0f} real tokens/s"

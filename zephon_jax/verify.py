@@ -9,10 +9,12 @@ for bit, and then a resume: the states of all processes after ``resume_at``
 batches are merged and restored on the *next* topology of the list (the last
 one restores on the first), which must continue with the reference's batches.
 
-A difference names the first differing step, row and field. Its usual cause
-is a user function or operator that is not a pure function of its input
-(randomness outside ``random_map``, a global counter, the time, the process
-id), which the guarantee rules out.
+Topologies are checked before anything runs (:func:`check_topologies`): each
+process holds the same number of rows, so the process count must divide the
+global batch size. A difference names the first differing step, row and field.
+Its usual cause is a user function or operator that is not a pure function of
+its input (randomness outside ``random_map``, a global counter, the time, the
+process id), which the guarantee rules out.
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ def parse_topologies(text: str) -> list[tuple[int, int]]:
     if not out:
         raise PipelineError("give at least one topology, e.g. --topologies 1x0,2x0")
     return out
+
+
+def check_topologies(batched: BatchedDataset, topologies: Sequence[tuple[int, int]]) -> None:
+    """Raises :class:`PipelineError` naming every topology that cannot hold the batch."""
+    size = batched.global_batch_size
+    bad = [(p, w) for p, w in topologies if size % p]
+    if bad:
+        fits = [p for p in range(1, size + 1) if size % p == 0]
+        names = ", ".join(f"{p}x{w}" for p, w in bad)
+        raise PipelineError(
+            f"topology {names} cannot hold a global batch of {size} rows: every process holds "
+            f"the same number of rows, so the process count must divide {size}; use "
+            f"{', '.join(map(str, fits))} processes"
+        )
 
 
 def workers_available() -> bool:
@@ -192,6 +208,7 @@ def verify(
         raise PipelineError(f"steps must be >= 1; got {steps}")
     if resume_at is not None and not 0 < resume_at < steps:
         raise PipelineError(f"resume_at must be in [1, steps); got {resume_at} with steps={steps}")
+    check_topologies(batched, topologies)
     note = ""
     if any(w for _, w in topologies) and not workers_available():
         note = "this zephon_jax has no loader workers: ran with 0 workers"
@@ -278,13 +295,16 @@ def format_checks(checks: Sequence[Check]) -> str:
         out.append(f"  {c.name:<28} {span:>9}  {result}")
     notes = sorted({c.note for c in checks if c.note})
     out.extend(f"  note: {n}" for n in notes)
-    bad = [c for c in checks if not c.identical]
-    if bad:
+    differ = [c for c in checks if c.difference is not None]
+    failed = [c for c in checks if c.error is not None]
+    if differ:
         out.append(
-            f"{len(bad)} of {len(checks)} runs differ from the reference (1 process, no workers, "
-            "uninterrupted): a user function or operator is probably not a pure function of "
-            "its input (global randomness, a counter, time or process ids)"
+            f"{len(differ)} of {len(checks)} runs differ from the reference (1 process, no "
+            "workers, uninterrupted): a user function or operator is probably not a pure "
+            "function of its input (global randomness, a counter, time or process ids)"
         )
-    else:
+    if failed:
+        out.append(f"{len(failed)} of {len(checks)} runs failed with the error shown")
+    if not differ and not failed:
         out.append(f"all {len(checks)} runs are identical to the reference, bit for bit")
     return "\n".join(out)
