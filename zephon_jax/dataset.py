@@ -272,20 +272,30 @@ class Dataset:
         """Cuts records longer than ``max_len`` (measured on ``key``) into pieces."""
         return self._add_operator(SplitOperator(max_len, key))
 
-    def pack(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None) -> Dataset:
+    def pack(
+        self,
+        seq_len: int,
+        method: str = "best_fit",
+        num_bins: int | None = None,
+        max_segments: int | None = None,
+        dtypes: Mapping[str, Any] | None = None,
+    ) -> Dataset:
         """Packs records into rows of ``seq_len`` with Grain's output fields.
 
         ``method``: ``"best_fit"`` (default) or ``"first_fit"`` over ``num_bins``
         open rows per lane (default 32), or ``"concat"`` (concat-then-split, no
-        padding, ``num_bins`` not used).
+        padding, ``num_bins`` not used). No row holds more than ``max_segments``
+        records (pieces for ``"concat"``). Every 1-D field is packed aligned
+        with the others; output fields are int32 unless ``dtypes`` (field ->
+        numpy dtype) says otherwise, and a value that does not fit raises.
         """
         if method not in PACK_METHODS:
             raise PipelineError(f"pack(method={method!r}) is unknown; use one of {PACK_METHODS}")
         if method == "concat":
             if num_bins is not None:
                 raise PipelineError("pack(method='concat') keeps one open row; drop num_bins")
-            return self._add_operator(ConcatPackOperator(seq_len))
-        return self._add_operator(BinPackOperator(seq_len, method, num_bins))
+            return self._add_operator(ConcatPackOperator(seq_len, max_segments, dtypes))
+        return self._add_operator(BinPackOperator(seq_len, method, num_bins, max_segments, dtypes))
 
     def window_shuffle(self, window: int, seed: int) -> Dataset:
         """Shuffles within a sliding buffer of ``window`` elements per lane."""

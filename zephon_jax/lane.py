@@ -48,7 +48,10 @@ __all__ = ["Lane", "LanePlan", "encode_lane_state"]
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
+# Records a lane reads ahead per block: larger blocks cost less per record; the bound
+# on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
+_MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
 _LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
@@ -68,6 +71,7 @@ class LanePlan:
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.num_operators = len(self.operators)
+        self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
         # A lane that reads this many records without a row reaching the batch (all of
         # them dropped, by a filter or an operator that emits nothing) would likely wait
         # forever: 16x the sources (a filter may drop long runs), plus what operators hold.
@@ -236,10 +240,10 @@ class Lane:
         )
 
     def _read_ahead(self) -> None:
-        """Reads the next block of positions (growing blocks, up to ``_MAX_AHEAD``)."""
+        """Reads the next block of positions (growing blocks, up to ``plan.max_ahead``)."""
         start = self.next_position
         count = self._ahead_size
-        self._ahead_size = min(_MAX_AHEAD, self._ahead_size * 2)
+        self._ahead_size = min(self.plan.max_ahead, self._ahead_size * 2)
         self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
 
     # ----- running operators --------------------------------------------------------

@@ -10,13 +10,22 @@ from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.lane_state import encode_lane_state
 from zephon_jax.lineage import Element
+from zephon_jax.operators.packing import PackedRow, assemble_rows, plain
 from zephon_jax.sampler.resolve import can_end
 from zephon_jax.state import lane_bytes
 
 
 def stack_rows(rows: Sequence[Any]) -> Any:
-    """Stacks rows (dicts of arrays, or arrays) into a batch with a leading row axis."""
+    """Stacks rows (dicts of arrays, or arrays) into a batch with a leading row axis.
+
+    Packed rows still held as pointers are assembled straight into the batch.
+    """
     first = rows[0]
+    if isinstance(first, PackedRow):
+        if all(isinstance(row, PackedRow) for row in rows):
+            return assemble_rows(rows)
+        rows = [plain(row) for row in rows]
+        first = rows[0]
     if isinstance(first, Mapping):
         keys = tuple(first)
         for row in rows:

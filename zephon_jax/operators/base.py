@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from zephon_jax.lineage import Element
+from zephon_jax.operators.packing import plain
 
 Carry = Any
 
@@ -125,7 +126,7 @@ class stateless(LineageOperator):
         return f"{self.name}({callable_name(self.fn)})"
 
     def step(self, carry, element):
-        outputs = self.fn(element.data)
+        outputs = self.fn(plain(element.data))
         parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
         if type(outputs) is list and len(outputs) == 1:
             return carry, [Element(outputs[0], (parents, 0))]
@@ -143,7 +144,7 @@ class stateless(LineageOperator):
                 f"the state holds output {recipe!r} of {self.describe()}; an output index is "
                 "an int >= 0: the state was altered"
             )
-        for m, out in enumerate(self.fn(inputs[0])):
+        for m, out in enumerate(self.fn(plain(inputs[0]))):
             if m == recipe:
                 return out
         raise RuntimeError(

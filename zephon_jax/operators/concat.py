@@ -1,20 +1,49 @@
 """``pack(method="concat")``: concatenate records and cut rows of exactly ``seq_len``.
 
-No padding (except in the last row when a finite input ends): a record that
-does not fit the open row is split, its tail starting the next row. Positions
-restart at 0 for each piece, as in Grain's ``ConcatThenSplitIterDataset``.
+No padding (except in the last row when a finite input ends, and in rows
+closed by ``max_segments``): a record that does not fit the open row is split,
+its tail starting the next row. Positions restart at 0 for each piece, as in
+Grain's ``ConcatThenSplitIterDataset``. The open row holds pointers only (see
+:mod:`zephon_jax.operators.packing`).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any, Mapping
 
-from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
-from zephon_jax.errors import StateError
-from zephon_jax.lineage import derive
+from zephon_jax.errors import PipelineError, StateError
+from zephon_jax.lineage import Element
 from zephon_jax.operators.base import LineageOperator, Saved
-from zephon_jax.operators.pack import RowBuffers, record_fields
+from zephon_jax.operators.packing import PackedRow, PackSpec
+
+
+class OpenRow:
+    """The open row of one lane: its pieces, their records and ``(start, stop)`` bounds."""
+
+    __slots__ = ("fields", "pieces", "held", "lineages", "bounds", "fill")
+
+    def __init__(self):
+        self.fields: tuple[str, ...] | None = None
+        self.pieces: list[tuple] = []
+        self.held: tuple[Element, ...] = ()  # immutable: shared with the saved form
+        self.lineages: tuple = ()
+        self.bounds: tuple = ()
+        self.fill = 0
+
+    def add(self, arrays: tuple, start: int, stop: int, element: Element) -> None:
+        self.pieces.append((arrays, start, stop))
+        self.held = self.held + (element,)
+        self.lineages = self.lineages + (element.lineage,)
+        self.bounds = self.bounds + ((start, stop),)
+        self.fill += stop - start
+
+    def emit(self, spec: PackSpec) -> Element:
+        """The open row, derived from its records with the bounds as recipe; empties it."""
+        row = PackedRow(spec, self.fields or (), self.pieces)
+        element = Element(row, (self.lineages, self.bounds))
+        self.pieces, self.held, self.lineages, self.bounds, self.fill = [], (), (), (), 0
+        return element
 
 
 class ConcatPackOperator(LineageOperator):
@@ -28,21 +57,26 @@ class ConcatPackOperator(LineageOperator):
     name = "pack"
     user_code = False
 
-    def __init__(self, seq_len: int):
-        self.seq_len = positive_int(seq_len, "pack(seq_len)")
-        self.max_held = self.seq_len
-        self._arange = np.arange(self.seq_len, dtype=np.int32)
+    def __init__(
+        self,
+        seq_len: int,
+        max_segments: int | None = None,
+        dtypes: Mapping[str, Any] | None = None,
+    ):
+        self.spec = PackSpec(seq_len, "pack(method='concat')", dtypes, max_segments)
+        self.seq_len = self.spec.seq_len
+        self.max_held = min(self.seq_len, self.spec.max_segments or self.seq_len)
 
-    def step(self, carry: RowBuffers | None, element):
-        data = element.data
-        fields, n = record_fields(data, self.seq_len, "pack(method='concat')")
+    def step(self, carry: OpenRow | None, element: Element):
+        spec = self.spec
+        fields, arrays, n = spec.record(element.data, element.lineage)
         if n == 0:
             return carry, []
         if carry is None:
-            carry = RowBuffers(data, 1, self.seq_len)
+            carry = OpenRow()
+        if carry.fields is None:
+            carry.fields = fields
         elif fields != carry.fields:
-            from zephon_jax.errors import PipelineError
-
             raise PipelineError(
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
@@ -50,53 +84,56 @@ class ConcatPackOperator(LineageOperator):
         out = []
         start = 0
         while start < n:
-            stop = min(n, start + self.seq_len - carry.used[0])
-            carry.place(0, data, start, stop, (element, start, stop), self._arange)
+            stop = min(n, start + spec.seq_len - carry.fill)
+            carry.add(arrays, start, stop, element)
             start = stop
-            if carry.used[0] == self.seq_len:
-                out.append(_emit(carry))
+            if carry.fill == spec.seq_len or len(carry.pieces) == spec.max_segments:
+                out.append(carry.emit(spec))
         return carry, out
 
-    def flush(self, carry: RowBuffers | None):
-        if carry is None or not carry.used[0]:
+    def flush(self, carry: OpenRow | None):
+        if carry is None or not carry.fill:
             return carry, []
-        return carry, [_emit(carry)]
+        return carry, [carry.emit(self.spec)]
 
-    def save(self, carry: RowBuffers | None) -> Saved:
-        if carry is None or not carry.used[0]:
+    def save(self, carry: OpenRow | None) -> Saved:
+        if carry is None or not carry.fill:
             return Saved()
-        pieces = carry.segments[0]
-        return Saved(tuple(p[0] for p in pieces), tuple((p[1], p[2]) for p in pieces))
+        return Saved(carry.held, carry.bounds)
 
-    def load(self, saved: Saved, lane: int) -> RowBuffers | None:
+    def load(self, saved: Saved, lane: int) -> OpenRow | None:
         if not saved.held:
             return None
-        spans = saved.aux
+        bounds = saved.aux
         if not (
-            isinstance(spans, tuple)
-            and len(spans) == len(saved.held)
+            isinstance(bounds, tuple)
+            and len(bounds) == len(saved.held)
             and all(
                 isinstance(s, tuple)
                 and len(s) == 2
                 and all(is_int(x) for x in s)
                 and 0 <= s[0] < s[1]
-                for s in spans
+                for s in bounds
             )
         ):
             raise StateError(
-                f"the saved carry of {self.describe()} has spans {spans!r} for "
-                f"{len(saved.held)} held records; the state was altered"
+                f"lane {lane}: the saved carry of {self.describe()} has spans {bounds!r} for "
+                f"{len(saved.held)} held records; the state was altered or written by another "
+                "pipeline"
             )
-        rows = RowBuffers(saved.held[0].data, 1, self.seq_len)
-        for element, (start, stop) in zip(saved.held, saved.aux):
-            rows.place(0, element.data, start, stop, (element, start, stop), self._arange)
-        return rows
+        carry = OpenRow()
+        for element, (start, stop) in zip(saved.held, bounds):
+            carry.fields, arrays, _ = self.spec.record(element.data, element.lineage)
+            carry.add(arrays, start, stop, element)
+        return carry
 
     def remake(self, recipe, inputs):
-        rows = RowBuffers(inputs[0], 1, self.seq_len)
+        fields: tuple[str, ...] = ()
+        pieces: list = []
         for data, (start, stop) in zip(inputs, recipe):
-            rows.place(0, data, start, stop, None, self._arange)
-        return rows.emit(0)
+            fields, arrays, _ = self.spec.record(data, None)
+            pieces.append((arrays, start, stop))
+        return PackedRow(self.spec, fields, pieces)
 
     def trace(self, recipe, parents, start, stop):
         """A row is its pieces ``(record, start, stop)``, in order."""
@@ -106,9 +143,4 @@ class ConcatPackOperator(LineageOperator):
         return f"1 open row of {self.seq_len} (one pointer per record piece in it)"
 
     def describe(self) -> str:
-        return f"pack(seq_len={self.seq_len}, method='concat')"
-
-
-def _emit(carry: RowBuffers):
-    pieces = carry.segments[0]
-    return derive(carry.emit(0), [p[0] for p in pieces], tuple((p[1], p[2]) for p in pieces))
+        return f"pack(seq_len={self.seq_len}, method='concat'{self.spec.describe()})"

@@ -1,231 +1,193 @@
 """``pack``: bin packing of variable-length records into fixed-length rows.
 
 ``first_fit`` and ``best_fit`` keep ``num_bins`` open rows per lane. A record
-goes into the first (``first_fit``) or the tightest (``best_fit``) open row it
+goes into the lowest (``first_fit``) or the fullest (``best_fit``) open row it
 fits; when it fits none, the fullest row is emitted and the record starts a
-new one there. Records are never cut, so a record longer than ``seq_len``
-raises (put ``split(seq_len)`` before ``pack``).
+new one there. A row is emitted as soon as it is full or holds
+``max_segments`` records. Records are never cut, so a record longer than
+``seq_len`` raises (put ``split(seq_len)`` before ``pack``); empty records are
+dropped.
 
-Output follows Grain's packers: every 1-D field ``f`` becomes a row of
-``seq_len`` (zero padded) plus ``f_segment_ids`` (1-based, 0 = padding) and
-``f_positions`` (0-based within each segment), int32.
+Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
+records and the records' elements. Rows are assembled once, straight into the
+batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
+from typing import Any, Mapping
 
 import numpy as np
 
 from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Element, derive, root_position
+from zephon_jax.lineage import Element
 from zephon_jax.operators.base import LineageOperator, Saved
+from zephon_jax.operators.packing import PackedRow, PackSpec
 
 DEFAULT_NUM_BINS = 32
+METHODS = ("first_fit", "best_fit")
 _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
 
 
-def record_fields(data, seq_len: int, op: str) -> tuple[tuple[str, ...], int]:
-    """Validates a record for packing; returns its field names and length."""
-    if not isinstance(data, dict) or not data:
-        raise PipelineError(
-            f"{op} needs records that are dicts of 1-D arrays (e.g. {{'tokens': array}}); "
-            f"got {type(data).__name__}"
-        )
-    n = -1
-    for f, v in data.items():
-        if not isinstance(v, np.ndarray) or v.ndim != 1:
-            raise PipelineError(
-                f"{op} needs every field to be a 1-D numpy array; field {f!r} is "
-                f"{type(v).__name__} with shape {np.shape(v)}; drop or convert it with a map"
-            )
-        if n >= 0 and len(v) != n:
-            raise PipelineError(
-                f"{op} needs all fields of a record to have the same length; got {n} and "
-                f"{len(v)} (field {f!r}); pack fields of different lengths in separate pipelines"
-            )
-        n = len(v)
-    return tuple(data), n
+class Bins:
+    """The open rows of one lane: their pieces, elements, lineages, lengths and fills.
 
-
-def too_long(n: int, seq_len: int, op: str, lineage) -> PipelineError:
-    return PipelineError(
-        f"a record of {n} items (lane-local position {root_position(lineage)}) reached "
-        f"{op} with seq_len={seq_len}; records must fit a row: add .split({seq_len}) before "
-        f".pack(...), or raise seq_len"
-    )
-
-
-class RowBuffers:
-    """``rows`` zero-padded rows of ``seq_len`` per field, with segment ids and positions.
-
-    Each row is its own set of arrays: emitting a row hands them out and starts
-    fresh zero rows, so nothing is copied or cleared.
+    ``held[i]``, ``lineages[i]`` and ``lengths[i]`` are immutable tuples shared
+    with saved forms and outputs, so a save copies nothing that did not change.
     """
 
     __slots__ = (
         "fields",
-        "dtypes",
-        "seq_len",
-        "values",
-        "segment_ids",
-        "positions",
-        "used",
-        "used_array",
-        "segments",
-        "fill_order",
+        "pieces",
+        "held",
+        "lineages",
+        "lengths",
+        "fill",
+        "fill_array",
+        "order",
+        "saved",
     )
 
-    def __init__(self, data: dict, rows: int, seq_len: int):
-        self.fields = tuple(data)
-        self.dtypes = tuple(data[f].dtype for f in self.fields)
-        self.seq_len = seq_len
-        self.values: list[list[np.ndarray]] = []
-        self.segment_ids: list[np.ndarray] = []
-        self.positions: list[np.ndarray] = []
-        self.used = [0] * rows
-        self.used_array = np.zeros(rows, np.int64)  # the same, for vectorized bin choice
-        self.segments: list[list] = [[] for _ in range(rows)]
-        self.fill_order: list[tuple[int, int]] | None = None  # see BinPackOperator
-        for _ in range(rows):
-            self._new_row()
+    def __init__(self, num_bins: int):
+        self.fields: tuple[str, ...] | None = None
+        self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.held: list[tuple[Element, ...]] = [()] * num_bins
+        self.lineages: list[tuple] = [()] * num_bins
+        self.lengths: list[tuple[int, ...]] = [()] * num_bins
+        self.fill = [0] * num_bins
+        # The same fills, for a vectorized first-fit scan over many bins.
+        self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
+        self.order: list[tuple[int, int]] | None = None  # best_fit: sorted (fill, -bin)
+        self.saved: Saved | None = None  # the saved form, until a bin changes
 
-    def _new_row(self, i: int | None = None) -> None:
-        row = [np.zeros(self.seq_len, dtype) for dtype in self.dtypes]
-        segment_ids = np.zeros(self.seq_len, np.int32)
-        positions = np.zeros(self.seq_len, np.int32)
-        if i is None:
-            self.values.append(row)
-            self.segment_ids.append(segment_ids)
-            self.positions.append(positions)
-        else:
-            self.values[i], self.segment_ids[i], self.positions[i] = row, segment_ids, positions
-            self.used[i] = 0
-            self.used_array[i] = 0
-            self.segments[i] = []
+    def add(self, i: int, piece: tuple, element: Element, n: int) -> None:
+        self.pieces[i].append(piece)
+        self.held[i] = self.held[i] + (element,)
+        self.lineages[i] = self.lineages[i] + (element.lineage,)
+        self.lengths[i] = self.lengths[i] + (n,)
+        self.fill[i] += n
+        if self.fill_array is not None:
+            self.fill_array[i] = self.fill[i]
+        self.saved = None
 
-    def place(self, i: int, data: dict, start: int, stop: int, segment, arange: np.ndarray):
-        """Appends ``data[f][start:stop]`` for every field to row ``i``."""
-        off = self.used[i]
-        end = off + stop - start
-        for f, row in zip(self.fields, self.values[i]):
-            row[off:end] = data[f][start:stop]
-        segments = self.segments[i]
-        segments.append(segment)
-        self.segment_ids[i][off:end] = len(segments)
-        self.positions[i][off:end] = arange[: stop - start]
-        self.used[i] = end
-        self.used_array[i] = end
-
-    def emit(self, i: int) -> dict:
-        """Returns row ``i`` as a packed record and starts a fresh row in its place."""
-        out = {}
-        segment_ids, positions = self.segment_ids[i], self.positions[i]
-        for n, (f, row) in enumerate(zip(self.fields, self.values[i])):
-            out[f] = row
-            out[f + "_segment_ids"] = segment_ids if n == 0 else segment_ids.copy()
-            out[f + "_positions"] = positions if n == 0 else positions.copy()
-        self._new_row(i)
-        return out
+    def emit(self, i: int, spec: PackSpec) -> Element:
+        """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
+        row = PackedRow(spec, self.fields or (), self.pieces[i])
+        # What derive(row, held[i], lengths[i]) makes, without walking the bin again.
+        element = Element(row, (self.lineages[i], self.lengths[i]))
+        self.pieces[i] = []
+        self.held[i] = ()
+        self.lineages[i] = ()
+        self.lengths[i] = ()
+        self.fill[i] = 0
+        if self.fill_array is not None:
+            self.fill_array[i] = 0
+        self.saved = None
+        return element
 
 
 class BinPackOperator(LineageOperator):
     """First-fit or best-fit packing over ``num_bins`` open rows per lane.
 
-    Carry: at most ``num_bins`` open rows; saved as the records in them (one
-    pointer per record) and each bin's record count. A packed row is derived
-    from its records, with their lengths as the recipe.
+    Carry: at most ``num_bins`` open rows, each a list of pointers to the
+    records in it; saved as those records (one pointer each) and each bin's
+    record count. Memory per lane does not depend on ``seq_len`` x
+    ``num_bins``, only on the records the bins hold. A row is derived from its
+    records, with their lengths as recipe.
     """
 
     name = "pack"
     user_code = False
 
-    def __init__(self, seq_len: int, method: str = "best_fit", num_bins: int | None = None):
-        if method not in ("first_fit", "best_fit"):
-            raise PipelineError(f"unknown pack method {method!r}")
-        self.seq_len = positive_int(seq_len, "pack(seq_len)")
+    def __init__(
+        self,
+        seq_len: int,
+        method: str = "best_fit",
+        num_bins: int | None = None,
+        max_segments: int | None = None,
+        dtypes: Mapping[str, Any] | None = None,
+    ):
+        if method not in METHODS:
+            raise PipelineError(f"unknown pack method {method!r}; use one of {METHODS}")
         self.method = method
         self.num_bins = positive_int(
             DEFAULT_NUM_BINS if num_bins is None else num_bins, "pack(num_bins)"
         )
-        self.max_held = self.num_bins * self.seq_len
-        self._arange = np.arange(self.seq_len, dtype=np.int32)
+        self.spec = PackSpec(seq_len, f"pack(method={method!r})", dtypes, max_segments)
+        self.seq_len = self.spec.seq_len
+        self.max_held = self.num_bins * min(self.seq_len, self.spec.max_segments or self.seq_len)
 
-    def _new_bins(self, data) -> RowBuffers:
-        return RowBuffers(data, self.num_bins, self.seq_len)
-
-    def step(self, carry: RowBuffers | None, element):
-        data = element.data
-        fields, n = record_fields(data, self.seq_len, "pack")
-        if n > self.seq_len:
-            raise too_long(n, self.seq_len, f"pack(method={self.method!r})", element.lineage)
+    def step(self, carry: Bins | None, element: Element):
+        spec = self.spec
+        fields, arrays, n = spec.record(element.data, element.lineage)
+        if n > spec.seq_len:
+            raise spec.too_long(n, element.lineage)
         if n == 0:
             return carry, []
         if carry is None:
-            carry = self._new_bins(data)
+            carry = Bins(self.num_bins)
+        if carry.fields is None:
+            carry.fields = fields
         elif fields != carry.fields:
             raise PipelineError(
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
         out: list[Element] = []
+        room = spec.seq_len - n
         if self.method == "best_fit":
-            i = self._best_fit(carry, self.seq_len - n, out)
+            i = self._best_fit(carry, room)
         else:
-            i = self._first_fit(carry, self.seq_len - n)
-            if i < 0:
-                i = carry.used.index(max(carry.used))
-                out.append(self._emit(carry, i))
-        carry.place(i, data, 0, n, element, self._arange)
-        if carry.fill_order is not None:
-            bisect.insort(carry.fill_order, (carry.used[i], -i))
+            i = self._first_fit(carry, room)
+        if carry.fill[i] > room:  # fits no bin: the fullest one goes out
+            out.append(carry.emit(i, spec))
+        carry.add(i, (arrays, 0, n), element, n)
+        if carry.fill[i] == spec.seq_len or len(carry.pieces[i]) == spec.max_segments:
+            out.append(carry.emit(i, spec))
+        if carry.order is not None:
+            bisect.insort(carry.order, (carry.fill[i], -i))
         return carry, out
 
-    def _best_fit(self, carry: RowBuffers, room: int, out: list) -> int:
-        """Takes the fullest bin filled to at most ``room`` (else emits the fullest bin) out
-        of the fill order and returns its index; ties go to the lowest index."""
-        order = carry.fill_order
-        if order is None:  # kept sorted by (fill, -bin) from here on; rebuilt after restore
-            order = carry.fill_order = sorted((u, -i) for i, u in enumerate(carry.used))
+    def _best_fit(self, carry: Bins, room: int) -> int:
+        """Takes the fullest bin filled to at most ``room`` (else the fullest bin) out of
+        the fill order and returns its index; ties go to the lowest index."""
+        order = carry.order
+        if order is None:  # kept sorted from here on; rebuilt after a restore or flush
+            order = carry.order = sorted((u, -i) for i, u in enumerate(carry.fill))
         k = bisect.bisect_right(order, (room, 1)) - 1
-        i = -order.pop(k if k >= 0 else -1)[1]
-        if k < 0:
-            out.append(self._emit(carry, i))
-        return i
+        return -order.pop(k if k >= 0 else -1)[1]
 
-    @staticmethod
-    def _emit(carry: RowBuffers, i: int):
-        segments = carry.segments[i]
-        field = carry.fields[0]
-        return derive(carry.emit(i), segments, tuple([len(e.data[field]) for e in segments]))
+    def _first_fit(self, carry: Bins, room: int) -> int:
+        """The lowest bin filled to at most ``room``, else the (lowest) fullest bin."""
+        if carry.fill_array is None:
+            i = next((j for j, u in enumerate(carry.fill) if u <= room), -1)
+        else:
+            fits = carry.fill_array <= room
+            i = int(fits.argmax()) if fits.any() else -1
+        return i if i >= 0 else carry.fill.index(max(carry.fill))
 
-    def _first_fit(self, carry: RowBuffers, room: int) -> int:
-        """The lowest bin filled to at most ``room``, or -1."""
-        if self.num_bins <= _SCAN_IN_PYTHON:
-            return next((j for j, u in enumerate(carry.used) if u <= room), -1)
-        fits = carry.used_array <= room
-        return int(fits.argmax()) if fits.any() else -1
-
-    def flush(self, carry: RowBuffers | None):
+    def flush(self, carry: Bins | None):
         if carry is None:
             return carry, []
-        out = [self._emit(carry, i) for i, u in enumerate(carry.used) if u]
-        carry.fill_order = None
+        out = [carry.emit(i, self.spec) for i, u in enumerate(carry.fill) if u]
+        carry.order = None
         return carry, out
 
-    def save(self, carry: RowBuffers | None) -> Saved:
+    def save(self, carry: Bins | None) -> Saved:
         if carry is None:
             return Saved()
-        held = tuple(itertools.chain.from_iterable(carry.segments))
-        return Saved(held, tuple(map(len, carry.segments)))
+        if carry.saved is None:
+            held = tuple(e for bin_ in carry.held for e in bin_)
+            carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
+        return carry.saved
 
-    def load(self, saved: Saved, lane: int) -> RowBuffers | None:
-        if saved.aux is None:
-            return None
+    def load(self, saved: Saved, lane: int) -> Bins | None:
         counts = saved.aux
+        if counts is None:
+            return None
         if not (
             isinstance(counts, tuple)
             and len(counts) == self.num_bins
@@ -233,43 +195,46 @@ class BinPackOperator(LineageOperator):
             and sum(counts) == len(saved.held)
         ):
             raise StateError(
-                f"the saved carry of {self.describe()} counts {counts!r} records per row for "
-                f"{len(saved.held)} held records; the state was altered"
+                f"lane {lane}: the saved carry of {self.describe()} counts {counts!r} records "
+                f"per row for {len(saved.held)} held records; the state was altered or written "
+                "by another pipeline"
             )
-        carry = None
+        carry = Bins(self.num_bins)
         held = iter(saved.held)
-        for i, count in enumerate(saved.aux):
+        for i, count in enumerate(counts):
             for _ in range(count):
                 element = next(held)
-                data = element.data
-                if carry is None:
-                    carry = self._new_bins(data)
-                n = record_fields(data, self.seq_len, "pack")[1]
-                carry.place(i, data, 0, n, element, self._arange)
+                fields, arrays, n = self.spec.record(element.data, element.lineage)
+                if carry.fields is None:
+                    carry.fields = fields
+                carry.add(i, (arrays, 0, n), element, n)
+        carry.saved = saved
         return carry
 
     def remake(self, recipe, inputs):
-        rows = None
+        fields: tuple[str, ...] = ()
+        pieces: list = []
         for data, length in zip(inputs, recipe):
-            if rows is None:
-                rows = RowBuffers(data, 1, self.seq_len)
-            n = record_fields(data, self.seq_len, "pack")[1]
+            fields, arrays, n = self.spec.record(data, None)
             if n != length:
                 raise StateError(
                     f"a record packed with {length} items now has {n}; the sources or the "
                     "functions before pack changed since the state was taken"
                 )
-            rows.place(0, data, 0, n, None, self._arange)
-        if rows is None:
+            pieces.append((arrays, 0, n))
+        if not pieces:
             raise StateError("the state holds a packed row made of no records; it was altered")
-        return rows.emit(0)
+        return PackedRow(self.spec, fields, pieces)
 
     def trace(self, recipe, parents, start, stop):
         """A row is its records, whole, in segment order."""
         return [(parent, 0, n, None) for parent, n in zip(parents, recipe)]
 
     def carry_bound(self) -> str:
-        return f"{self.num_bins} open rows of {self.seq_len} (one pointer per record in them)"
+        return f"{self.num_bins} open rows of {self.seq_len} (held as pointers, one per record)"
 
     def describe(self) -> str:
-        return f"pack(seq_len={self.seq_len}, method={self.method!r}, num_bins={self.num_bins})"
+        return (
+            f"pack(seq_len={self.seq_len}, method={self.method!r}, num_bins={self.num_bins}"
+            f"{self.spec.describe()})"
+        )

@@ -15,6 +15,7 @@ from zephon_jax import codec
 from zephon_jax.errors import PipelineError
 from zephon_jax.lineage import Element, Opaque
 from zephon_jax.operators.base import LineageOperator, Saved
+from zephon_jax.operators.packing import plain
 
 
 class UserOperator(LineageOperator):
@@ -46,7 +47,7 @@ class UserOperator(LineageOperator):
         return [Element(out, Opaque(out)) for out in outputs]
 
     def step(self, carry, element):
-        result = self.op.step(carry, element.data)
+        result = self.op.step(carry, plain(element.data))
         if not (isinstance(result, tuple) and len(result) == 2):
             raise PipelineError(
                 f"{self.op_name}.step must return (carry, list_of_records); got "

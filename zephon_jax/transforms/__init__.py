@@ -7,6 +7,7 @@ from typing import Any
 
 from zephon_jax.checks import TransformFailed
 from zephon_jax.errors import ZephonError
+from zephon_jax.operators.packing import plain
 from zephon_jax.transforms.filter import FilterTransform
 from zephon_jax.transforms.map import MapTransform
 from zephon_jax.transforms.random_map import RandomMapTransform
@@ -146,8 +147,10 @@ def apply_transforms(transforms, data, lane: int, stage: int, lineage):
     """Applies per-record transforms in order; returns ``DROP`` if a filter drops it.
 
     A transform that raises is reported as ``TransformFailed`` naming it, with
-    the original exception chained.
+    the original exception chained. Packed rows reach user functions as plain dicts.
     """
+    if transforms:
+        data = plain(data)
     for transform in transforms:
         try:
             data = transform.apply(data, (lane, stage, lineage))

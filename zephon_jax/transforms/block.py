@@ -4,7 +4,7 @@ A lane reads records in blocks. :func:`apply_transforms_block` runs the
 transforms one at a time over a block: a transform with an
 ``apply_batch(records, rng_keys)`` method gets all the records still kept in
 one call (``tokenize`` encodes a block of texts at once); the others get them
-one by one through ``apply``. The contract of ``apply_batch`` is that it
+one by one through ``apply``. Packed rows reach them as plain dicts. The contract of ``apply_batch`` is that it
 returns exactly ``[apply(r, k) for r, k in zip(records, rng_keys)]``, so
 batching changes speed, never outputs.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from zephon_jax.errors import PipelineError, ZephonError
+from zephon_jax.operators.packing import plain
 from zephon_jax.transforms.filter import FilterTransform
 
 DROP = FilterTransform.DROP
@@ -38,7 +39,7 @@ def apply_transforms_block(
     If a batched call fails, the block is redone record by record, so that the
     ``BlockFailed`` raised names the failing record.
     """
-    datas = list(datas)
+    datas = [plain(data) for data in datas] if transforms else list(datas)
     alive = list(range(len(datas)))
     for transform in transforms:
         batch = getattr(transform, "apply_batch", None)

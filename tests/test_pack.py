@@ -1,0 +1,292 @@
+"""pack and its packing core: pointer bins, output dtypes, name collisions, empty records,
+max_segments, extra 1-D fields packed with their tokens; unit tests per operator and E2
+(exact bytes of whole global batches) across process counts and resumes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pipelines import assert_batches_equal, make_docs, resume_across, run_topology, take
+
+import zephon_jax as zj
+from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import Element
+from zephon_jax.operators import BinPackOperator, ConcatPackOperator
+from zephon_jax.operators.base import Saved
+from zephon_jax.operators.packing import PackedRow, assemble_rows
+
+# ----- unit tests: one operator at a time ----------------------------------------------
+
+
+def _records(lengths, seed=0, dtype=np.int32):
+    rng = np.random.default_rng(seed)
+    return {i: {"tokens": rng.integers(1, 100, n).astype(dtype)} for i, n in enumerate(lengths)}
+
+
+def _run(op, records):
+    carry, rows = op.init(0), []
+    for i, data in records.items():
+        carry, out = op.step(carry, Element(data, i))
+        rows += out
+    return carry, rows
+
+
+def _as_dict(row):
+    return {k: np.asarray(v) for k, v in dict(row).items()}
+
+
+OPERATORS = {
+    "first_fit": lambda **kw: BinPackOperator(16, "first_fit", num_bins=3, **kw),
+    "best_fit": lambda **kw: BinPackOperator(16, "best_fit", num_bins=3, **kw),
+    "concat": lambda **kw: ConcatPackOperator(16, **kw),
+}
+
+
+@pytest.mark.parametrize("method", sorted(OPERATORS))
+def test_operator_step_flush_and_carry_round_trip(method):
+    records = _records([5, 9, 3, 16, 7, 2, 11, 4, 6, 8, 1, 13])
+    op = OPERATORS[method]()
+    carry, rows = _run(op, records)
+    assert rows and all(isinstance(e.data, PackedRow) for e in rows)
+    # The saved form is the records held (pointers) and plain bookkeeping; it is cached
+    # while nothing changes, and a carry loaded from it flushes the same rows.
+    saved = op.save(carry)
+    assert op.save(carry).held is saved.held  # nothing copied while nothing changes
+    assert all(isinstance(e, Element) for e in saved.held)
+    restored = op.load(Saved(tuple(Element(e.data, e.lineage) for e in saved.held), saved.aux), 0)
+    assert [e.lineage for e in op.save(restored).held] == [e.lineage for e in saved.held]
+    _, left = op.flush(carry)
+    _, left_restored = op.flush(restored)
+    assert [e.lineage for e in left] == [e.lineage for e in left_restored]
+    for a, b in zip(left, left_restored):
+        for k, v in _as_dict(a.data).items():
+            assert v.tobytes() == _as_dict(b.data)[k].tobytes()
+    # Every output is remade from its records alone, byte for byte.
+    all_rows = rows + left
+    for element in all_rows:
+        parents, recipe = element.lineage
+        again = op.remake(recipe, [records[p] for p in parents])
+        for k, v in _as_dict(element.data).items():
+            assert v.tobytes() == _as_dict(again)[k].tobytes()
+    # Every token lands exactly once.
+    tokens = np.concatenate([_as_dict(e.data)["tokens"] for e in all_rows])
+    real = np.concatenate([_as_dict(e.data)["tokens_segment_ids"] for e in all_rows]) > 0
+    expected = sorted(np.concatenate([r["tokens"] for r in records.values()]).tolist())
+    assert sorted(tokens[real].tolist()) == expected
+
+
+def _bins(carry):
+    return tuple(carry.lineages)
+
+
+def test_open_bins_hold_pointers_to_the_records_not_copies():
+    records = _records([5, 4, 3])
+    op = BinPackOperator(2048, "best_fit", num_bins=4)
+    carry, rows = _run(op, records)
+    assert not rows
+    held = [arrays[0] for bin_ in carry.pieces for arrays, _, _ in bin_]
+    assert all(any(a is r["tokens"] for r in records.values()) for a in held)
+    assert _bins(carry) == ((0, 1, 2), (), (), ())
+
+
+def test_best_fit_and_first_fit_choose_their_bins():
+    records = _records([10, 12, 5, 6])
+    best, first = OPERATORS["best_fit"](), OPERATORS["first_fit"]()
+    # 10 -> bin 0 and 12 -> bin 1 in both; 5 fits only bin 0; 6 fits no used bin: bin 2.
+    best_carry, _ = _run(best, records)
+    first_carry, _ = _run(first, records)
+    assert _bins(best_carry) == ((0, 2), (1,), (3,))
+    assert _bins(first_carry) == ((0, 2), (1,), (3,))
+    records = _records([9, 11, 4])
+    best_carry, _ = _run(best, records)  # 4 fits bins 0 (room 7) and 1 (room 5): best = 1
+    first_carry, _ = _run(first, records)  # first = 0
+    assert _bins(best_carry) == ((0,), (1, 2), ())
+    assert _bins(first_carry) == ((0, 2), (1,), ())
+
+
+def test_full_rows_and_rows_at_max_segments_are_emitted_at_once():
+    op = BinPackOperator(16, "best_fit", num_bins=3, max_segments=2)
+    carry, rows = _run(op, _records([16, 3, 4, 2]))
+    assert [e.lineage for e in rows] == [((0,), (16,)), ((1, 2), (3, 4))]
+    assert _bins(carry) == ((3,), (), ())
+
+
+def test_assembled_batch_matches_rows_read_one_by_one():
+    records = _records([5, 9, 3, 16, 7, 2, 11, 4, 6, 8, 1, 13, 15, 2], seed=3)
+    op = OPERATORS["best_fit"]()
+    carry, rows = _run(op, records)
+    _, left = op.flush(carry)
+    rows = [e.data for e in rows + left]
+    batch = assemble_rows(rows)
+    for r, row in enumerate(rows):
+        fresh = PackedRow(row.spec, row.fields, row.pieces)
+        assert set(fresh) == set(batch)
+        for k in batch:
+            assert batch[k].shape == (len(rows), 16) and batch[k].dtype == np.int32
+            assert fresh[k].tobytes() == batch[k][r].tobytes()
+
+
+# ----- dtypes: a function of the pipeline definition, and no silent loss -------------
+
+
+def test_later_records_keep_their_values_whatever_the_first_dtype():
+    docs = [{"tokens": np.array([1, 2, 3], np.uint8)}, {"tokens": np.array([1000, 70000])}]
+    for method in ("first_fit", "best_fit", "concat"):
+        ds = zj.Dataset.source(docs).repeat(1).pack(8, method=method).batch(1)
+        (batch,) = list(zj.Loader(ds))
+        assert batch["tokens"].dtype == np.int32
+        assert batch["tokens"][0].tolist() == [1, 2, 3, 1000, 70000, 0, 0, 0]
+
+
+def test_values_the_packed_dtype_cannot_hold_raise_naming_the_field_and_the_fix():
+    big = [{"tokens": np.array([1, 2**40])}]
+    ds = zj.Dataset.source(big).repeat(1).pack(4).batch(1)
+    with pytest.raises(PipelineError, match=r"'tokens'.*1099511627776.*dtypes="):
+        list(zj.Loader(ds))
+    frac = [{"tokens": np.array([1, 2]), "weight": np.array([0.5, 1.0])}]
+    ds = zj.Dataset.source(frac).repeat(1).pack(4).batch(1)
+    with pytest.raises(PipelineError, match=r"'weight'.*0.5.*float32"):
+        list(zj.Loader(ds))
+    ds = zj.Dataset.source(frac).repeat(1).pack(4, dtypes={"weight": np.float32}).batch(1)
+    (batch,) = list(zj.Loader(ds))
+    assert batch["weight"].dtype == np.float32 and batch["tokens"].dtype == np.int32
+    assert batch["weight"][0].tolist() == [0.5, 1.0, 0.0, 0.0]
+    with pytest.raises(PipelineError, match="'wieght'"):
+        list(zj.Loader(zj.Dataset.source(frac).repeat(1).pack(4, dtypes={"wieght": "f4"}).batch(1)))
+    with pytest.raises(PipelineError, match="integer or float"):
+        zj.Dataset.source(frac).pack(4, dtypes={"weight": str})
+
+
+def _mixed_dtype_pipeline():
+    a = [{"tokens": d["tokens"].astype(np.uint8) + 1} for d in make_docs(80, 30, seed=1, vocab=200)]
+    b = [{"tokens": d["tokens"] + 1000} for d in make_docs(80, 30, seed=2)]
+    mix = zj.Dataset.mix([zj.Dataset.source(a), zj.Dataset.source(b)], [0.5, 0.5]).shuffle(3)
+    return mix.pack(32, method="first_fit", num_bins=3).batch(8)
+
+
+def test_mixed_dtype_sources_give_identical_int32_rows_on_every_topology_and_resume():
+    ds = _mixed_dtype_pipeline()
+    expected = take(iter(zj.Loader(ds)), 12)
+    assert all(b["tokens"].dtype == np.int32 for b in expected)
+    assert max(int(b["tokens"].max()) for b in expected) > 1000  # large values kept
+    assert_batches_equal(run_topology(ds, 4, 12), expected)
+    assert_batches_equal(resume_across(ds, 12, 5, save_procs=2, restore_procs=8), expected[5:])
+
+
+# ----- field names, empty records ----------------------------------------------------
+
+
+def test_packing_packed_rows_or_records_with_segment_ids_raises():
+    docs = make_docs(20, 6, seed=1)
+    with pytest.raises(PipelineError, match="tokens_segment_ids"):
+        list(zj.Loader(zj.Dataset.source(docs).repeat(1).pack(8).pack(16).batch(1)))
+    own = [{"tokens": d["tokens"], "tokens_positions": d["tokens"]} for d in docs]
+    for method in ("best_fit", "concat"):
+        with pytest.raises(PipelineError, match="tokens_positions"):
+            list(zj.Loader(zj.Dataset.source(own).repeat(1).pack(8, method=method).batch(1)))
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit", "concat"])
+def test_empty_records_are_dropped_by_pack(method):
+    docs = make_docs(60, 12, seed=5)
+    with_empty = [d if i % 3 else {"tokens": d["tokens"][:0]} for i, d in enumerate(docs)]
+    ds = zj.Dataset.source(with_empty).shuffle(1).pack(16, method=method)
+    filtered = zj.Dataset.source(with_empty).shuffle(1).filter(lambda r: len(r["tokens"]) > 0)
+    expected = take(iter(zj.Loader(filtered.pack(16, method=method).batch(4))), 10)
+    assert_batches_equal(take(iter(zj.Loader(ds.batch(4))), 10), expected)
+
+
+# ----- max_segments and extra fields ---------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit", "concat"])
+def test_no_row_holds_more_than_max_segments(method):
+    docs = make_docs(200, 10, seed=2)
+    src = zj.Dataset.source(docs).shuffle(4)
+    free = take(iter(zj.Loader(src.pack(64, method=method).batch(4))), 15)
+    capped = take(iter(zj.Loader(src.pack(64, method=method, max_segments=3).batch(4))), 15)
+    assert max(int(b["tokens_segment_ids"].max()) for b in free) > 3  # the cap binds
+    assert max(int(b["tokens_segment_ids"].max()) for b in capped) == 3
+    with pytest.raises(PipelineError, match="max_segments"):
+        src.pack(64, method=method, max_segments=0)
+
+
+def _with_loss_mask(docs):
+    return [{"tokens": d["tokens"], "loss_mask": (d["tokens"] % 2).astype(np.int32)} for d in docs]
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit", "concat"])
+def test_every_1d_field_is_cut_and_packed_with_its_tokens(method):
+    docs = _with_loss_mask(make_docs(120, 70, seed=8))
+    ds = zj.Dataset.source(docs).shuffle(2).split(24).pack(24, method=method, num_bins=None)
+    batches = take(iter(zj.Loader(ds.batch(4))), 20)
+    for b in batches:
+        assert list(b) == [
+            "tokens",
+            "tokens_segment_ids",
+            "tokens_positions",
+            "loss_mask",
+            "loss_mask_segment_ids",
+            "loss_mask_positions",
+        ]
+        real = b["tokens_segment_ids"] > 0
+        np.testing.assert_array_equal(b["loss_mask"], np.where(real, b["tokens"] % 2, 0))
+        np.testing.assert_array_equal(b["loss_mask_segment_ids"], b["tokens_segment_ids"])
+        np.testing.assert_array_equal(b["loss_mask_positions"], b["tokens_positions"])
+        assert b["loss_mask_segment_ids"] is not b["tokens_segment_ids"]
+
+
+# ----- E2 through the new options ------------------------------------------------------
+
+
+def _options_pipelines():
+    docs = _with_loss_mask(make_docs(300, 90, seed=4))
+    src = zj.Dataset.source(docs).shuffle(11).split(40)
+    return {
+        "best_fit_max_segments": src.pack(40, max_segments=2, num_bins=5).batch(8),
+        "first_fit_many_bins": src.pack(40, method="first_fit", num_bins=80).batch(8, 4),
+        "concat_max_segments": src.pack(40, method="concat", max_segments=3).batch(8),
+        "pack_then_map": src.pack(40, num_bins=4)
+        .map(lambda r: {**r, "x": r["tokens"] * 2})
+        .window_shuffle(3, seed=1)
+        .batch(8),
+    }
+
+
+@pytest.fixture(scope="module", params=sorted(_options_pipelines()))
+def option_case(request):
+    ds = _options_pipelines()[request.param]
+    return ds, take(iter(zj.Loader(ds)), 16)
+
+
+def test_pack_options_are_identical_across_process_counts(option_case):
+    ds, expected = option_case
+    assert_batches_equal(run_topology(ds, 4, 16), expected)
+
+
+def test_pack_options_resume_on_another_topology(option_case):
+    ds, expected = option_case
+    assert_batches_equal(resume_across(ds, 16, 6, save_procs=2, restore_procs=8), expected[6:])
+
+
+def test_maps_after_pack_get_plain_dicts():
+    seen = []
+
+    def look(row):
+        seen.append(type(row))
+        return row
+
+    ds = zj.Dataset.source(make_docs(20, 6, seed=1)).pack(8).map(look).batch(2)
+    next(iter(zj.Loader(ds)))
+    assert seen and all(t is dict for t in seen)
+
+
+def test_lane_state_is_pointers_within_two_kib_at_seq_len_2048():
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(1, rng.lognormal(np.log(600) - 0.5, 1.0, 600).astype(int))
+    docs = [{"tokens": np.ones(n, np.int32)} for n in lengths]
+    ds = zj.Dataset.source(docs).shuffle(0).split(2048).pack(2048).batch(4)
+    it = iter(zj.Loader(ds))
+    take(it, 30)
+    sizes = [len(v) for v in it.get_state()["lanes"].values()]
+    assert max(sizes) <= 2048

@@ -1,0 +1,330 @@
+"""The packing core shared by ``pack(method=...)``: pointer rows, output dtypes, assembly.
+
+A packed row is a :class:`PackedRow`: a cheap description, the ``(arrays,
+start, stop)`` pieces of the records it holds. Nothing is copied while rows
+are open. Rows are assembled once, straight into the output arrays, by
+:func:`assemble_rows`: one ``np.concatenate`` per field over the pieces of every
+row of a batch (with slices of a zero row as padding), and one ``np.repeat``
+each for segment ids and positions. A row read on its own (by a map after
+``pack``, say) is assembled the same way as a batch of one.
+
+Output fields follow Grain's packers: every 1-D field ``f`` gives ``f`` (zero
+padded), ``f_segment_ids`` (1-based, 0 = padding) and ``f_positions`` (0-based
+within each piece, 0 on padding); segment ids and positions are int32.
+
+Output dtypes are a function of the pipeline definition alone, never of the
+records a row happens to hold: a field is int32 unless ``dtypes`` names
+another dtype for it. A value the output dtype cannot hold exactly (an int64
+above 2**31, a fractional float in an int32 field) raises a
+:class:`~zephon_jax.errors.PipelineError` naming the field and the fix; a float
+field declared float32 rounds float64 values to float32 (finite values that
+overflow it raise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from zephon_jax.errors import PipelineError
+from zephon_jax.lineage import root_position
+
+DEFAULT_DTYPE = np.dtype(np.int32)
+SEGMENT_IDS = "_segment_ids"
+POSITIONS = "_positions"
+
+Piece = tuple  # (arrays: tuple[np.ndarray, ...], start: int, stop: int)
+
+
+class PackSpec:
+    """What every row of one ``pack`` shares: row length, output dtypes, the name for errors."""
+
+    __slots__ = ("seq_len", "op", "dtypes", "max_segments", "_zeros", "_checked")
+
+    def __init__(
+        self,
+        seq_len: int,
+        op: str,
+        dtypes: Mapping[str, Any] | None = None,
+        max_segments: int | None = None,
+    ):
+        self.seq_len = check_positive(seq_len, "pack(seq_len)")
+        self.op = op
+        self.max_segments = (
+            None if max_segments is None else check_positive(max_segments, "pack(max_segments)")
+        )
+        self.dtypes = _check_dtypes(dtypes)
+        self._zeros: dict[np.dtype, np.ndarray] = {}
+        self._checked: set[tuple] = set()
+
+    def dtype(self, field: str) -> np.dtype:
+        return self.dtypes.get(field, DEFAULT_DTYPE)
+
+    def zeros(self, dtype: np.dtype) -> np.ndarray:
+        zeros = self._zeros.get(dtype)
+        if zeros is None:
+            zeros = self._zeros[dtype] = np.zeros(self.seq_len, dtype)
+        return zeros
+
+    def same_rows(self, other: PackSpec) -> bool:
+        """Whether rows of both specs batch together (same length and output dtypes)."""
+        return self.seq_len == other.seq_len and self.dtypes == other.dtypes
+
+    def describe(self) -> str:
+        """The parameters beyond ``seq_len`` and ``method``, for ``describe()``."""
+        text = ""
+        if self.max_segments is not None:
+            text += f", max_segments={self.max_segments}"
+        if self.dtypes:
+            text += ", dtypes={" + ", ".join(f"{f!r}: {d.name}" for f, d in self.dtypes.items())
+            text += "}"
+        return text
+
+    def record(self, data: Any, lineage: Any) -> tuple[tuple[str, ...], tuple, int]:
+        """Validates one record; returns its field names, arrays and length."""
+        if type(data) is dict and len(data) == 1:  # the common case, checked quickly
+            ((f, v),) = data.items()
+            if type(v) is np.ndarray and v.ndim == 1:
+                fields = (f,)
+                if fields not in self._checked:
+                    self._check_names(fields)
+                return fields, (v,), len(v)
+        if not isinstance(data, Mapping) or not data:
+            raise PipelineError(
+                f"{self.op} needs records that are dicts of 1-D arrays (e.g. {{'tokens': "
+                f"array}}); got {type(data).__name__}"
+            )
+        fields = tuple(data)
+        arrays = tuple(data.values())
+        n = -1
+        for f, v in zip(fields, arrays):
+            if not isinstance(v, np.ndarray) or v.ndim != 1:
+                raise PipelineError(
+                    f"{self.op} needs every field to be a 1-D numpy array; field {f!r} is "
+                    f"{type(v).__name__} with shape {np.shape(v)}; drop or convert it with a map"
+                )
+            if n >= 0 and len(v) != n:
+                raise PipelineError(
+                    f"{self.op} needs all fields of a record to have the same length; got {n} "
+                    f"and {len(v)} (field {f!r}); pack fields of different lengths in separate "
+                    "pipelines"
+                )
+            n = len(v)
+        if fields not in self._checked:
+            self._check_names(fields)
+        return fields, arrays, n
+
+    def _check_names(self, fields: tuple[str, ...]) -> None:
+        taken = set(fields)
+        for f in fields:
+            for suffix in (SEGMENT_IDS, POSITIONS):
+                if f + suffix in taken:
+                    raise PipelineError(
+                        f"{self.op} would write field {f + suffix!r}, which the records already "
+                        f"have (fields {list(fields)}): packing packed rows again, or a record "
+                        "with its own segment ids, would overwrite them. Pack once, or rename "
+                        "or drop the field with a map first"
+                    )
+        unknown = set(self.dtypes) - taken
+        if unknown:
+            raise PipelineError(
+                f"{self.op} got dtypes for fields {sorted(unknown)} that the records (fields "
+                f"{list(fields)}) do not have; fix the names in dtypes="
+            )
+        self._checked.add(fields)
+
+    def too_long(self, n: int, lineage: Any) -> PipelineError:
+        return PipelineError(
+            f"a record of {n} items (lane-local position {root_position(lineage)}) reached "
+            f"{self.op} with seq_len={self.seq_len}; records must fit a row: add "
+            f".split({self.seq_len}) before .pack(...), or raise seq_len"
+        )
+
+
+def check_positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise PipelineError(f"{what} needs a positive int; got {value!r}")
+    return int(value)
+
+
+def _check_dtypes(dtypes: Mapping[str, Any] | None) -> dict[str, np.dtype]:
+    if dtypes is None:
+        return {}
+    if not isinstance(dtypes, Mapping):
+        raise PipelineError(
+            f"pack(dtypes=) needs a dict from field name to numpy dtype; got "
+            f"{type(dtypes).__name__}"
+        )
+    out = {}
+    for field, dtype in dtypes.items():
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise PipelineError(f"pack(dtypes=): {dtype!r} for {field!r} is not a dtype") from e
+        if dtype.kind not in "iuf":
+            raise PipelineError(
+                f"pack(dtypes=): {field!r} has dtype {dtype}; packed fields must be integer or "
+                "float numbers"
+            )
+        out[str(field)] = dtype
+    return out
+
+
+class PackedRow(Mapping):
+    """One packed row, held as pointers to the record pieces in it until it is assembled.
+
+    Reads like a read-only dict of the output fields (assembled on first access);
+    :func:`assemble_rows` builds a whole batch of them straight into the batch arrays.
+    """
+
+    __slots__ = ("spec", "fields", "pieces", "_data")
+
+    def __init__(self, spec: PackSpec, fields: tuple[str, ...], pieces: Sequence[Piece]):
+        self.spec = spec
+        self.fields = fields
+        self.pieces = tuple(pieces)
+        self._data: dict[str, np.ndarray] | None = None
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        """The assembled row (computed once)."""
+        if self._data is None:
+            batch = assemble_rows([self])
+            self._data = {k: v[0] for k, v in batch.items()}
+        return self._data
+
+    def keys(self):  # noqa: D102 - output names, without assembling
+        return output_names(self.fields)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(output_names(self.fields))
+
+    def __len__(self) -> int:
+        return 3 * len(self.fields)
+
+    def __repr__(self) -> str:
+        used = sum(stop - start for _, start, stop in self.pieces)
+        return f"PackedRow({len(self.pieces)} pieces, {used}/{self.spec.seq_len} items)"
+
+
+def output_names(fields: Sequence[str]) -> list[str]:
+    return [name for f in fields for name in (f, f + SEGMENT_IDS, f + POSITIONS)]
+
+
+def plain(data: Any) -> Any:
+    """``data`` as user code expects it: a packed row becomes a plain dict."""
+    return dict(data.to_dict()) if isinstance(data, PackedRow) else data
+
+
+def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
+    """The rows as one batch: a ``(len(rows), seq_len)`` array per output field."""
+    spec, fields = rows[0].spec, rows[0].fields
+    seq_len = spec.seq_len
+    for row in rows:
+        if row.fields != fields or (row.spec is not spec and not row.spec.same_rows(spec)):
+            _raise_mixed(rows)
+    out_dtypes = [spec.dtype(f) for f in fields]
+    zeros = [spec.zeros(d) for d in out_dtypes]
+    parts: list[list[np.ndarray]] = [[] for _ in fields]
+    lengths: list[int] = []  # of every piece, padding included
+    segments: list[int] = []  # segment id of every piece (0: padding)
+    single = len(fields) == 1
+    values0 = parts[0]
+    for row in rows:
+        used = 0
+        for k, (arrays, start, stop) in enumerate(row.pieces, 1):
+            if single:
+                values0.append(arrays[0][start:stop])
+            else:
+                for values, array in zip(parts, arrays):
+                    values.append(array[start:stop])
+            lengths.append(stop - start)
+            segments.append(k)
+            used += stop - start
+        if used < seq_len:
+            for values, zero in zip(parts, zeros):
+                values.append(zero[: seq_len - used])
+            lengths.append(seq_len - used)
+            segments.append(0)
+    shape = (len(rows), seq_len)
+    count = np.asarray(lengths, np.intp)
+    segment = np.asarray(segments, np.int32)
+    segment_ids = np.repeat(segment, count).reshape(shape)
+    positions = _positions(segment, count).reshape(shape)
+    batch = {}
+    for n, (f, values, dtype) in enumerate(zip(fields, parts, out_dtypes)):
+        batch[f] = _concatenate(values, dtype, f, spec).reshape(shape)
+        batch[f + SEGMENT_IDS] = segment_ids if n == 0 else segment_ids.copy()
+        batch[f + POSITIONS] = positions if n == 0 else positions.copy()
+    return batch
+
+
+def _positions(segment: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """0, 1, ... within every piece and 0 on padding, as one cumulative sum.
+
+    The increments are 1 inside pieces and 0 inside padding; at the start of
+    each piece they take the running sum back to 1 (so that sum - 1 is 0).
+    """
+    real = (segment != 0).astype(np.int32)
+    steps = np.repeat(real, count)
+    starts = np.cumsum(count) - count
+    end = np.where(real == 1, count, 1)  # running sum at the end of each piece
+    reset = np.ones(len(count), np.int64)
+    reset[1:] -= end[:-1]
+    steps[starts] = reset
+    np.cumsum(steps, out=steps)
+    steps -= 1
+    return steps
+
+
+def _concatenate(values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec):
+    """``np.concatenate(values)`` as ``dtype``, raising where a value would change."""
+    sources = {v.dtype for v in values}
+    if sources == {dtype}:
+        return np.concatenate(values)
+    out = np.concatenate(values, dtype=dtype, casting="unsafe")
+    unsafe = sources - {dtype}
+    unsafe = {d for d in unsafe if not np.can_cast(d, dtype, "safe")}
+    for source in unsafe:
+        _check_cast(np.concatenate([v for v in values if v.dtype == source]), dtype, field, spec)
+    return out
+
+
+def _check_cast(values: np.ndarray, dtype: np.dtype, field: str, spec: PackSpec) -> None:
+    if values.dtype.kind not in "biuf":
+        raise PipelineError(
+            f"{spec.op}: field {field!r} has dtype {values.dtype}; packed fields must be "
+            "numbers: convert it with a map or drop it"
+        )
+    with np.errstate(all="ignore"):
+        cast = values.astype(dtype)
+        if dtype.kind == "f" and values.dtype.kind == "f":
+            bad = np.isinf(cast) & ~np.isinf(values)  # rounding is allowed, overflow is not
+        else:
+            bad = cast.astype(values.dtype) != values
+            if values.dtype.kind == "f":
+                bad |= np.isnan(values)
+    if bad.any():
+        value = values[np.flatnonzero(bad)[0]]
+        raise PipelineError(
+            f"{spec.op}: field {field!r} holds {value!r} ({values.dtype}), which its packed dtype "
+            f"{dtype} cannot hold exactly. Packed fields are int32 unless pack(dtypes=...) says "
+            f"otherwise: pass dtypes={{{field!r}: np.{_wide(values.dtype)}}} (or convert the "
+            "field with a map)"
+        )
+
+
+def _wide(dtype: np.dtype) -> str:
+    return "float32" if dtype.kind == "f" else "int64"
+
+
+def _raise_mixed(rows: Sequence[PackedRow]) -> None:
+    kinds = sorted({(row.fields, row.spec.op, row.spec.seq_len) for row in rows}, key=str)
+    raise PipelineError(
+        f"rows of one batch come from different packers or have different fields: {kinds[:3]}; "
+        "every row of a batch must come from the same pack(...) and carry the same fields"
+    )
