@@ -112,8 +112,8 @@ QUICKSTART = [
 
         import zephon_jax as zj
         import zephon_jax.checkpoint
-        from zephon_jax.corpus import builtin_corpus
-        from zephon_jax.tokenizers import byte_detokenize
+        from zephon_jax.tools.corpus import builtin_corpus
+        from zephon_jax.tools.tokenizers import byte_detokenize
 
         print(jax.devices())
         """,
@@ -331,7 +331,7 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         import zephon_jax as zj
-        from zephon_jax.corpus import builtin_corpus
+        from zephon_jax.tools.corpus import builtin_corpus
 
         print(len(jax.devices()), "devices")
         # The standard library's sources, byte-level tokens; prepared on first use, with progress.
@@ -755,8 +755,8 @@ PACKING = [
         import numpy as np
 
         import zephon_jax as zj
-        from zephon_jax.corpus import builtin_sources
-        from zephon_jax.tokenizers import BYTE_OFFSET
+        from zephon_jax.tools.corpus import builtin_sources
+        from zephon_jax.tools.tokenizers import BYTE_OFFSET
 
         # {"library": TokenStore, "tests": TokenStore}; prepared on first use, with progress.
         sources = builtin_sources(stream=sys.stdout)
@@ -1079,7 +1079,7 @@ SEQ_LEN = 128
         from transformers import PreTrainedTokenizerFast
 
         import zephon_jax as zj
-        from zephon_jax.corpus import stdlib_files
+        from zephon_jax.tools.corpus import stdlib_files
 
         print(len(jax.devices()), "devices")
         """,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from zephon_jax.cli import build_parser, main
+from zephon_jax.tools.cli import build_parser, main
 
 PIPELINES = '''
 import itertools
@@ -153,7 +153,7 @@ def test_prepare_command(tmp_path, capsys):
 
 
 def test_inspect_prints_the_plan_and_timing(pipelines, capsys):
-    from zephon_jax.inspect_plan import load_pipeline, short_fingerprint
+    from zephon_jax.tools.inspect_plan import load_pipeline, short_fingerprint
 
     assert main(["inspect", f"{pipelines}:pure", "--steps", "5"]) == 0
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_verify_catches_a_non_deterministic_function(pipelines, capsys, pipeline
 
 
 def test_verify_reports_the_first_differing_row():
-    from zephon_jax.verify import compare_batches
+    from zephon_jax.tools.verify import compare_batches
 
     a = {"x": np.zeros((4, 3), np.int32), "y": np.ones((4, 2), np.int32)}
     b = {"x": a["x"].copy(), "y": a["y"].copy()}

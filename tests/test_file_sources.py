@@ -199,7 +199,7 @@ def test_hugging_face_dataset_is_read_in_batches():
 
 
 def test_prepare_with_no_documents_fails_and_summarizes_bad_records(tmp_path, capsys):
-    from zephon_jax.cli import main
+    from zephon_jax.tools.cli import main
 
     data = tmp_path / "content.jsonl"
     write_jsonl(data, [{"content": f"text {i}", "id": i} for i in range(30)] + [[1]] * 3)

@@ -12,7 +12,6 @@ from object_stores import GCS_BUCKET, S3_BUCKET, gcs_server, s3_server, upload_t
 from pipelines import assert_batches_equal, resume_across, run_topology
 
 import zephon_jax as zj
-from zephon_jax.prepare import PrepareError, PrepareOptions, prepare
 from zephon_jax.sources import (
     JsonlSource,
     ParquetSource,
@@ -22,6 +21,7 @@ from zephon_jax.sources import (
     write_token_store,
 )
 from zephon_jax.sources.storage import retry_call
+from zephon_jax.tools.prepare import PrepareError, PrepareOptions, prepare
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

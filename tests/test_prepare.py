@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from zephon_jax.prepare import (
+from zephon_jax.sources import ArrayRecordTokens, TokenStore
+from zephon_jax.tools.prepare import (
     PrepareError,
     PrepareOptions,
     length_percentiles,
     prepare,
 )
-from zephon_jax.sources import ArrayRecordTokens, TokenStore
-from zephon_jax.tokenizers import byte_detokenize, byte_tokenize
+from zephon_jax.tools.tokenizers import byte_detokenize, byte_tokenize
 
 
 def write_inputs(tmp_path):
@@ -166,7 +166,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, sig):
     cmd = [
         sys.executable,
         "-m",
-        "zephon_jax.cli",
+        "zephon_jax.tools.cli",
         "prepare",
         *inputs,
         *common,
@@ -229,7 +229,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, sig):
 
 
 def test_builtin_corpus_is_cached_and_split_in_two(tmp_path):
-    from zephon_jax.corpus import builtin_corpus, stdlib_files
+    from zephon_jax.tools.corpus import builtin_corpus, stdlib_files
 
     lib = builtin_corpus("library", cache_dir=tmp_path, max_files=12, workers=0)
     tests = builtin_corpus("tests", cache_dir=tmp_path, max_files=12, workers=0)

@@ -10,10 +10,10 @@ import fsspec
 import pytest
 from object_stores import S3_BUCKET, s3_server, upload_tree
 
-from zephon_jax.cli import main
-from zephon_jax.prepare import PrepareOptions, expand_inputs, prepare
-from zephon_jax.prepare_beam import prepare_beam
 from zephon_jax.sources import JsonlSource, TokenStore
+from zephon_jax.tools.cli import main
+from zephon_jax.tools.prepare import PrepareOptions, expand_inputs, prepare
+from zephon_jax.tools.prepare_beam import prepare_beam
 
 pytest.importorskip("apache_beam")
 

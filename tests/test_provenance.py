@@ -193,7 +193,7 @@ def test_explain_command_from_a_state_file_and_a_checkpoint(tmp_path, monkeypatc
     import orbax.checkpoint as ocp
 
     import zephon_jax.checkpoint as zc
-    from zephon_jax.cli import main
+    from zephon_jax.tools.cli import main
 
     (tmp_path / "explain_pipeline.py").write_text(EXPLAIN_PIPELINE)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -64,5 +64,5 @@ __all__ = [
     "stateless",
 ]
 
-# Command-line tools and interop, also imported on first use (zephon_jax.prepare, ...).
-_LAZY_SUBMODULES += ("corpus", "demo", "grain_interop", "inspect_plan", "prepare", "verify")
+# Interop and the command-line tools (zephon_jax.tools.prepare, ...), also on first use.
+_LAZY_SUBMODULES += ("grain_interop", "tools")

@@ -55,7 +55,7 @@ class DemoConfig:
 
 def corpus_sources(cfg: DemoConfig, stream: TextIO | None = None):
     """(library, tests) TokenStores of the built-in corpus."""
-    from zephon_jax.corpus import builtin_corpus
+    from zephon_jax.tools.corpus import builtin_corpus
 
     return tuple(
         builtin_corpus(part, cache_dir=cfg.cache_dir, max_files=cfg.max_files, stream=stream)
@@ -150,7 +150,7 @@ def _start_child(cfg: DemoConfig, devices: int, mode: str, checkpoint_dir: str) 
     env.update(XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
     env.setdefault("PYTHONUNBUFFERED", "1")
     payload = json.dumps(dataclasses.asdict(cfg))
-    cmd = [sys.executable, "-m", "zephon_jax.demo", CHILD_FLAG, payload, mode, checkpoint_dir]
+    cmd = [sys.executable, "-m", "zephon_jax.tools.demo", CHILD_FLAG, payload, mode, checkpoint_dir]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -358,6 +358,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
         _child_main(sys.argv[2:])
     else:
-        from zephon_jax.cli import main
+        from zephon_jax.tools.cli import main
 
         sys.exit(main(["demo", *sys.argv[1:]]))

@@ -42,7 +42,7 @@ from zephon_jax.errors import ZephonError
 from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
 from zephon_jax.sources.files import expand_paths, file_info
 from zephon_jax.sources.storage import Location, StorageError, filesystem, is_url, split_url
-from zephon_jax.tokenizers import (
+from zephon_jax.tools.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,
     load_tokenizer,
@@ -51,7 +51,7 @@ from zephon_jax.tokenizers import (
 if TYPE_CHECKING:
     from zephon_jax.sources.token_store import TokenStoreWriter
 
-MANIFEST_FORMAT = "zephon_jax.prepare"
+MANIFEST_FORMAT = "zephon_jax.tools.prepare"
 MANIFEST_VERSION = 1
 TARGETS = ("store", "array_record", "both")
 INPUT_FORMATS = ("jsonl", "text", "parquet")

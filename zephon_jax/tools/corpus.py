@@ -8,7 +8,7 @@ natural for a two-source mixture:
 * ``"tests"``: its test suites (files under a ``test``/``tests`` directory, or
   named ``test_*.py``).
 
-Each file is one document, tokenized byte-level (:func:`zephon_jax.tokenizers.byte_tokenize`:
+Each file is one document, tokenized byte-level (:func:`zephon_jax.tools.tokenizers.byte_tokenize`:
 token = byte + 2, ids 0 and 1 reserved for padding and end of document) into a
 uint16 :class:`~zephon_jax.sources.TokenStore`. It is prepared once into a cache
 (``$ZEPHON_JAX_CACHE``, default ``~/.cache/zephon_jax``) and reused; the cache key
@@ -104,7 +104,7 @@ def builtin_corpus(
     read from the cache afterwards. ``max_files`` keeps only the first files
     (sorted), for quick runs; it is part of the cache key.
     """
-    from zephon_jax.prepare import PrepareOptions, prepare
+    from zephon_jax.tools.prepare import PrepareOptions, prepare
 
     files = stdlib_files(part, max_files)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -37,7 +37,7 @@ def builtin_pipeline(
     into rows of 1024, in global batches of 16. ``quick``: the first 60 files of
     each part and rows of 256.
     """
-    from zephon_jax.demo import DemoConfig, build_pipeline, corpus_sources
+    from zephon_jax.tools.demo import DemoConfig, build_pipeline, corpus_sources
 
     cfg = DemoConfig(cache_dir=cache_dir)
     if quick:
@@ -47,7 +47,7 @@ def builtin_pipeline(
 
 def load_pipeline(spec: str) -> BatchedDataset:
     """Calls the ``module:function`` ``spec`` and checks it returned a batched pipeline."""
-    from zephon_jax.tokenizers import load_callable
+    from zephon_jax.tools.tokenizers import load_callable
 
     obj = load_callable(spec)()
     if isinstance(obj, Dataset):

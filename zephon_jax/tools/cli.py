@@ -284,7 +284,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load(args, command: str):
     """The pipeline named by ``args.pipeline``, or the built-in one; and its name."""
-    from zephon_jax.inspect_plan import BUILTIN_NAME, builtin_pipeline, load_pipeline
+    from zephon_jax.tools.inspect_plan import BUILTIN_NAME, builtin_pipeline, load_pipeline
 
     if args.pipeline is None:
         name = BUILTIN_NAME + (" (--quick)" if args.quick else "")
@@ -298,18 +298,18 @@ def _load(args, command: str):
 
 
 def _cmd_explain(args) -> int:
-    from zephon_jax.explain import explain
     from zephon_jax.state_file import load_state
-    from zephon_jax.tokenizers import byte_detokenize, load_callable
+    from zephon_jax.tools.explain import explain
+    from zephon_jax.tools.tokenizers import byte_detokenize, load_callable
 
     if args.pipeline is None:
-        from zephon_jax.demo import DemoConfig, build_pipeline, corpus_sources
+        from zephon_jax.tools.demo import DemoConfig, build_pipeline, corpus_sources
 
         cfg = DemoConfig()
         batched = build_pipeline(cfg, corpus_sources(cfg))
         decode = args.decode or "bytes"
     else:
-        from zephon_jax.inspect_plan import load_pipeline
+        from zephon_jax.tools.inspect_plan import load_pipeline
 
         batched = load_pipeline(args.pipeline)
         decode = args.decode
@@ -322,7 +322,7 @@ def _cmd_explain(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from zephon_jax.demo import DemoConfig, run_demo
+    from zephon_jax.tools.demo import DemoConfig, run_demo
 
     devices = tuple(int(d) for d in args.devices.split(",") if d.strip())
     if len(devices) < 2 or any(d < 1 for d in devices):
@@ -355,7 +355,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
-    from zephon_jax.prepare import PrepareInterrupted, PrepareOptions, prepare
+    from zephon_jax.tools.prepare import PrepareInterrupted, PrepareOptions, prepare
 
     if args.engine != "beam" and (args.num_workers is not None or args.beam_args):
         raise SystemExit(
@@ -381,7 +381,7 @@ def _cmd_prepare(args) -> int:
     stream = None if args.quiet else sys.stderr
     try:
         if args.engine == "beam":
-            from zephon_jax.prepare_beam import prepare_beam
+            from zephon_jax.tools.prepare_beam import prepare_beam
 
             summary = prepare_beam(
                 opts, num_workers=args.num_workers, pipeline_args=args.beam_args, stream=stream
@@ -396,7 +396,7 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from zephon_jax.inspect_plan import describe_plan, format_timing, time_stages
+    from zephon_jax.tools.inspect_plan import describe_plan, format_timing, time_stages
 
     batched, name = _load(args, "inspect")
     print(f"pipeline {name}")
@@ -408,7 +408,7 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_verify(args) -> int:
     from zephon_jax.errors import PipelineError
-    from zephon_jax.verify import check_topologies, format_checks, parse_topologies, verify
+    from zephon_jax.tools.verify import check_topologies, format_checks, parse_topologies, verify
 
     resume_at = args.steps // 2 if args.resume_at is None else args.resume_at
     if resume_at and resume_at >= args.steps:

@@ -29,7 +29,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from zephon_jax.prepare import (
+from zephon_jax.sources.storage import Location, filesystem, join
+from zephon_jax.tools.prepare import (
     MANIFEST,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -50,8 +51,7 @@ from zephon_jax.prepare import (
     check_output,
     length_percentiles,
 )
-from zephon_jax.sources.storage import Location, filesystem, join
-from zephon_jax.tokenizers import load_tokenizer
+from zephon_jax.tools.tokenizers import load_tokenizer
 
 TMP_DIR = "_beam_tmp"
 DEFAULT_UNIT_BYTES = 64 << 20
