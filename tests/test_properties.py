@@ -49,11 +49,20 @@ REFERENCE_TIMEOUT_S = 60
 
 
 # ----- pipeline pieces (module level, so that they pickle for worker processes) ----------
+TOKEN_DTYPES = ("int32", "int64", "uint16", "int16")
+
+
 def make_source(
-    index: int, num_docs: int, max_len: int, seed: int, empty: bool = False, scalars: bool = False
+    index: int,
+    num_docs: int,
+    max_len: int,
+    seed: int,
+    empty: bool = False,
+    scalars: bool = False,
+    dtype: str = "int32",
 ) -> list[dict]:
-    """Documents of 1..max_len tokens (0..max_len with ``empty``), with numpy scalar fields
-    ``weight`` (float32) and ``doc`` (int16) with ``scalars``.
+    """Documents of 1..max_len tokens of ``dtype`` (0..max_len with ``empty``), with numpy
+    scalar fields ``weight`` (float32) and ``doc`` (int16) with ``scalars``.
 
     The first 8 documents have one token, which every filter and drop keeps: each lane
     reads one of them whatever the lane count (<= 8), so every lane makes progress.
@@ -64,7 +73,7 @@ def make_source(
     base = 1000 * (index + 1)
     docs: list[dict] = []
     for i, n in enumerate(lengths):
-        doc = {"tokens": (base + rng.integers(0, 1000, size=int(n))).astype(np.int32)}
+        doc = {"tokens": (base + rng.integers(0, 1000, size=int(n))).astype(dtype)}
         if scalars:
             doc["weight"] = np.float32(rng.random()) / np.float32(3)
             doc["doc"] = np.int16(i - 300)
@@ -183,8 +192,10 @@ class RunningScore(zj.Operator):
 def build(spec: dict) -> zj.BatchedDataset:
     """The batched dataset a spec (plain data drawn by hypothesis) describes."""
     extra = (spec.get("empty_docs", False), spec.get("scalar_fields", False))
+    dtypes = spec.get("token_dtypes") or ["int32"] * len(spec["sources"])
     parts = [
-        zj.Dataset.source(make_source(i, *src, *extra)) for i, src in enumerate(spec["sources"])
+        zj.Dataset.source(make_source(i, *src, *extra, dtype=dtype))
+        for i, (src, dtype) in enumerate(zip(spec["sources"], dtypes))
     ]
     weights = spec["weights"]
     if spec.get("stage") is not None:
@@ -211,7 +222,12 @@ def build(spec: dict) -> zj.BatchedDataset:
     method, seq_len, num_bins = spec["pack"]
     if method != "concat":
         ds = ds.split(seq_len)
-    ds = ds.pack(seq_len, method=method, num_bins=num_bins)
+    # Sources of different token dtypes pack into int32 rows whatever a lane packs first;
+    # float fields are declared float32.
+    floats = ["weight"] if spec.get("scalar_fields") else []
+    floats += ["score"] if ("running_score",) in map(tuple, spec["pre_ops"]) else []
+    dtypes = {field: np.float32 for field in floats} or None
+    ds = ds.pack(seq_len, method=method, num_bins=num_bins, dtypes=dtypes)
     ds = add_ops(ds, spec["post_ops"])
     batch = spec["batch"]
     if spec.get("ramp") is not None:
@@ -337,6 +353,7 @@ def specs(draw) -> dict:
         "state_form": draw(st.sampled_from(["codec", "json"])),
         "empty_docs": draw(st.booleans()),
         "scalar_fields": draw(st.booleans()),
+        "token_dtypes": [draw(st.sampled_from(TOKEN_DTYPES)) for _ in range(num_sources)],
         # At each cut, states altered in these ways are offered first and must be refused.
         "tampers": [draw(tampers()) for _ in cuts],
     }

@@ -188,6 +188,9 @@ class MixtureDrawer:
             and isinstance(plain[0], int)
             and 0 <= plain[0] < len(self.node.stages.values)
             and all(isinstance(x, tuple) and len(x) == k for x in plain[1:])
+            and all(type(c) is int for c in plain[1])
+            and sum(plain[1]) == 0  # the credits' invariant (see the module docstring)
+            and all(type(s) is int and s >= 0 for s in plain[2])
         ):
             raise StateError(
                 f"lane {self.lane}: the state's mixture carry {plain!r:.80} does not fit this "
