@@ -130,9 +130,20 @@ class ConcatPackOperator(LineageOperator):
     def remake(self, recipe, inputs):
         fields: tuple[str, ...] = ()
         pieces: list = []
-        for data, (start, stop) in zip(inputs, recipe):
-            fields, arrays, _ = self.spec.record(data, None)
-            pieces.append((arrays, start, stop))
+        for data, span in zip(inputs, recipe):
+            fields, arrays, n = self.spec.record(data, None)
+            if not (
+                isinstance(span, tuple)
+                and len(span) == 2
+                and is_int(span[0])
+                and is_int(span[1])
+                and 0 <= span[0] < span[1] <= n
+            ):
+                raise StateError(
+                    f"the state holds a packed row piece {span!r} of a record of {n} items; "
+                    "the state was altered, or the sources or functions before pack changed"
+                )
+            pieces.append((arrays, span[0], span[1]))
         return PackedRow(self.spec, fields, pieces)
 
     def trace(self, recipe, parents, start, stop):
