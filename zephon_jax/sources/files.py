@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from zephon_jax.sources.storage import filesystem, retry_call, split_url, url_of
 
 INDEX_SUFFIX = ".zjidx"
@@ -73,3 +75,14 @@ def file_info(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
             version = str(info[key])
             break
     return {"size": int(info["size"]), "version": version}
+
+
+def checked_indices(indices: Sequence[int], size: int, source: str) -> np.ndarray:
+    """``indices`` as an int64 array, each checked to be a record of a source of ``size``."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    bad = np.flatnonzero((idx < 0) | (idx >= size))
+    if bad.size:
+        raise IndexError(
+            f"{source} index {int(idx[bad[0]])} out of range: valid indices are 0..{size - 1}"
+        )
+    return idx

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.sources.files import INDEX_SUFFIX, expand_paths, file_info
+from zephon_jax.sources.files import INDEX_SUFFIX, checked_indices, expand_paths, file_info
 from zephon_jax.sources.storage import filesystem, retry_call
 
 __all__ = ["JsonlSource"]
@@ -255,15 +255,9 @@ class JsonlSource:
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Batched ``[self[i] for i in indices]``, in order; one ranged read per run of lines."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = checked_indices(indices, len(self), "JsonlSource")
         if idx.size == 0:
             return []
-        n = len(self)
-        bad = np.flatnonzero((idx < 0) | (idx >= n))
-        if bad.size:
-            raise IndexError(
-                f"JsonlSource index {int(idx[bad[0]])} out of range: valid indices are 0..{n - 1}"
-            )
         file_of = np.searchsorted(self._first, idx, side="right") - 1
         fss = self._filesystems()
         req_paths: list[str] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.sources.files import expand_paths
+from zephon_jax.sources.files import checked_indices, expand_paths
 from zephon_jax.sources.storage import filesystem, retry_call
 
 __all__ = ["ParquetSource"]
@@ -141,15 +141,9 @@ class ParquetSource:
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Batched ``[self[i] for i in indices]``, in order; each row group decoded once."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = checked_indices(indices, len(self), "ParquetSource")
         if idx.size == 0:
             return []
-        n = len(self)
-        bad = np.flatnonzero((idx < 0) | (idx >= n))
-        if bad.size:
-            raise IndexError(
-                f"ParquetSource index {int(idx[bad[0]])} out of range: valid indices are 0..{n - 1}"
-            )
         group_of = np.searchsorted(self._group_first, idx, side="right") - 1
         wanted = np.unique(group_of).tolist()
         tables = self._groups(wanted)
