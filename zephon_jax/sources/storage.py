@@ -117,16 +117,10 @@ def fsspec_options(scheme: str | None, storage_options: Mapping[str, Any] | None
     """fsspec filesystem arguments for ``scheme``: the environment, then ``storage_options``."""
     given = dict(storage_options or {})
     if scheme == "s3":
-        env = os.environ
         opts: dict[str, Any] = {}
-        endpoint = (
-            given.pop("endpoint_url", None)
-            or env.get("AWS_ENDPOINT_URL_S3")
-            or env.get("AWS_ENDPOINT_URL")
-        )
+        endpoint, region = _s3_endpoint_and_region(given)
         if endpoint:
             opts["endpoint_url"] = endpoint
-        region = given.pop("region", None) or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
         if region:
             opts["client_kwargs"] = {"region_name": region}
         if "profile" in given:
@@ -216,16 +210,10 @@ def kvstore_spec(
         if given.get("endpoint_url"):
             os.environ["TENSORSTORE_GCS_HTTP_URL"] = given["endpoint_url"]
         return {"driver": "gcs", "bucket": bucket, "path": prefix}
-    env = os.environ
     spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": prefix}
-    endpoint = (
-        given.pop("endpoint_url", None)
-        or env.get("AWS_ENDPOINT_URL_S3")
-        or env.get("AWS_ENDPOINT_URL")
-    )
+    endpoint, region = _s3_endpoint_and_region(given)
     if endpoint:
         spec["endpoint"] = endpoint
-    region = given.pop("region", None) or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         spec["aws_region"] = region
     key_id, secret = given.pop("key", None), given.pop("secret", None)
@@ -239,7 +227,7 @@ def kvstore_spec(
         spec["aws_credentials"] = _static_aws_profile(key_id, secret, token)
     elif profile:
         spec["aws_credentials"] = {"type": "profile", "profile": profile}
-    elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+    elif os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
         spec["aws_credentials"] = {"type": "environment"}
     return spec
 
@@ -457,3 +445,15 @@ class Location:
             self.name,
             "deleting",
         )
+
+
+def _s3_endpoint_and_region(given: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The S3 endpoint and region: from ``given`` (popped), else the standard variables."""
+    env = os.environ
+    endpoint = (
+        given.pop("endpoint_url", None)
+        or env.get("AWS_ENDPOINT_URL_S3")
+        or env.get("AWS_ENDPOINT_URL")
+    )
+    region = given.pop("region", None) or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    return endpoint, region
