@@ -26,6 +26,7 @@ and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 from typing import Sequence
 
@@ -35,7 +36,7 @@ from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
-from zephon_jax.operators.base import Saved
+from zephon_jax.operators.base import Saved, StepFailed, step_block_of
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import Rebuilder
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
@@ -53,6 +54,8 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
+_BLOCK_PER_ROW = 8  # records per row still needed in the first block of a take
+_MAX_BLOCK = 128
 _LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
 
 
@@ -70,6 +73,7 @@ class LanePlan:
         self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
+        self.step_blocks = [step_block_of(op) for op in self.operators]
         self.num_operators = len(self.operators)
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
         # A lane that reads this many records without a row reaching the batch (all of
@@ -248,31 +252,49 @@ class Lane:
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
+        """Steps operator ``stage`` over a block of elements, then the next one over its
+        outputs; rows out of the last operator go to ``pending``."""
         plan = self.plan
         if stage > self._deepest and elements:
             self._deepest = stage
         if stage == plan.num_operators:
             self._row_reached(elements)
             return
-        op = plan.operators[stage]
         post = plan.post_transforms[stage]
-        last = stage + 1 == plan.num_operators and not post
-        for element in elements:
-            try:
-                carry, outputs = op.step(self.carries[stage], element)
-            except PipelineError as e:
-                raise PipelineError(f"{e}\n  (at {self.where(element.lineage)})") from e
-            except ZephonError:
-                raise
-            except Exception as e:
-                raise user_error(op.describe(), self.where(element.lineage), e) from e
-            self.carries[stage] = carry
-            if not outputs:
-                continue
-            if last:
-                self._row_reached(outputs)
-            else:
-                self._push(stage + 1, self._post(stage, post, outputs))
+        failed = None
+        try:
+            carry, outputs = plan.step_blocks[stage](self.carries[stage], elements)
+        except StepFailed as e:
+            failed = e
+        except ZephonError:
+            raise
+        except Exception as e:  # a step_block that does not say which element failed
+            op = plan.operators[stage]
+            where = f"{self.where(elements[0].lineage)} (or one of the {len(elements)} after it)"
+            raise user_error(op.describe(), where, e) from e
+        if failed is not None:
+            # The outputs of the elements before the failing one go on first, as one by one.
+            self.carries[stage] = failed.carry
+            if failed.outputs:
+                self._push_outputs(stage, post, failed.outputs)
+            self._raise_step_error(stage, elements[failed.index], failed.error)
+        self.carries[stage] = carry
+        if outputs:
+            self._push_outputs(stage, post, outputs)
+
+    def _push_outputs(self, stage: int, post, outputs) -> None:
+        if stage + 1 == self.plan.num_operators and not post:
+            self._row_reached(outputs)
+        else:
+            self._push(stage + 1, self._post(stage, post, outputs))
+
+    def _raise_step_error(self, stage: int, element: Element, error: BaseException) -> None:
+        if isinstance(error, PipelineError):
+            raise PipelineError(f"{error}\n  (at {self.where(element.lineage)})") from error
+        if isinstance(error, ZephonError):
+            raise error
+        op = self.plan.operators[stage]
+        raise user_error(op.describe(), self.where(element.lineage), error) from error
 
     def _row_reached(self, rows) -> None:
         if rows:
@@ -325,34 +347,75 @@ class Lane:
         return rows
 
     def _take(self, n: int) -> list[Element] | None:
-        pending, ahead, push = self.pending, self._ahead, self._push
+        pending = self.pending
+        if len(pending) >= n:  # made ahead by the last block
+            return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
+        push = self._push
         limit = self.plan.max_records_without_row
         drawer = self.drawer
         if drawer is not None:
             stage = self.plan.mixture.stages.index_at(self.step)  # type: ignore[union-attr]
+        # Records go through the operators in blocks: _BLOCK_PER_ROW per row still
+        # needed, doubling while they yield too few rows (up to _MAX_BLOCK). The sizes
+        # depend only on the state, so a restored lane cuts the same blocks.
+        size = 0
         while len(pending) < n:
             if self.input_done:
                 return None
-            if drawer is not None:
+            if drawer is not None:  # one at a time: its draws depend on the step
                 item = drawer.draw(stage, self.next_position)
                 if item is None:
-                    item = _END
+                    self._finish_input()
+                    continue
+                self.next_position += 1
+                if item is _SKIP:
+                    continue
+                self._without_row += 1  # reset by _push when a row reaches ``pending``
+                if item is not DROP:
+                    push(0, (item,))
             else:
-                if not ahead:
-                    self._read_ahead()
-                item = ahead.popleft()
-            if item is _END:  # the position is not consumed
-                self._finish_input()
-                continue
-            self.next_position += 1
-            if item is _SKIP:
-                continue
-            self._without_row += 1  # reset by _push when a row reaches ``pending``
-            if item is not DROP:
-                push(0, (item,))
+                size = min(_MAX_BLOCK, max(2 * size, _BLOCK_PER_ROW * (n - len(pending))))
+                got = self._next_block(size)
+                if got is None:
+                    self._finish_input()
+                    continue
+                block, counted = got
+                self._without_row += counted  # reset by _push when a row reaches ``pending``
+                if block:
+                    push(0, block)
             if self._without_row > limit:
                 self._raise_no_progress()
         return [pending.popleft() for _ in range(n)]
+
+    def _next_block(self, size: int) -> tuple[list, int] | None:
+        """The records at the next ``size`` positions (fewer where the input ends), less
+        those skipped or filtered, and how many were not skipped; None at the end."""
+        ahead = self._ahead
+        block: list = []
+        counted = 0
+        while size:
+            if not ahead:
+                self._read_ahead()
+            items = list(itertools.islice(ahead, size))
+            end = _END in items
+            if end:  # the position of _END is not consumed
+                items = items[: items.index(_END)]
+                if not items and not block:
+                    ahead.popleft()
+                    return None
+            for _ in items:
+                ahead.popleft()
+            self.next_position += len(items)
+            if _SKIP in items or DROP in items:
+                counted += sum(item is not _SKIP for item in items)
+                block += [item for item in items if item is not _SKIP and item is not DROP]
+            else:
+                counted += len(items)
+                block += items
+            if end:
+                break
+            size -= len(items)
+        return block, counted
 
     def _raise_no_progress(self) -> None:
         count = self._without_row

@@ -283,9 +283,13 @@ def _positions(segment: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 def _concatenate(values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec):
     """``np.concatenate(values)`` as ``dtype``, raising where a value would change."""
+    try:
+        out = np.concatenate(values)
+    except (TypeError, ValueError):  # dtypes that do not promote together: checked below
+        out = None
+    if out is not None and out.dtype == dtype:  # every value promotes to dtype safely
+        return out
     sources = {v.dtype for v in values}
-    if sources == {dtype}:
-        return np.concatenate(values)
     out = np.concatenate(values, dtype=dtype, casting="unsafe")
     unsafe = sources - {dtype}
     unsafe = {d for d in unsafe if not np.can_cast(d, dtype, "safe")}
