@@ -375,7 +375,8 @@ class Lane:
                     push(0, (item,))
             else:
                 size = min(_MAX_BLOCK, max(2 * size, _BLOCK_PER_ROW * (n - len(pending))))
-                got = self._next_block(size)
+                # No block reads past the record that makes the no-progress error.
+                got = self._next_block(min(size, limit + 1 - self._without_row))
                 if got is None:
                     self._finish_input()
                     continue

@@ -237,11 +237,12 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
     for row in rows:
         used = 0
         for k, (arrays, start, stop) in enumerate(row.pieces, 1):
-            if single:
-                values0.append(arrays[0][start:stop])
+            if single:  # a whole record (as pack holds them) needs no slice
+                array = arrays[0]
+                values0.append(array if start == 0 and stop == len(array) else array[start:stop])
             else:
                 for values, array in zip(parts, arrays):
-                    values.append(array[start:stop])
+                    values.append(array if start == 0 and stop == len(array) else array[start:stop])
             lengths.append(stop - start)
             segments.append(k)
             used += stop - start
