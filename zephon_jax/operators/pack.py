@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -130,7 +130,7 @@ class BinPackOperator(LineageOperator):
             error = failed.error
         raise error
 
-    def step_block(self, carry: Bins | None, elements):
+    def step_block(self, carry: Bins | None, elements: Sequence[Element]):
         """The fold of ``step`` over ``elements``, in one loop over plain ints.
 
         ``best_fit`` takes the fullest bin filled to at most ``seq_len - n`` (ties:
@@ -138,19 +138,46 @@ class BinPackOperator(LineageOperator):
         lowest such bin. If none fits, the fullest bin (the lowest of equals) is
         emitted and the record starts a new row there.
         """
+        out: list[Element] = []
+        start = 0
+        if carry is None:  # made by the first record that is not empty
+            for start, element in enumerate(elements):
+                try:
+                    carry = self._admit(None, element)[0]
+                except Exception as e:
+                    raise StepFailed(start, e, out, carry) from e
+                if carry is not None:
+                    break
+            else:
+                return carry, out
+        return carry, self._place(carry, elements, start, out)
+
+    def _place(self, carry: Bins, elements: Sequence[Element], start: int, out: list[Element]):
+        """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows."""
         spec = self.spec
         seq_len = spec.seq_len
         max_segments = spec.max_segments or -1
         width = self.num_bins
         top = width - 1
-        best = self.method == "best_fit"
         bisect_right, insort = bisect.bisect_right, bisect.insort
         ndarray = np.ndarray
-        out: list[Element] = []
-        single = None  # the field of one-field records, once the bins know it
-        if carry is not None and carry.fields is not None and len(carry.fields) == 1:
-            single = carry.fields[0]
-        for index, element in enumerate(elements):
+        fill, pieces_of, held_of, fill_array = (
+            carry.fill,
+            carry.pieces,
+            carry.held,
+            carry.fill_array,
+        )
+        emit = carry.emit
+        order = None
+        if self.method == "best_fit":
+            order = carry.order
+            if order is None:  # kept sorted from here on; rebuilt after a restore or flush
+                order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
+        carry.saved = None  # the block changes it (no save runs until it returns)
+        fields = carry.fields
+        single = fields[0] if fields is not None and len(fields) == 1 else None
+        for index in range(start, len(elements)):
+            element = elements[index]
             data = element.data
             n = -1
             if single is not None and type(data) is dict and len(data) == 1:
@@ -160,46 +187,38 @@ class BinPackOperator(LineageOperator):
                     arrays = (value,)
             if not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
-                    carry, arrays, n = self._admit(carry, element)
+                    _, arrays, n = self._admit(carry, element)
                 except Exception as e:
                     raise StepFailed(index, e, out, carry) from e
                 if n == 0:
                     continue
-                if single is None and len(carry.fields) == 1:  # type: ignore[union-attr, arg-type]
-                    single = carry.fields[0]  # type: ignore[union-attr, index]
-            assert carry is not None
-            fill = carry.fill
             room = seq_len - n
-            if best:
-                order = carry.order
-                if order is None:  # kept sorted from here on; rebuilt after a restore or flush
-                    order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
+            if order is not None:  # best_fit
                 k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
                 i = top - order.pop(k if k >= 0 else -1) % width
-            elif carry.fill_array is None:
+            elif fill_array is None:  # first_fit, a scan in Python
                 for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
                     if u <= room:
                         break
                 else:
                     i = fill.index(max(fill))
-            else:
-                fits = carry.fill_array <= room
+            else:  # first_fit over many bins
+                fits = fill_array <= room
                 i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
             if fill[i] > room:  # fits no bin: the fullest one goes out
-                out.append(carry.emit(i, spec))
-            pieces = carry.pieces[i]
+                out.append(emit(i, spec))
+            pieces = pieces_of[i]
             pieces.append((arrays, 0, n))
-            carry.held[i].append(element)
+            held_of[i].append(element)
             used = fill[i] = fill[i] + n
-            if carry.fill_array is not None:
-                carry.fill_array[i] = used
-            carry.saved = None
+            if fill_array is not None:
+                fill_array[i] = used
             if used == seq_len or len(pieces) == max_segments:
-                out.append(carry.emit(i, spec))
+                out.append(emit(i, spec))
                 used = 0
-            if best:
+            if order is not None:
                 insort(order, used * width + top - i)  # _code(used, i, width)
-        return carry, out
+        return out
 
     def _admit(self, carry: Bins | None, element: Element) -> tuple[Bins | None, tuple, int]:
         """Checks a record; returns the carry (made at the first record), its arrays and
