@@ -270,7 +270,9 @@ class Lane:
             raise
         except Exception as e:  # a step_block that does not say which element failed
             op = plan.operators[stage]
-            where = f"{self.where(elements[0].lineage)} (or one of the {len(elements)} after it)"
+            where = (
+                f"{self.where(elements[0].lineage)} (or another of its block of {len(elements)})"
+            )
             raise user_error(op.describe(), where, e) from e
         if failed is not None:
             # The outputs of the elements before the failing one go on first, as one by one.

@@ -59,13 +59,14 @@ class SplitOperator(stateless):
     def step_block(self, carry, elements):
         """The fold of ``step``: a record that needs no cut passes after one quick check."""
         out: list[Element] = []
+        append = out.append
         key, max_len, step, ndarray = self.key, self.max_len, self.step, np.ndarray
         for index, element in enumerate(elements):
             data = element.data
             if type(data) is dict:
                 value = data.get(key)
                 if type(value) is ndarray and value.ndim == 1 and 0 < value.shape[0] <= max_len:
-                    out.append(Element(data, ((element.lineage,), 0)))  # as ``step`` makes it
+                    append(Element(data, ((element.lineage,), 0)))  # as ``step`` makes it
                     continue
             try:
                 _, pieces = step(carry, element)
