@@ -14,13 +14,6 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
 * ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit with 32
   bins on both sides, ``B=32``.
 * ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
-* ``tokenize``: texts of log-normal lengths (mean about 300 words, a tenth of
-  them rare words) through ``shuffle -> tokenize -> pack(concat) -> batch(8)``
-  at ``S=2048``, with a byte-level BPE (``tokenizers``) and a ``tiktoken``
-  encoding, both trained here: zephon_jax's ``tokenize`` (one encode call per
-  block of records) against the same tokenizer called once per record in a
-  ``map``, and against Grain's ``map`` of that per-record call with 0 and with
-  its default 16 read threads (records/s and tokens/s; see ``tokenize_bench.py``).
 * ``lanes``: ``B=1024`` rows made by 8, 64, 256 or 1024 lanes: tokens/s, resident
   memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
   the first batch after ``--steps`` batches (checked equal to the uninterrupted run).
@@ -28,9 +21,17 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   loader worker processes (records/s, tokens/s; the batches are the same for
   every worker count), with the CPU time per batch of every process, and the
   same lanes in Grain's own worker processes (``grain_workers.py``).
+* ``tokenize``: texts of log-normal lengths (mean about 300 words, a tenth of
+  them rare words) through ``shuffle -> tokenize -> pack(concat) -> batch(8)``
+  at ``S=2048``, with a byte-level BPE (``tokenizers``) and a ``tiktoken``
+  encoding, both trained here: zephon_jax's ``tokenize`` (one encode call per
+  block of records) against the same tokenizer called once per record in a
+  ``map``, and against Grain's ``map`` of that per-record call with 0 and with
+  its default 16 read threads (records/s and tokens/s; see ``tokenize_bench.py``).
 
 The sides of a case run interleaved (see ``measure.py``): ratios are between
-medians of windows taken in turns. ``--json`` writes every figure; ``--plots``
+medians of windows taken in turns (``tokenize``: between overall rates, see
+``TOKENIZE_TIMING``). ``--json`` writes every figure; ``--plots``
 draws the figures of ``docs/performance.md`` from them (see ``plots.py``).
 """
 
@@ -485,19 +486,6 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"records/s, grain {case['sides']['grain']['rate_median'] / 1e3:.0f} k; ratio "
             f"{case['ratio_to_grain']:.1f}x"
         )
-    for kind, case in results.get("tokenize", {}).items():
-        if kind == "settings":
-            continue
-        s = case["sides"]
-        rates = ", ".join(
-            f"{name} {r['records_per_s'] / 1e3:.1f} k rec/s ({r['rate_overall'] / 1e6:.2f} M tok/s)"
-            for name, r in s.items()
-        )
-        lines.append(
-            f"tokenize {kind}: {rates}; ratio {case['ratio_to_one_by_one']:.2f}x one by one, "
-            f"{case['ratio_to_grain']:.2f}x grain, {case['ratio_to_grain_threads']:.2f}x grain "
-            f"16 threads (load {case['load_average_1min']})"
-        )
     for r in results.get("lanes", {}).get("rows", []):
         lines.append(
             f"lanes {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s "
@@ -523,6 +511,19 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
                 f"by CPU time of the busiest process: {bound}"
             )
+    for kind, case in results.get("tokenize", {}).items():
+        if kind == "settings":
+            continue
+        s = case["sides"]
+        rates = ", ".join(
+            f"{name} {r['records_per_s'] / 1e3:.1f} k rec/s ({r['rate_overall'] / 1e6:.2f} M tok/s)"
+            for name, r in s.items()
+        )
+        lines.append(
+            f"tokenize {kind}: {rates}; ratio {case['ratio_to_one_by_one']:.2f}x one by one, "
+            f"{case['ratio_to_grain']:.2f}x grain, {case['ratio_to_grain_threads']:.2f}x grain "
+            f"16 threads (load {case['load_average_1min']})"
+        )
     return lines
 
 
@@ -534,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="CASES",
-        default="packing,uniform,map_batch,tokenize,lanes,workers",
+        default="packing,uniform,map_batch,lanes,workers,tokenize",
         help="comma-separated cases to run",
     )
     parser.add_argument("--num-docs", type=int, default=None, help="corpus size (documents)")
@@ -570,7 +571,13 @@ def main(argv: list[str] | None = None) -> int:
     if "map_batch" in cases:
         log("map+batch")
         results["map_batch"] = map_batch_case(timing)
-    if "tokenize" in cases:
+    if "lanes" in cases:
+        log("lane sweep")
+        results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
+    if "workers" in cases:
+        log("workers")
+        results["workers"] = workers_case(docs, timing, (0, 2) if args.quick else (0, 1, 2))
+    if "tokenize" in cases:  # last: its tokenizer threads stay alive
         log("tokenize: training the tokenizers")
         texts = tokenize_bench.make_lognormal_texts(2000 if args.quick else 10_000, seed=2)
         tokenizers = tokenize_bench.train_tokenizers(
@@ -582,12 +589,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         tok_timing = TOKENIZE_QUICK if args.quick else TOKENIZE_TIMING
         results["tokenize"] = tokenize_case(texts, tokenizers, tok_timing)
-    if "lanes" in cases:
-        log("lane sweep")
-        results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
-    if "workers" in cases:
-        log("workers")
-        results["workers"] = workers_case(docs, timing, (0, 2) if args.quick else (0, 1, 2))
     results["total_s"] = time.perf_counter() - t_start
     results["machine"]["load_average_at_end"] = os.getloadavg()
 
