@@ -10,6 +10,7 @@ outlives the two processes that map it.
 
 from __future__ import annotations
 
+import importlib
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, NamedTuple
 
@@ -23,8 +24,8 @@ class Field(NamedTuple):
 
     key: str | None  # None: the batch is one array, not a dict
     dtype: Any
-    shape: tuple[int, ...] | None
-    offset: int | None
+    shape: tuple[int, ...]  # () when sent inline
+    offset: int  # 0 when sent inline
 
 
 class Layout(NamedTuple):
@@ -51,7 +52,7 @@ class SlotWriter:
             array = np.asarray(value)
             if array.dtype.hasobject:  # not plain memory: goes through the pipe
                 inline[key] = array
-                fields.append(Field(key, None, None, None))
+                fields.append(Field(key, None, (), 0))
                 continue
             fields.append(Field(key, array.dtype, array.shape, size))
             arrays.append((array, size))
@@ -96,11 +97,13 @@ class SlotReader:
 
     def views(self, slot: int, layout: Layout) -> dict:
         """``{key: array}`` of the batch in ``slot``: views valid until the slot is reused."""
-        buffer = self.segments[slot].buf  # type: ignore[union-attr]  # the slot holds a batch
+        segment = self.segments[slot]
+        assert segment is not None, f"slot {slot} has no segment mapped"
+        buffer = segment.buf
         return {
             f.key: layout.inline[f.key]
             if f.dtype is None
-            else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)  # type: ignore[arg-type]  # set when dtype is
+            else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)
             for f in layout.fields
         }
 
@@ -129,7 +132,8 @@ def close_quietly(segment: shared_memory.SharedMemory | None) -> None:
 def unlink_quietly(name: str) -> None:
     """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
     try:
-        from _posixshmem import shm_unlink  # type: ignore[import-not-found]  # POSIX only
+        # POSIX only; importlib, as the module has no type stubs
+        shm_unlink = importlib.import_module("_posixshmem").shm_unlink
     except ImportError:  # Windows: a segment disappears with its last handle
         return
     path = "/" + name

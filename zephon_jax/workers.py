@@ -27,6 +27,7 @@ import secrets
 import signal
 import traceback
 import weakref
+from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -35,6 +36,7 @@ import numpy as np
 from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.rows import (
     RowProducer,
+    RowsOfSize,
     encode_snapshots,
     lanes_to_run,
     rows_by_size,
@@ -58,19 +60,21 @@ class LoadDataset(NamedTuple):
     payload: bytes  # the pickled BatchedDataset
 
 
-class Free(NamedTuple):
+@dataclass(frozen=True)
+class Free:
     """The loader is done with batch ``index`` of ``generation`` and its ``slot``."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     slot: int
 
 
-class AskStates(NamedTuple):
+@dataclass(frozen=True)
+class AskStates:
     """Send the lanes' snapshots taken right after batch ``index``."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
 
 
 class Restore(NamedTuple):
@@ -105,17 +109,19 @@ class Ready(NamedTuple):
     snapshots: Snapshots  # the lanes before the first batch
 
 
-class Batch(NamedTuple):
+@dataclass(frozen=True)
+class Batch:
     generation: int
     # 1 for the first batch of a generation
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     slot: int
     layout: Layout | None  # None: this worker has no rows here (its lanes run for the end)
 
 
-class States(NamedTuple):
+@dataclass(frozen=True)
+class States:
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     snapshots: Snapshots
 
 
@@ -421,7 +427,8 @@ class WorkerRowProducer:
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
-      rows: the global rows to produce, in this order.
+      rows: the global rows to produce, in this order, or a function from a batch size to
+        them (as for :class:`~zephon_jax.rows.RowProducer`).
       num_workers: worker processes (at most one per needed lane).
       prefetch: batches each worker may produce ahead of the caller (>= 1).
       start_method: ``"spawn"`` (default; safe with JAX's threads) or
@@ -435,7 +442,7 @@ class WorkerRowProducer:
     def __init__(
         self,
         batched,
-        rows: Sequence[int],
+        rows: Sequence[int] | RowsOfSize,
         num_workers: int,
         prefetch: int = 2,
         start_method: str = DEFAULT_START_METHOD,
