@@ -13,21 +13,27 @@ A worker keeps its lanes' snapshots after every batch it made that the loader
 may still ask about, and sends them only when asked (:meth:`lane_snapshots`,
 i.e. ``get_state``): batches carry no state.
 
-Parent and workers talk in the named messages below, one per class.
+Parent and workers talk in the named messages below, one per class, through
+one pipe each way per worker. Both sides write their messages themselves (no
+feeder threads: a worker busy in Python would delay them by the interpreter's
+switch interval). The loader's writes are small and never block: it sends the
+dataset and restore states, which may be large, as a :class:`Parcel` in shared
+memory. A worker's death is seen at once through its process sentinel.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
-import queue
 import secrets
 import signal
 import traceback
 import weakref
-from multiprocessing import resource_tracker
+from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -40,13 +46,13 @@ from zephon_jax.rows import (
     rows_by_size,
     stack_rows,
 )
-from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter
+from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
-_POLL_S = 0.05  # how often a blocked parent checks that its workers are alive
-_LAST_WORDS_S = 0.5  # how long to wait for the messages of a worker that just died
+_PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
+_INLINE_BYTES = 16384  # larger loader -> worker messages go as a Parcel
 
 Snapshots = dict[int, tuple]  # lane -> Lane.snapshot()
 
@@ -82,6 +88,34 @@ class Stop(NamedTuple):
     pass
 
 
+class Parcel(NamedTuple):
+    """A large message from the loader, pickled into shared-memory segment ``name``.
+
+    The worker reads and removes it; the loader removes what a dead worker left.
+    """
+
+    name: str
+    size: int
+
+    def open(self) -> Any:
+        segment = shared_memory.SharedMemory(name=self.name)
+        try:
+            with segment.buf[: self.size] as view:
+                return pickle.loads(view)
+        finally:
+            segment.close()
+            segment.unlink()
+
+
+def _send(conn, message) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn) -> Any:
+    message = pickle.loads(conn.recv_bytes())
+    return message.open() if isinstance(message, Parcel) else message
+
+
 # ----- messages: worker -> loader --------------------------------------------------------
 
 
@@ -110,7 +144,8 @@ class Batch(NamedTuple):
     # 1 for the first batch of a generation
     index: int  # type: ignore[assignment]  # a field named like tuple.index
     slot: int
-    layout: Layout | None  # None: this worker has no rows here (its lanes run for the end)
+    rows: bool  # False: this worker has no rows here (its lanes run for the end)
+    layout: Layout | None  # None: the slot's last layout
 
 
 class States(NamedTuple):
@@ -163,12 +198,14 @@ def _next_command(commands, block: bool):
     parent = mp.parent_process()
     while True:
         try:
-            return commands.get(timeout=0.5) if block else commands.get_nowait()
-        except queue.Empty:
-            if not block:
-                return None
-            if parent is not None and not parent.is_alive():
-                return Stop()
+            if commands.poll(_PARENT_POLL_S if block else 0):
+                return _recv(commands)
+        except (EOFError, OSError):  # the loader closed its end
+            return Stop()
+        if not block:
+            return None
+        if parent is not None and not parent.is_alive():
+            return Stop()
 
 
 def _load_dataset(command) -> Any:
@@ -204,7 +241,7 @@ class _WorkerLoop:
             data = self.producer.next_rows()
             if data is None:
                 self.idle = True
-                self.results.put(End(self.generation, self.producer.lane_snapshots()))
+                _send(self.results, End(self.generation, self.producer.lane_snapshots()))
                 return
             layout = None
             slot = self.free.pop()
@@ -212,10 +249,10 @@ class _WorkerLoop:
                 layout = self.slots.write(slot, stack_rows(data))
             self.index += 1
             self.snapshots[self.index] = self.producer.lane_snapshots()
-            self.results.put(Batch(self.generation, self.index, slot, layout))
+            _send(self.results, Batch(self.generation, self.index, slot, bool(data), layout))
         except Exception as e:
             self.idle = True
-            self.results.put(Failed(self.generation, ErrorReport.of(e)))
+            _send(self.results, Failed(self.generation, ErrorReport.of(e)))
 
     def handle(self, command) -> bool:
         """Carries out ``command``; False to stop."""
@@ -227,24 +264,24 @@ class _WorkerLoop:
         elif isinstance(command, AskStates):
             if command.generation == self.generation:
                 snapshots = self.snapshots[command.index]
-                self.results.put(States(self.generation, command.index, snapshots))
+                _send(self.results, States(self.generation, command.index, snapshots))
         elif isinstance(command, Restore):
             self.generation = command.generation
             try:
                 self.producer.restore(command.state)
             except Exception as e:  # the producer is unchanged; the loader rolls back
                 self.idle = True
-                self.results.put(Failed(self.generation, ErrorReport.of(e)))
+                _send(self.results, Failed(self.generation, ErrorReport.of(e)))
                 return True
             self.idle, self.index = False, 0
             self.snapshots = {0: self.producer.lane_snapshots()}
-            self.results.put(Restored(self.generation, self.snapshots[0]))
+            _send(self.results, Restored(self.generation, self.snapshots[0]))
         elif isinstance(command, Stop):
             return False
         return True
 
     def run(self, commands) -> None:
-        self.results.put(Ready(self.snapshots[0]))
+        _send(self.results, Ready(self.snapshots[0]))
         while True:
             command = _next_command(commands, block=self.idle or not self.free)
             if command is None:
@@ -256,9 +293,9 @@ class _WorkerLoop:
 def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
     """Produces batches of ``rows`` (lanes ``lanes``) until told to stop.
 
-    The first command is the pickled dataset. It comes through the queue rather
-    than as a process argument so that the parent never blocks writing it to a
-    child that died while starting.
+    The first command is the pickled dataset (a :class:`Parcel`). It comes as a
+    message rather than as a process argument so that the parent never blocks
+    writing it to a child that died while starting.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     loop = None
@@ -270,15 +307,14 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
             producer = RowProducer(_load_dataset(command), rows, lanes)
             loop = _WorkerLoop(producer, prefetch, prefix, results)
         except Exception as e:
-            results.put(Failed(None, ErrorReport.of(e)))
-            results.close()
-            results.join_thread()  # deliver it before exiting
+            _send(results, Failed(None, ErrorReport.of(e)))
             return
         loop.run(commands)
+    except (BrokenPipeError, EOFError):  # the loader is gone
+        pass
     finally:
         if loop is not None:
             loop.slots.close()
-        results.cancel_join_thread()  # never hang on exit if the parent is gone
 
 
 # ----- parent side ----------------------------------------------------------------------
@@ -292,35 +328,63 @@ class _Worker:
         self.lanes = lanes
         self.prefix = f"{prefix}{index}_{incarnation}_"
         self.slots = SlotReader(self.prefix, prefetch)
-        self.commands = ctx.Queue()
-        self.results = ctx.Queue()
+        self.parcels: list[str] = []  # segments sent that the worker may not have read yet
+        self._parcel_ids = itertools.count()
         self.pending: collections.deque = collections.deque()  # read ahead of their turn
         self.ready = False
+        commands_in, self.commands = ctx.Pipe(duplex=False)
+        self.results, results_out = ctx.Pipe(duplex=False)
         self.process = process = ctx.Process(
             target=_worker_main,
-            args=(rows, lanes, prefetch, self.prefix, self.commands, self.results),
+            args=(rows, lanes, prefetch, self.prefix, commands_in, results_out),
             name=f"zephon_jax-worker-{index}",
             daemon=True,
         )
-        process.start()
+        try:
+            process.start()
+        finally:  # the worker's ends: only the worker may hold them (its death closes them)
+            commands_in.close()
+            results_out.close()
         self.pid = process.pid
-        self.commands.put(LoadDataset(payload))
+        self.send(LoadDataset(payload))
+
+    def send(self, command) -> None:
+        """Sends ``command`` without blocking (large ones as a :class:`Parcel`).
+
+        A dead worker's end is closed; its death is reported by the next :meth:`receive`.
+        """
+        blob = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(blob) > _INLINE_BYTES:
+            name = f"{self.prefix}p{next(self._parcel_ids)}"
+            segment = shared_memory.SharedMemory(name=name, create=True, size=len(blob))
+            segment.buf[: len(blob)] = blob
+            segment.close()
+            self.parcels.append(name)
+            blob = pickle.dumps(Parcel(name, len(blob)), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self.commands.send_bytes(blob)
+        except OSError:  # BrokenPipeError: the worker died
+            pass
 
     def describe(self) -> str:
         return f"loader worker {self.index} ({describe_lanes(self.lanes)}, pid {self.pid})"
 
     def receive(self):
         """The worker's next message; raises :class:`WorkerError` if it died first."""
+        results, process = self.results, self.process
         while True:
-            try:
-                return self.results.get(timeout=_POLL_S)
-            except queue.Empty:
-                pass
-            if not self.process.is_alive():
-                try:  # what it sent just before dying
-                    return self.results.get(timeout=_LAST_WORDS_S)
-                except queue.Empty:
+            if results.poll():
+                try:
+                    message = _recv(results)
+                except EOFError:  # the worker exited; what it sent before was read
+                    process.join(_STOP_S)
                     raise WorkerError(self._death_message()) from None
+                if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
+                    self.parcels.clear()
+                return message
+            mp.connection.wait([results, process.sentinel])
+            if not results.poll() and not process.is_alive():
+                raise WorkerError(self._death_message())
 
     def _death_message(self) -> str:
         code = self.process.exitcode
@@ -346,7 +410,7 @@ class _Worker:
         )
 
     def free(self, batch: Batch) -> None:
-        self.commands.put(Free(batch.generation, batch.index, batch.slot))
+        self.send(Free(batch.generation, batch.index, batch.slot))
 
     def drop_pending(self) -> None:
         """Forgets the messages read ahead (a new generation starts), freeing their slots."""
@@ -361,10 +425,7 @@ class _Worker:
             return
         process = self.process
         if process.is_alive():
-            try:
-                self.commands.put(Stop())
-            except (OSError, ValueError):
-                pass
+            self.send(Stop())
             process.join(_STOP_S)
         if process.is_alive():
             process.terminate()
@@ -372,12 +433,14 @@ class _Worker:
         if process.is_alive():
             process.kill()
             process.join()
-        for q in (self.commands, self.results):
-            q.cancel_join_thread()
-            q.close()
-        self.commands = self.results = None  # frees their semaphores now, not at exit
+        self.commands.close()
+        self.results.close()
+        self.commands = self.results = None
         self.pending.clear()
         self.slots.close()
+        for name in self.parcels:  # left unread by a worker that died
+            unlink_quietly(name)
+        self.parcels.clear()
         process.close()
 
 
@@ -583,7 +646,7 @@ class WorkerRowProducer:
             )
 
     def _ask_states(self, worker: _Worker, index: int) -> Snapshots:
-        worker.commands.put(AskStates(self._generation, index))
+        worker.send(AskStates(self._generation, index))
         return self._receive(worker, (States,)).snapshots
 
     # ----- the Producer interface -----------------------------------------------------
@@ -699,7 +762,7 @@ class WorkerRowProducer:
         for (lanes, _, _), worker in zip(self._plan, self._workers):
             worker.drop_pending()
             lanes_state = {str(l): np.frombuffer(blobs[l], dtype=np.uint8) for l in lanes}
-            worker.commands.put(Restore(self._generation, {"lanes": lanes_state}))
+            worker.send(Restore(self._generation, {"lanes": lanes_state}))
         first, states = None, {}
         for worker in self._workers:
             try:
@@ -727,10 +790,10 @@ class WorkerRowProducer:
         count = len(self._rows[size])
         parts, places = [], []  # per worker with rows: {field: view or inline array}, places
         for worker, message, plan in zip(self._workers, messages, self._plan):
-            if message.layout is None:
+            if not message.rows:
                 continue
             places.append(plan[2][size])
-            parts.append(worker.slots.views(message.slot, message.layout))
+            parts.append(worker.slots.views(message.slot))
         try:
             keys = [tuple(p) for p in parts]
             if any(k != keys[0] for k in keys):
@@ -743,7 +806,7 @@ class WorkerRowProducer:
                 key: self._gather(key, [p[key] for p in parts], places, count) for key in keys[0]
             }
         finally:
-            del parts  # drop the views before the slots are reused
+            del parts  # only the slot readers keep views
         return out[None] if None in out else out
 
     def _gather(self, key, values: list[np.ndarray], places: list, count: int) -> np.ndarray:
