@@ -30,6 +30,7 @@ import multiprocessing.connection
 import os
 import pickle
 import secrets
+import select
 import signal
 import traceback
 import weakref
@@ -116,6 +117,31 @@ def _recv(conn) -> Any:
     return message.open() if isinstance(message, Parcel) else message
 
 
+class _Readable:
+    """Waits until one of ``handles`` (connections, process sentinels) can be read.
+
+    One ``poll`` object for the life of the connections (``mp.connection.wait``
+    builds a selector per call, which costs more than a small message).
+    """
+
+    def __init__(self, *handles):
+        self.handles = handles
+        self.fds = [h if isinstance(h, int) else h.fileno() for h in handles]
+        self._poll = None
+        if hasattr(select, "poll"):
+            self._poll = select.poll()
+            for fd in self.fds:
+                self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float | None = None) -> list[int]:
+        """The indices of the readable handles (closed ones too); empty after ``timeout_s``."""
+        if self._poll is None:
+            ready = mp.connection.wait(self.handles, timeout_s)
+            return [i for i, h in enumerate(self.handles) if h in ready]
+        events = self._poll.poll(None if timeout_s is None else timeout_s * 1000)
+        return sorted(self.fds.index(fd) for fd, _ in events)
+
+
 # ----- messages: worker -> loader --------------------------------------------------------
 
 
@@ -193,19 +219,26 @@ def describe_lanes(lanes: Sequence[int]) -> str:
 # ----- worker side ----------------------------------------------------------------------
 
 
-def _next_command(commands, block: bool):
-    """The next loader command; ``None`` if none is waiting and ``block`` is False."""
-    parent = mp.parent_process()
-    while True:
-        try:
-            if commands.poll(_PARENT_POLL_S if block else 0):
-                return _recv(commands)
-        except (EOFError, OSError):  # the loader closed its end
-            return Stop()
-        if not block:
-            return None
-        if parent is not None and not parent.is_alive():
-            return Stop()
+class _Inbox:
+    """The worker's end of the loader's commands."""
+
+    def __init__(self, commands):
+        self.commands = commands
+        self.readable = _Readable(commands)
+        self.parent = mp.parent_process()
+
+    def next(self, block: bool):
+        """The next loader command; ``None`` if none is waiting and ``block`` is False."""
+        while True:
+            try:
+                if self.readable.wait(_PARENT_POLL_S if block else 0):
+                    return _recv(self.commands)
+            except (EOFError, OSError):  # the loader closed its end
+                return Stop()
+            if not block:
+                return None
+            if self.parent is not None and not self.parent.is_alive():
+                return Stop()
 
 
 def _load_dataset(command) -> Any:
@@ -280,10 +313,10 @@ class _WorkerLoop:
             return False
         return True
 
-    def run(self, commands) -> None:
+    def run(self, inbox: _Inbox) -> None:
         _send(self.results, Ready(self.snapshots[0]))
         while True:
-            command = _next_command(commands, block=self.idle or not self.free)
+            command = inbox.next(block=self.idle or not self.free)
             if command is None:
                 self.make_batch()
             elif not self.handle(command):
@@ -299,9 +332,10 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     loop = None
+    inbox = _Inbox(commands)
     try:
         try:
-            command = _next_command(commands, block=True)
+            command = inbox.next(block=True)
             if isinstance(command, Stop):
                 return
             producer = RowProducer(_load_dataset(command), rows, lanes)
@@ -309,7 +343,7 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
         except Exception as e:
             _send(results, Failed(None, ErrorReport.of(e)))
             return
-        loop.run(commands)
+        loop.run(inbox)
     except (BrokenPipeError, EOFError):  # the loader is gone
         pass
     finally:
@@ -346,6 +380,7 @@ class _Worker:
             commands_in.close()
             results_out.close()
         self.pid = process.pid
+        self._readable = _Readable(self.results, process.sentinel)
         self.send(LoadDataset(payload))
 
     def send(self, command) -> None:
@@ -373,7 +408,8 @@ class _Worker:
         """The worker's next message; raises :class:`WorkerError` if it died first."""
         results, process = self.results, self.process
         while True:
-            if results.poll():
+            ready = self._readable.wait()  # a message, or the worker's exit
+            if ready and ready[0] == 0:
                 try:
                     message = _recv(results)
                 except EOFError:  # the worker exited; what it sent before was read
@@ -382,8 +418,7 @@ class _Worker:
                 if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
                     self.parcels.clear()
                 return message
-            mp.connection.wait([results, process.sentinel])
-            if not results.poll() and not process.is_alive():
+            if not process.is_alive():  # exited, its pipe kept open by a process it started
                 raise WorkerError(self._death_message())
 
     def _death_message(self) -> str:
