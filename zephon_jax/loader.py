@@ -45,7 +45,9 @@ class Loader:
     changes what :meth:`LoaderIterator.get_state` says was consumed.
 
     ``num_workers`` worker processes split this process's lanes between them;
-    the batches do not depend on it.
+    the batches do not depend on it. Each makes up to ``worker_prefetch``
+    batches ahead; the performance guide ("Loader workers") says when workers
+    help.
     """
 
     def __init__(
