@@ -24,6 +24,7 @@ memory. A worker's death is seen at once through its process sentinel.
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import multiprocessing as mp
 import multiprocessing.connection
@@ -53,7 +54,7 @@ from zephon_jax.state import lane_bytes
 DEFAULT_START_METHOD = "spawn"
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
-_INLINE_BYTES = 16384  # larger loader -> worker messages go as a Parcel
+_INLINE_BYTES = 4096  # larger loader -> worker messages go as a Parcel (smaller: atomic writes)
 
 Snapshots = dict[int, tuple]  # lane -> Lane.snapshot()
 
@@ -339,6 +340,10 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
             if isinstance(command, Stop):
                 return
             producer = RowProducer(_load_dataset(command), rows, lanes)
+            # The dataset (e.g. an in-memory corpus) lives as long as the worker: keep the
+            # collector from walking it again at every full collection.
+            gc.collect()
+            gc.freeze()
             loop = _WorkerLoop(producer, prefetch, prefix, results)
         except Exception as e:
             _send(results, Failed(None, ErrorReport.of(e)))
