@@ -24,6 +24,7 @@ memory. A worker's death is seen at once through its process sentinel.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import itertools
 import multiprocessing as mp
@@ -33,6 +34,7 @@ import pickle
 import secrets
 import select
 import signal
+import threading
 import traceback
 import weakref
 from multiprocessing import resource_tracker, shared_memory
@@ -67,11 +69,12 @@ class LoadDataset(NamedTuple):
 
 
 class Free(NamedTuple):
-    """The loader is done with batch ``index`` of ``generation`` and its ``slot``."""
+    """The loader is done with ``slot``; it asks for no snapshot before batch ``keep_from``
+    of ``generation`` any more."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
     slot: int
+    keep_from: int
 
 
 class AskStates(NamedTuple):
@@ -292,8 +295,8 @@ class _WorkerLoop:
         """Carries out ``command``; False to stop."""
         if isinstance(command, Free):
             self.free.append(command.slot)
-            if command.generation == self.generation:  # keep the one before it (provenance)
-                for index in [i for i in self.snapshots if i < command.index - 1]:
+            if command.generation == self.generation:
+                for index in [i for i in self.snapshots if i < command.keep_from]:
                     del self.snapshots[index]
         elif isinstance(command, AskStates):
             if command.generation == self.generation:
@@ -449,8 +452,8 @@ class _Worker:
             "with num_workers=0 to debug in-process"
         )
 
-    def free(self, batch: Batch) -> None:
-        self.send(Free(batch.generation, batch.index, batch.slot))
+    def free(self, batch: Batch, keep_from: int = 0) -> None:
+        self.send(Free(batch.generation, batch.slot, keep_from))
 
     def drop_pending(self) -> None:
         """Forgets the messages read ahead (a new generation starts), freeing their slots."""
@@ -517,6 +520,26 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
             "map/filter/flat_map or a source holds an open handle: define the functions at "
             "module level (or use functools.partial of one), or use num_workers=0"
         ) from e
+
+
+class StateAt(NamedTuple):
+    """The lanes' state right after batch ``index`` (1: the first) since restore
+    ``generation``: the workers keep it until told otherwise."""
+
+    generation: int
+    index: int  # type: ignore[assignment]  # a field named like tuple.index
+
+
+def _locked(method):
+    """Runs ``method`` holding the producer's lock (a device-prefetch thread makes the
+    batches while ``get_state`` asks for states)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class WorkerRowProducer:
@@ -589,6 +612,8 @@ class WorkerRowProducer:
         self._states: Snapshots | None = {}
         self._ended = False
         self._failure: str | None = None
+        self._keep_from: int | None = None  # see keep_states_from
+        self._lock = threading.RLock()
 
     @property
     def rows(self) -> list[int]:
@@ -690,6 +715,7 @@ class WorkerRowProducer:
         return self._receive(worker, (States,)).snapshots
 
     # ----- the Producer interface -----------------------------------------------------
+    @_locked
     def next_batch(self) -> Any:
         """The next batch of this producer's rows, or ``None`` at the end of a finite input."""
         self._check_usable()
@@ -726,12 +752,17 @@ class WorkerRowProducer:
             self._failure = f"the rows of a batch could not be assembled ({e!r})"
             raise
         finally:
+            # The loader may still ask for the state before this batch (provenance).
+            keep_from = messages[0].index - 1
+            if self._keep_from is not None:
+                keep_from = min(keep_from, self._keep_from)
             for worker, message in zip(self._workers, messages):
-                worker.free(message)
+                worker.free(message, keep_from)
         self._index = messages[0].index
         self._states = None
         return batch
 
+    @_locked
     def lane_snapshots(self) -> Snapshots:
         """Each lane's snapshot right after the last batch handed out (encode on demand).
 
@@ -751,6 +782,7 @@ class WorkerRowProducer:
             self._states = states
         return dict(sorted(self._states.items()))
 
+    @_locked
     def snapshots_before_last(self) -> Snapshots:
         """Each lane's snapshot right before the last batch handed out (for provenance)."""
         self._check_usable()
@@ -761,6 +793,35 @@ class WorkerRowProducer:
             states.update(self._ask_states(worker, self._index - 1))
         return dict(sorted(states.items()))
 
+    def state_at_last(self) -> StateAt:
+        """Where the state right after the last batch handed out is kept (no messages).
+
+        A device-prefetch thread notes it after each batch; :meth:`snapshots_at`
+        fetches the snapshots only when a state is asked for.
+        """
+        return StateAt(self._generation, self._index)
+
+    @_locked
+    def snapshots_at(self, at: StateAt) -> Snapshots:
+        """Each lane's snapshot at ``at`` (see :meth:`keep_states_from`), from the workers.
+
+        Also after a failure the workers made ahead, as long as they are alive.
+        """
+        if not self._finalizer.alive:
+            raise WorkerError("this producer is closed; create a new loader iterator")
+        if at.generation != self._generation:
+            raise PipelineError(f"{at} was taken before the last restore")
+        self._ensure_ready()
+        states: Snapshots = {}
+        for worker in self._workers:
+            states.update(self._ask_states(worker, at.index))
+        return dict(sorted(states.items()))
+
+    def keep_states_from(self, index: int | None) -> None:
+        """Keeps the snapshots from batch ``index`` on in the workers, for :meth:`snapshots_at`
+        (``None``: only those of the last batch handed out and the one before it)."""
+        self._keep_from = index
+
     def lane_states(self) -> dict[int, bytes]:
         """Each lane's state right after the last batch handed out (not the workers' own).
 
@@ -768,6 +829,7 @@ class WorkerRowProducer:
         """
         return encode_snapshots(self.lane_snapshots())
 
+    @_locked
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resets every worker to ``state``; on an error the stream is unchanged."""
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
@@ -810,7 +872,7 @@ class WorkerRowProducer:
             except Exception as e:
                 first = first or (worker, e)
         if first is None:
-            self._states, self._index = states, 0
+            self._states, self._index, self._keep_from = states, 0, None
         return first
 
     def close(self) -> None:
