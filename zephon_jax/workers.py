@@ -563,7 +563,7 @@ class WorkerRowProducer:
         batched,
         rows: Sequence[int],
         num_workers: int,
-        prefetch: int = 2,
+        prefetch: int = 4,
         start_method: str = DEFAULT_START_METHOD,
         agree_on_end: bool = True,
     ):
