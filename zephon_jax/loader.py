@@ -104,7 +104,7 @@ class Loader:
                 "with a batch-size ramp-up the rows a process loads change with the step: "
                 "use rows_at(step)"
             )
-        return self._rows[self.dataset.global_batch_size]  # type: ignore[index]
+        return self._rows[self.dataset.batch_schedule.values[0]]
 
     def rows_at(self, step: int) -> Sequence[int]:
         """The global rows this process loads at global step ``step``."""
@@ -208,7 +208,7 @@ class Loader:
 
         return WorkerRowProducer(
             self.dataset,
-            self.rows_of_size,  # type: ignore[arg-type]
+            self.rows_of_size,
             self.num_workers,
             self.worker_prefetch,
             agree_on_end=agree_on_end,

@@ -14,6 +14,7 @@ decoding, and it keeps the views of each slot's arrays from one batch to the nex
 
 from __future__ import annotations
 
+import importlib
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, NamedTuple
 
@@ -27,8 +28,8 @@ class Field(NamedTuple):
 
     key: str | None  # None: the batch is one array, not a dict
     dtype: Any
-    shape: tuple[int, ...] | None
-    offset: int | None
+    shape: tuple[int, ...]  # () when sent inline
+    offset: int  # 0 when sent inline
 
 
 class Layout(NamedTuple):
@@ -57,7 +58,7 @@ class SlotWriter:
             array = np.asarray(value)
             if array.dtype.hasobject:  # not plain memory: goes through the pipe
                 inline[key] = array
-                fields.append(Field(key, None, None, None))
+                fields.append(Field(key, None, (), 0))
                 continue
             fields.append(Field(key, array.dtype, array.shape, size))
             arrays.append((array, size))
@@ -118,13 +119,14 @@ class SlotReader:
         """``{key: array}`` of the batch in ``slot``: views valid until the slot is reused."""
         views = self._views[slot]
         if views is None:
-            layout = self.layouts[slot]
-            buffer = self.segments[slot].buf  # type: ignore[union-attr]  # the slot holds a batch
+            layout, segment = self.layouts[slot], self.segments[slot]
+            assert layout is not None and segment is not None, f"slot {slot} holds no batch"
+            buffer = segment.buf
             views = self._views[slot] = {
-                f.key: layout.inline[f.key]  # type: ignore[union-attr]  # a batch was attached
+                f.key: layout.inline[f.key]
                 if f.dtype is None
-                else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)  # type: ignore[arg-type]  # set when dtype is
-                for f in layout.fields  # type: ignore[union-attr]  # a batch was attached
+                else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)
+                for f in layout.fields
             }
         return views
 
@@ -154,7 +156,8 @@ def close_quietly(segment: shared_memory.SharedMemory | None) -> None:
 def unlink_quietly(name: str) -> None:
     """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
     try:
-        from _posixshmem import shm_unlink  # type: ignore[import-not-found]  # POSIX only
+        # POSIX only; importlib, as the module has no type stubs
+        shm_unlink = importlib.import_module("_posixshmem").shm_unlink
     except ImportError:  # Windows: a segment disappears with its last handle
         return
     path = "/" + name

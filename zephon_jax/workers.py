@@ -37,6 +37,7 @@ import signal
 import threading
 import traceback
 import weakref
+from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -45,6 +46,7 @@ import numpy as np
 from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.rows import (
     RowProducer,
+    RowsOfSize,
     encode_snapshots,
     lanes_to_run,
     rows_by_size,
@@ -77,11 +79,12 @@ class Free(NamedTuple):
     keep_from: int
 
 
-class AskStates(NamedTuple):
+@dataclass(frozen=True)
+class AskStates:
     """Send the lanes' snapshots taken right after batch ``index``."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
 
 
 class Restore(NamedTuple):
@@ -105,6 +108,7 @@ class Parcel(NamedTuple):
     def open(self) -> Any:
         segment = shared_memory.SharedMemory(name=self.name)
         try:
+            assert segment.buf is not None  # an open segment has a buffer
             with segment.buf[: self.size] as view:
                 return pickle.loads(view)
         finally:
@@ -169,18 +173,20 @@ class Ready(NamedTuple):
     snapshots: Snapshots  # the lanes before the first batch
 
 
-class Batch(NamedTuple):
+@dataclass(frozen=True)
+class Batch:
     generation: int
     # 1 for the first batch of a generation
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     slot: int
     rows: bool  # False: this worker has no rows here (its lanes run for the end)
     layout: Layout | None  # None: the slot's last layout
 
 
-class States(NamedTuple):
+@dataclass(frozen=True)
+class States:
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     snapshots: Snapshots
 
 
@@ -400,6 +406,7 @@ class _Worker:
         if len(blob) > _INLINE_BYTES:
             name = f"{self.prefix}p{next(self._parcel_ids)}"
             segment = shared_memory.SharedMemory(name=name, create=True, size=len(blob))
+            assert segment.buf is not None  # an open segment has a buffer
             segment.buf[: len(blob)] = blob
             segment.close()
             self.parcels.append(name)
@@ -522,12 +529,13 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
         ) from e
 
 
-class StateAt(NamedTuple):
+@dataclass(frozen=True)
+class StateAt:
     """The lanes' state right after batch ``index`` (1: the first) since restore
     ``generation``: the workers keep it until told otherwise."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
 
 
 def _locked(method):
@@ -547,7 +555,8 @@ class WorkerRowProducer:
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
-      rows: the global rows to produce, in this order.
+      rows: the global rows to produce, in this order, or a function from a batch size to
+        them (as for :class:`~zephon_jax.rows.RowProducer`).
       num_workers: worker processes (at most one per needed lane).
       prefetch: batches each worker may produce ahead of the caller (>= 1).
       start_method: ``"spawn"`` (default; safe with JAX's threads) or
@@ -561,7 +570,7 @@ class WorkerRowProducer:
     def __init__(
         self,
         batched,
-        rows: Sequence[int],
+        rows: Sequence[int] | RowsOfSize,
         num_workers: int,
         prefetch: int = 4,
         start_method: str = DEFAULT_START_METHOD,
