@@ -289,7 +289,7 @@ class _WorkerLoop:
             layout = None
             slot = self.free.pop()
             if data:
-                layout = self.slots.write(slot, stack_rows(data))
+                layout = self.slots.write(slot, stack_rows(data, self.producer.pool))
             self.index += 1
             self.snapshots[self.index] = self.producer.lane_snapshots()
             _send(self.results, Batch(self.generation, self.index, slot, bool(data), layout))
