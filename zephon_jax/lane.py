@@ -36,7 +36,7 @@ from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
-from zephon_jax.operators.base import Saved, StepFailed, step_block_of
+from zephon_jax.operators.base import Saved, StepFailed, save_lineages, step_block_of
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import Rebuilder
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
@@ -449,17 +449,14 @@ class Lane:
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
         only when a state is asked for.
         """
-        carries = []
-        for op, carry in zip(self.plan.operators, self.carries):
-            held, aux = op.save(carry)
-            carries.append((tuple(map(_lineage, held)), aux))
+        carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         pending = tuple(map(_lineage, self.pending))
         mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
             LANE_FORMAT,
             self.next_position,
             self.input_done,
-            tuple(carries),
+            carries,
             pending,
             self.step,
             mixture,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+from itertools import chain
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,7 +42,17 @@ class Bins:
     length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
     """
 
-    __slots__ = ("fields", "pieces", "held", "fill", "fill_array", "order", "saved")
+    __slots__ = (
+        "fields",
+        "pieces",
+        "held",
+        "fill",
+        "fill_array",
+        "order",
+        "_saved",
+        "_lineage_form",
+        "_bin_lineages",
+    )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
@@ -51,7 +62,51 @@ class Bins:
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
-        self.saved: Saved | None = None  # the saved form, until a bin changes
+        self._saved: Saved | None = None  # the saved form, until a bin changes
+        self._lineage_form: tuple[tuple, tuple] | None = None  # the same, as lineages
+        # Per bin: (its list of elements, its last element, their lineages) when last saved.
+        self._bin_lineages: list[tuple[list, Element | None, tuple]] = [([], None, ())] * num_bins
+
+    @property
+    def saved(self) -> Saved | None:
+        """The saved form (``None`` until made); setting it (``None`` when a bin
+        changes) also drops the cached :meth:`lineage_form`."""
+        return self._saved
+
+    @saved.setter
+    def saved(self, saved: Saved | None) -> None:
+        self._saved = saved
+        self._lineage_form = None
+
+    def lineage_form(self) -> tuple[tuple, tuple]:
+        """The lineages of the held records in bin order, and each bin's count.
+
+        A bin whose list of elements is the same object, with the same length and
+        last element, as at the last call did not change (bins only grow by
+        ``append`` or restart empty): its lineages are reused, so a call costs
+        in proportion to the records added since, plus one tuple of all.
+        """
+        form = self._lineage_form
+        if form is None:
+            cache = self._bin_lineages
+            for i, bin_ in enumerate(self.held):
+                ref, last, lineages = cache[i]
+                n = len(bin_)
+                if ref is bin_ and n == len(lineages) and (not n or bin_[-1] is last):
+                    continue
+                if (
+                    ref is bin_
+                    and n > len(lineages)
+                    and lineages
+                    and bin_[len(lineages) - 1] is last
+                ):
+                    lineages += tuple(map(_lineage, bin_[len(lineages) :]))  # appended since
+                else:
+                    lineages = tuple(map(_lineage, bin_))
+                cache[i] = (bin_, bin_[-1] if n else None, lineages)
+            form = tuple(chain.from_iterable(c[2] for c in cache)), tuple(len(c[2]) for c in cache)
+            self._lineage_form = form
+        return form
 
     @property
     def lineages(self) -> tuple[tuple, ...]:
@@ -254,6 +309,13 @@ class BinPackOperator(LineageOperator):
             held = tuple(e for bin_ in carry.held for e in bin_)
             carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
         return carry.saved
+
+    def save_lineages(self, carry: Bins | None) -> tuple[tuple, tuple | None]:
+        """``save`` with the held records as their lineages, built from the lineages of
+        the bins that did not change since the last call (see :meth:`Bins.lineage_form`)."""
+        if carry is None:
+            return (), None
+        return carry.lineage_form()
 
     def load(self, saved: Saved, lane: int) -> Bins | None:
         counts = saved.aux
