@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import bisect
 import operator
-from itertools import chain
+from itertools import chain, compress, repeat
+from operator import getitem, is_not
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ class Bins:
         "order",
         "_saved",
         "_lineage_form",
+        "_tails",
         "_bin_lineages",
     )
 
@@ -64,8 +66,9 @@ class Bins:
         self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
         self._saved: Saved | None = None  # the saved form, until a bin changes
         self._lineage_form: tuple[tuple, tuple] | None = None  # the same, as lineages
-        # Per bin: (its list of elements, its last element, their lineages) when last saved.
-        self._bin_lineages: list[tuple[list, Element | None, tuple]] = [([], None, ())] * num_bins
+        # At the last lineage_form: each bin's last element (None: empty) and lineages.
+        self._tails: list[Element | None] = [None] * num_bins
+        self._bin_lineages: list[tuple] = [()] * num_bins
 
     @property
     def saved(self) -> Saved | None:
@@ -81,31 +84,28 @@ class Bins:
     def lineage_form(self) -> tuple[tuple, tuple]:
         """The lineages of the held records in bin order, and each bin's count.
 
-        A bin whose list of elements is the same object, with the same length and
-        last element, as at the last call did not change (bins only grow by
-        ``append`` or restart empty): its lineages are reused, so a call costs
-        in proportion to the records added since, plus one tuple of all.
+        A bin ending with the same element as at the last call did not change: an
+        element goes into one bin once, ``append`` puts it last, and only ``emit``
+        removes it (with all the bin). Those bins' lineages are reused, so a call
+        costs in proportion to the bins changed since, plus one tuple of all.
         """
         form = self._lineage_form
         if form is None:
-            cache = self._bin_lineages
-            for i, bin_ in enumerate(self.held):
-                ref, last, lineages = cache[i]
-                n = len(bin_)
-                if ref is bin_ and n == len(lineages) and (not n or bin_[-1] is last):
-                    continue
-                if (
-                    ref is bin_
-                    and n > len(lineages)
-                    and lineages
-                    and bin_[len(lineages) - 1] is last
-                ):
-                    lineages += tuple(map(_lineage, bin_[len(lineages) :]))  # appended since
+            held = self.held
+            try:
+                tails = list(map(getitem, held, repeat(-1, len(held))))
+            except IndexError:  # an empty bin
+                tails = [bin_[-1] if bin_ else None for bin_ in held]
+            done, before = self._bin_lineages, self._tails
+            for i in compress(range(len(held)), map(is_not, tails, before)):
+                bin_, old, lineages = held[i], before[i], done[i]
+                k = len(lineages)
+                if old is not None and k < len(bin_) and bin_[k - 1] is old:
+                    done[i] = lineages + tuple(map(_lineage, bin_[k:]))  # appended since
                 else:
-                    lineages = tuple(map(_lineage, bin_))
-                cache[i] = (bin_, bin_[-1] if n else None, lineages)
-            form = tuple(chain.from_iterable(c[2] for c in cache)), tuple(len(c[2]) for c in cache)
-            self._lineage_form = form
+                    done[i] = tuple(map(_lineage, bin_))
+            self._tails = tails  # keeps them alive: identities stay unambiguous
+            form = self._lineage_form = (tuple(chain.from_iterable(done)), tuple(map(len, done)))
         return form
 
     @property
