@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.lane_state import encode_lane_state
 from zephon_jax.lineage import Element
@@ -212,7 +213,8 @@ class RowProducer:
         try:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
-            taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
+            with paused_gc():
+                taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
         except BaseException as e:
             self._failure = e
             raise
@@ -247,7 +249,8 @@ class RowProducer:
         if rows is None:
             return None
         try:
-            return stack_rows(rows)
+            with paused_gc():
+                return stack_rows(rows)
         except BaseException as e:
             self._failure = e
             raise
@@ -255,7 +258,8 @@ class RowProducer:
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
         self._check_usable()
-        return {l: lane.snapshot() for l, lane in self.lanes.items()}
+        with paused_gc():
+            return {l: lane.snapshot() for l, lane in self.lanes.items()}
 
     def lane_states(self) -> dict[int, bytes]:
         return encode_snapshots(self.lane_snapshots())
