@@ -52,7 +52,7 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
-_LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
+_LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
 class LanePlan:
@@ -107,14 +107,30 @@ class Lane:
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
-        # The last blocks of positions read and where they read from, for provenance.
-        self._located: collections.deque = collections.deque(maxlen=_LOCATED_BLOCKS)
+        # The last blocks of positions read and where they read from, for provenance:
+        # (first, last, positions or None if first..last, table), see _remember.
+        self._located: list[tuple] = []
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
         """Elements at lane-local ``positions``: Element, ``DROP`` (filtered), ``_SKIP``
         (skipped) or ``_END`` (at or past the lane's end position)."""
         return read_roots_of_lanes([self], [positions])[0]
+
+    def _remember(self, positions: np.ndarray, res) -> None:
+        """Keeps where ``positions`` (sorted, not empty) read from, compactly, for
+        :meth:`locate`: the positions only if not contiguous, the leaf only with several
+        leaves, int32 where the values fit."""
+        first, last = int(positions[0]), int(positions[-1])
+        read = None if last - first + 1 == len(positions) else positions
+        single = len(self.plan.leaves) == 1
+        table = np.stack((res.record, res.epoch) if single else (res.leaf, res.record, res.epoch))
+        if int(table.max()) < 2**31 and int(table.min()) >= 0:
+            table = table.astype(np.int32)
+        located = self._located
+        if len(located) == _LOCATED_BLOCKS:
+            del located[0]
+        located.append((first, last, read, table))
 
     def _place(self, leaf_id: int, where: np.ndarray, positions: np.ndarray, records, datas, out):
         """Puts the records ``datas`` read for ``positions[where]`` (from leaf ``leaf_id``)
@@ -191,15 +207,16 @@ class Lane:
         out: list = [None] * len(positions)
         missing = []
         for i, p in enumerate(positions):
-            for first, last, read, res in reversed(self._located):  # newest first
+            for first, last, read, table in reversed(self._located):  # newest first
                 if not first <= p <= last:
                     continue
                 j = p - first
-                if j >= len(read) or read[j] != p:  # not contiguous (a restore's reads)
+                if read is not None:  # not contiguous (a restore's reads)
                     j = int(np.searchsorted(read, p))
                     if read[j] != p:
                         continue
-                out[i] = (int(res.leaf[j]), int(res.record[j]), int(res.epoch[j]))
+                column = table[:, j].tolist()
+                out[i] = (column[0], column[1], column[2]) if len(column) == 3 else (0, *column)
                 break
             else:
                 missing.append(i)
@@ -437,7 +454,7 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
     by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
     for k, (lane, where_at, res) in enumerate(zip(lanes, positions, resolutions)):
         if len(where_at):
-            lane._located.append((int(where_at[0]), int(where_at[-1]), where_at, res))
+            lane._remember(where_at, res)
         end = lane.end_position
         outs.append([_SKIP if end is None or p < end else _END for p in where_at.tolist()])
         valid = np.flatnonzero(res.valid)
