@@ -156,14 +156,21 @@ def _take(data: bytes, pos: int, n: int) -> bytes:
 
 
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
-    """``n`` values from ``pos``; small ints (the bulk of record pointers) inline."""
-    items = []
+    """``n`` values from ``pos``; ints and tuples (the bulk of record pointers) inline."""
+    items: list = []
     append = items.append
     for _ in range(n):
-        if data[pos] == _INT and data[pos + 1] < 0x80:
+        tag = data[pos]
+        if tag == _INT:
             z = data[pos + 1]
+            if z < 0x80:
+                pos += 2
+            else:
+                z, pos = _uint(data, pos + 1)
             append(-((z + 1) >> 1) if z & 1 else z >> 1)
-            pos += 2
+        elif tag == _TUPLE and data[pos + 1] < 0x80:
+            inner, pos = _items(data, pos + 2, data[pos + 1])
+            append(tuple(inner))
         else:
             item, pos = _value(data, pos)
             append(item)

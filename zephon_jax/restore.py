@@ -77,13 +77,13 @@ def _restore_lanes(lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot]) -> 
     for lane, rebuild, snapshot in zip(lanes, rebuilders, snapshots):
         try:
             carries = [
-                op.load(Saved(tuple(rebuild.build(stage, lin) for lin in held), aux), lane.lane)
+                op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)
                 for stage, (op, (held, aux)) in enumerate(
                     zip(lane.plan.operators, snapshot.carries)
                 )
             ]
             final = lane.plan.num_operators
-            pending = collections.deque(rebuild.build(final, lin) for lin in snapshot.pending)
+            pending = collections.deque(rebuild.build_all(final, snapshot.pending))
         except ZephonError:
             raise
         except Exception as e:  # an operator could not read its saved carry
@@ -148,28 +148,34 @@ class Rebuilder:
         self.roots: dict[Any, Any] = {}
         self.cache: dict = {}
 
-    def _collect(self, stage: int, lineage, out: set) -> None:
-        while stage > 0 and self.lane.plan.operators[stage - 1].passthrough:
+    def _collect(self, stage: int, lineages: list, out: set) -> None:
+        """Adds the roots ``lineages`` (entering ``stage``) derive from to ``out``, a stage
+        at a time."""
+        operators = self.lane.plan.operators
+        while stage > 0:
+            if not operators[stage - 1].passthrough:
+                lineages = [
+                    parent
+                    for lineage in lineages
+                    if type(lineage) is tuple and len(lineage) == 2 and type(lineage[0]) is tuple
+                    for parent in lineage[0]
+                ]
             stage -= 1
-        if stage == 0:
-            if isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
+        for lineage in lineages:
+            if type(lineage) is int:
+                out.add(lineage)
+            elif isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
                 out.add(int(lineage))
             elif _is_mixture_root(lineage):
                 out.add(lineage)
-            return
-        if is_derived(lineage):
-            for parent in lineage[0]:
-                self._collect(stage - 1, parent, out)
 
     def positions(self, held_by_stage, pending, next_position: int) -> set:
         """The sampler positions (or mixture draws) the lineages point to; all must be
         positions the lane has read (before ``next_position``)."""
         positions: set[Any] = set()  # ints, or (position, component, draw) of a mixture
         for stage, held in enumerate(held_by_stage):
-            for lineage in held:
-                self._collect(stage, lineage, positions)
-        for lineage in pending:
-            self._collect(len(self.lane.plan.operators), lineage, positions)
+            self._collect(stage, list(held), positions)
+        self._collect(len(self.lane.plan.operators), list(pending), positions)
         furthest = max((p if isinstance(p, int) else p[0] for p in positions), default=-1)
         if furthest >= next_position:
             raise StateError(
@@ -237,21 +243,61 @@ class Rebuilder:
             )
         return item
 
+    def build_all(self, stage: int, lineages: Sequence) -> list[Element]:
+        """:meth:`build` of each of ``lineages``, a stage at a time: the parents of all
+        the outputs of an operator are built together, then the outputs remade."""
+        if stage == 0:
+            return [self.build(0, lineage) for lineage in lineages]
+        index = stage - 1
+        op = self.lane.plan.operators[index]
+        if op.passthrough or not all(map(is_derived, lineages)):
+            return [self.build(stage, lineage) for lineage in lineages]
+        cache = self.cache
+        try:
+            keys = [(stage, lineage) for lineage in lineages]
+            todo = [k for k, key in enumerate(keys) if key not in cache]
+        except TypeError:  # an unhashable recipe: one by one, as build() reports it
+            return [self.build(stage, lineage) for lineage in lineages]
+        parents = [parent for k in todo for parent in lineages[k][0]]
+        inputs = self.build_all(index, parents)
+        at = 0
+        for k in todo:
+            lineage = lineages[k]
+            count = len(lineage[0])
+            datas = [element.data for element in inputs[at : at + count]]
+            at += count
+            cache[keys[k]] = self._remade(index, op, lineage, datas)
+        return [cache[key] for key in keys]
+
     def _output(self, index: int, lineage) -> Element:
         """An output of operator ``index``, after the transforms that follow it."""
         lane = self.lane
         op = lane.plan.operators[index]
+        if op.passthrough:
+            return self._remade(index, op, lineage, [self.build(index, lineage).data])
+        if isinstance(lineage, Opaque):
+            return self._remade(index, op, lineage, None)
+        if is_derived(lineage):
+            return self._remade(index, op, lineage, [self.build(index, p).data for p in lineage[0]])
+        raise StateError(
+            f"lane {lane.lane}: the state holds {lineage!r} as an output of "
+            f"{op.describe()}, which is not a (parents, recipe) pointer; the state is "
+            "malformed or was taken with another pipeline"
+        )
+
+    def _remade(self, index: int, op, lineage, inputs: list | None) -> Element:
+        """The output of operator ``index`` with ``lineage`` from its inputs' data (for an
+        ``Opaque`` lineage, ``None``), after the transforms that follow the operator."""
+        lane = self.lane
         post = lane.plan.post_transforms[index]
         try:
             if op.passthrough:
-                data = self.build(index, lineage).data
-            elif isinstance(lineage, Opaque):
+                data = inputs[0]  # type: ignore[index]
+            elif inputs is None:
                 data = lineage.data
-            elif is_derived(lineage):
-                parents, recipe = lineage
-                inputs = [self.build(index, p).data for p in parents]
+            else:
                 try:
-                    data = op.remake(recipe, inputs)
+                    data = op.remake(lineage[1], inputs)
                 except ZephonError:
                     raise
                 except Exception as e:
@@ -263,13 +309,8 @@ class Rebuilder:
                         f"{op.describe()}, which cannot be remade from it ({e!r}); the state "
                         "was altered or taken with another pipeline"
                     ) from e
-            else:
-                raise StateError(
-                    f"lane {lane.lane}: the state holds {lineage!r} as an output of "
-                    f"{op.describe()}, which is not a (parents, recipe) pointer; the state is "
-                    "malformed or was taken with another pipeline"
-                )
-            data = apply_transforms(post, data, lane.lane, index + 1, lineage)
+            if post:
+                data = apply_transforms(post, data, lane.lane, index + 1, lineage)
         except ZephonError:
             raise
         except Exception as e:
