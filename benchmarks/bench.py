@@ -21,9 +21,17 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   loader worker processes (records/s, tokens/s; the batches are the same for
   every worker count), with the CPU time per batch of every process, and the
   same lanes in Grain's own worker processes (``grain_workers.py``).
+* ``tokenize``: texts of log-normal lengths (mean about 300 words, a tenth of
+  them rare words) through ``shuffle -> tokenize -> pack(concat) -> batch(8)``
+  at ``S=2048``, with a byte-level BPE (``tokenizers``) and a ``tiktoken``
+  encoding, both trained here: zephon_jax's ``tokenize`` (one encode call per
+  block of records) against the same tokenizer called once per record in a
+  ``map``, and against Grain's ``map`` of that per-record call with 0 and with
+  its default 16 read threads (records/s and tokens/s; see ``tokenize_bench.py``).
 
 The sides of a case run interleaved (see ``measure.py``): ratios are between
-medians of windows taken in turns. ``--json`` writes every figure; ``--plots``
+medians of windows taken in turns (``tokenize``: between overall rates, see
+``TOKENIZE_TIMING``). ``--json`` writes every figure; ``--plots``
 draws the figures of ``docs/performance.md`` from them (see ``plots.py``).
 """
 
@@ -48,6 +56,7 @@ import grain_workers  # noqa: E402
 import heavy  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
+import tokenize_bench  # noqa: E402
 import zephon_side  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
@@ -171,6 +180,73 @@ def map_batch_case(timing: measure.Timing, batch_size: int = 128) -> dict[str, A
         "sides": result,
         "ratio_to_grain": measure.ratio(result["zephon_jax"], result["grain"]),
     }
+
+
+TOKENIZE_SIDES = {
+    "zephon_jax tokenize": "blocks",
+    "zephon_jax map, one by one": "one by one",
+    "grain map, read_threads=0": 0,
+    "grain map, 16 read threads": None,
+}
+# A lane reads (and encodes) a block of up to 256 records every few dozen rows: one
+# lane makes the 8 rows, so that a timed window holds several blocks (with one lane
+# per row, every lane's block falls in the same batch, a burst of 2,048 records),
+# with no untimed preroll, which could leave a block out. Rates are overall: all
+# timed tokens over all timed seconds.
+TOKENIZE_TIMING = measure.Timing(warmup_s=0.8, window_s=1.0, repeats=3, preroll=0)
+TOKENIZE_QUICK = measure.Timing(warmup_s=0.3, window_s=0.3, repeats=2, preroll=0)
+
+
+def tokenize_case(
+    texts: list[str], tokenizers: dict[str, Any], timing: measure.Timing, batch_size: int = 8
+) -> dict[str, Any]:
+    """Per tokenizer: zephon_jax's batched ``tokenize`` vs one call per record vs Grain's map."""
+    records = [{"text": t} for t in texts]
+    words = np.array([t.count(" ") + 1 for t in texts])
+    out: dict[str, Any] = {
+        "settings": {
+            "seq_len": SEQ_LEN,
+            "batch_size": batch_size,
+            "texts": len(texts),
+            "mean_words": float(words.mean()),
+            "median_words": float(np.median(words)),
+            "max_words": int(words.max()),
+            "pipeline": "shuffle -> tokenize(eos) -> pack(concat) -> batch, 1 lane",
+            "grain": "MapDataset.map(per-record encode) -> ConcatThenSplitIterDataset -> batch",
+            "cpu_count": os.cpu_count(),
+            "rates": "overall: timed tokens / timed seconds over interleaved windows",
+        }
+    }
+    for kind, tokenizer in tokenizers.items():
+        log(f"  tokenize: {kind}")
+        tallies, sides = {}, []
+        for name, how in TOKENIZE_SIDES.items():
+            if isinstance(how, str):
+                ds = tokenize_bench.zephon_pipeline(
+                    records, tokenizer, SEQ_LEN, batch_size, how == "blocks", num_lanes=1
+                )
+                it = iter(zj.Loader(ds))
+            else:
+                it = tokenize_bench.grain_pipeline(records, tokenizer, SEQ_LEN, batch_size, how)
+            tallies[name] = tokenize_bench.PackedTally()
+            sides.append(measure.Side(name, it, tallies[name]))
+        load_before = os.getloadavg()[0]
+        result = measure.interleave(sides, timing)
+        for side in sides:
+            r = result[side.name]
+            r["tokens_per_record"] = side.units / tallies[side.name].records
+            r["records_per_s"] = r["rate_overall"] / r["tokens_per_record"]
+            measure.close(side.iterator)
+        z = result["zephon_jax tokenize"]["rate_overall"]
+        out[kind] = {
+            "tokenizer": tokenize_bench.describe_tokenizer(tokenizer),
+            "sides": result,
+            "ratio_to_one_by_one": z / result["zephon_jax map, one by one"]["rate_overall"],
+            "ratio_to_grain": z / result["grain map, read_threads=0"]["rate_overall"],
+            "ratio_to_grain_threads": z / result["grain map, 16 read threads"]["rate_overall"],
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+        }
+    return out
 
 
 def _batches_equal(a: dict, b: dict) -> bool:
@@ -435,6 +511,19 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
                 f"by CPU time of the busiest process: {bound}"
             )
+    for kind, case in results.get("tokenize", {}).items():
+        if kind == "settings":
+            continue
+        s = case["sides"]
+        rates = ", ".join(
+            f"{name} {r['records_per_s'] / 1e3:.1f} k rec/s ({r['rate_overall'] / 1e6:.2f} M tok/s)"
+            for name, r in s.items()
+        )
+        lines.append(
+            f"tokenize {kind}: {rates}; ratio {case['ratio_to_one_by_one']:.2f}x one by one, "
+            f"{case['ratio_to_grain']:.2f}x grain, {case['ratio_to_grain_threads']:.2f}x grain "
+            f"16 threads (load {case['load_average_1min']})"
+        )
     return lines
 
 
@@ -446,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="CASES",
-        default="packing,uniform,map_batch,lanes,workers",
+        default="packing,uniform,map_batch,lanes,workers,tokenize",
         help="comma-separated cases to run",
     )
     parser.add_argument("--num-docs", type=int, default=None, help="corpus size (documents)")
@@ -497,6 +586,18 @@ def main(argv: list[str] | None = None) -> int:
     if "workers" in cases:
         log("workers")
         results["workers"] = workers_case(docs, timing, (0, 2) if args.quick else (0, 1, 2))
+    if "tokenize" in cases:  # last: its tokenizer threads stay alive
+        log("tokenize: training the tokenizers")
+        texts = tokenize_bench.make_lognormal_texts(2000 if args.quick else 10_000, seed=2)
+        tokenizers = tokenize_bench.train_tokenizers(
+            texts[:2000],
+            ("tokenizers", "tiktoken"),
+            vocab_size=2000,
+            tiktoken_texts=50 if args.quick else 100,
+            tiktoken_merges=300,
+        )
+        tok_timing = TOKENIZE_QUICK if args.quick else TOKENIZE_TIMING
+        results["tokenize"] = tokenize_case(texts, tokenizers, tok_timing)
     results["total_s"] = time.perf_counter() - t_start
     results["machine"]["load_average_at_end"] = os.getloadavg()
 

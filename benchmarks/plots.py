@@ -192,6 +192,41 @@ def workers_plot(results: dict[str, Any], path: str) -> str:
     return path
 
 
+def tokenize_plot(results: dict[str, Any], path: str) -> str:
+    """Tokens/s of each tokenizer: zephon_jax per block, one by one, Grain's map."""
+    plt = _pyplot()
+    cases = {k: v for k, v in results["tokenize"].items() if k != "settings"}
+    kinds = list(cases)
+    sides = list(cases[kinds[0]]["sides"])
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), dpi=120)
+    w = 0.8 / len(sides)
+    for k, side in enumerate(sides):
+        values = [cases[kind]["sides"][side]["rate_overall"] / 1e6 for kind in kinds]
+        grain = side.startswith("grain")
+        bars = ax.bar(
+            [i + (k - (len(sides) - 1) / 2) * w for i in range(len(kinds))],
+            values,
+            w,
+            label=side,
+            color=GRAIN if grain else ZEPHON,
+            alpha=(1.0, 0.5)[k % 2],
+        )
+        _label_bars(ax, bars, "{:.2f}")
+    ax.set_xticks(range(len(kinds)), kinds, fontsize=8)
+    ax.set_ylabel("M real tokens/s")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.margins(y=0.25)
+    settings = results["tokenize"]["settings"]
+    ax.set_title(
+        f"Tokenize + pack, {settings['mean_words']:.0f} words per text on average",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def draw_all(results: dict[str, Any], directory: str) -> list[str]:
     os.makedirs(directory, exist_ok=True)
     out = []
@@ -202,6 +237,8 @@ def draw_all(results: dict[str, Any], directory: str) -> list[str]:
         out.append(lanes_plot(results, os.path.join(directory, "bench_lanes.png")))
     if "workers" in results:
         out.append(workers_plot(results, os.path.join(directory, "bench_workers.png")))
+    if "tokenize" in results:
+        out.append(tokenize_plot(results, os.path.join(directory, "bench_tokenize.png")))
     return out
 
 

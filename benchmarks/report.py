@@ -60,6 +60,30 @@ def lanes_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _k(v: float) -> str:
+    return f"{v / 1e3:.1f} k"
+
+
+def tokenize_table(results: dict[str, Any]) -> str:
+    """Records/s and tokens/s of each tokenizer through each side, ratios to the batched side."""
+    cases = {k: v for k, v in results["tokenize"].items() if k != "settings"}
+    names = list(next(iter(cases.values()))["sides"])
+    lines = [
+        "| tokenizer | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for kind, case in cases.items():
+        s = case["sides"]
+        z = s[names[0]]["rate_overall"]
+        cells = [
+            f"{_k(s[n]['records_per_s'])} rec/s, {_m(s[n]['rate_overall'])} tok/s"
+            + ("" if i == 0 else f" (tokenize {z / s[n]['rate_overall']:.2f}x)")
+            for i, n in enumerate(names)
+        ]
+        lines.append(f"| {kind} ({case['tokenizer']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def workers_table(results: dict[str, Any]) -> str:
     w = results["workers"]
     counts: list[str] = []
@@ -99,6 +123,8 @@ def main() -> None:
     for name, fn in (("packing", packing_table), ("lanes", lanes_table)):
         if name in results:
             print(fn(results) + "\n")
+    if "tokenize" in results:
+        print(tokenize_table(results) + "\n")
     if "workers" in results:
         print(workers_table(results) + "\n")
     if "map_batch" in results:

@@ -13,7 +13,9 @@ For each tokenizer library (trained here on a synthetic corpus, no downloads):
   ``ConcatThenSplitIterDataset`` and ``batch``, run side by side in this process.
 
 Rates are medians over timed windows (records/s counts the EOS token every
-record ends with; tokens/s counts non-padding tokens).
+record ends with; tokens/s counts non-padding tokens). ``bench.py``'s
+``tokenize`` case runs the same pipelines interleaved, on texts of log-normal
+lengths, with the pieces defined here.
 """
 
 from __future__ import annotations
@@ -55,38 +57,104 @@ EOS_TEXT = "<eos>"
 PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
 
 
+KINDS = ("tokenizers", "transformers", "tiktoken", "sentencepiece")
+
+
 def make_texts(num: int, min_words: int = 20, max_words: int = 400, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_words, max_words + 1, size=num)
     return [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), size=n)) for n in lengths]
 
 
-def train_tokenizers(texts: list[str]) -> dict[str, Any]:
-    """One tokenizer per supported library, trained on ``texts``."""
-    import sentencepiece as spm
-    import tiktoken
+def make_lognormal_texts(
+    num: int,
+    mean_words: float = 300.0,
+    sigma: float = 1.0,
+    max_words: int = 8000,
+    rare: float = 0.1,
+    seed: int = 0,
+) -> list[str]:
+    """``num`` texts of log-normal word counts (mean about ``mean_words``), web-text-like.
+
+    Words are the common ``WORDS`` with Zipf frequencies, except a share ``rare``
+    drawn from 20,000 random letter strings, which a trained vocabulary splits
+    into several tokens (and a tokenizer's word cache rarely holds).
+    """
+    rng = np.random.default_rng(seed)
+    mu = np.log(mean_words) - sigma**2 / 2
+    lengths = np.clip(np.rint(rng.lognormal(mu, sigma, size=num)), 1, max_words).astype(np.int64)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    rare_words = ["".join(rng.choice(letters, size=n)) for n in rng.integers(3, 10, size=20_000)]
+    vocab = np.array(list(WORDS) + rare_words, dtype=object)
+    zipf = 1.0 / np.arange(1, len(WORDS) + 1)
+    total = int(lengths.sum())
+    common = rng.choice(len(WORDS), size=total, p=zipf / zipf.sum())
+    uncommon = len(WORDS) + rng.integers(0, len(rare_words), size=total)
+    words = vocab[np.where(rng.random(total) < rare, uncommon, common)]
+    ends = np.cumsum(lengths)
+    return [" ".join(words[e - n : e]) for n, e in zip(lengths, ends)]
+
+
+def train_tokenizers(
+    texts: list[str],
+    kinds: tuple[str, ...] = KINDS,
+    vocab_size: int = 1000,
+    tiktoken_texts: int = 2000,
+    tiktoken_merges: int = 600,
+) -> dict[str, Any]:
+    """One tokenizer per library in ``kinds``, trained on ``texts`` (id 1 is never a text token).
+
+    ``tokenizers``/``transformers``: a byte-level BPE of ``vocab_size`` (ids 0, 1:
+    ``<pad>``, ``<eos>``); ``tiktoken``: ``tiktoken_merges`` merges learned on the
+    first ``tiktoken_texts`` texts (id 1 is the byte 0x01); ``sentencepiece``: a
+    BPE model of 500 pieces (id 1 is ``<s>``).
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.train_from_iterator(
         texts[:20000],
         trainers.BpeTrainer(
-            vocab_size=1000,
+            vocab_size=vocab_size,
             special_tokens=["<pad>", EOS_TEXT],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         ),
     )
     out: dict[str, Any] = {"tokenizers": bpe}
-    out["transformers"] = PreTrainedTokenizerFast(tokenizer_object=bpe)
-    out["tiktoken"] = tiktoken.Encoding(
-        name="bench",
-        pat_str=PATTERN,
-        mergeable_ranks=tiktoken_ranks(texts[:2000], 600),
-        special_tokens={},
-    )
+    if "transformers" in kinds:
+        from transformers import PreTrainedTokenizerFast
+
+        out["transformers"] = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    if "tiktoken" in kinds:
+        import tiktoken
+
+        out["tiktoken"] = tiktoken.Encoding(
+            name="bench",
+            pat_str=PATTERN,
+            mergeable_ranks=tiktoken_ranks(texts[:tiktoken_texts], tiktoken_merges),
+            special_tokens={},
+        )
+    if "sentencepiece" in kinds:
+        out["sentencepiece"] = _sentencepiece(texts)
+    return {k: out[k] for k in kinds}
+
+
+def describe_tokenizer(tokenizer: Any) -> str:
+    """The library and vocabulary size of a tokenizer of :func:`train_tokenizers`."""
+    if hasattr(tokenizer, "get_vocab_size"):
+        size = tokenizer.get_vocab_size()
+    elif hasattr(tokenizer, "n_vocab"):
+        size = tokenizer.n_vocab
+    else:
+        size = len(tokenizer)
+    return f"{type(tokenizer).__module__}.{type(tokenizer).__name__}, {size} ids"
+
+
+def _sentencepiece(texts: list[str]) -> Any:
+    import sentencepiece as spm
+
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.txt")
         with open(path, "w") as f:
@@ -98,8 +166,7 @@ def train_tokenizers(texts: list[str]) -> dict[str, Any]:
             model_type="bpe",
             minloglevel=2,
         )
-        out["sentencepiece"] = spm.SentencePieceProcessor(model_file=os.path.join(tmp, "sp.model"))
-    return out
+        return spm.SentencePieceProcessor(model_file=os.path.join(tmp, "sp.model"))
 
 
 def tiktoken_ranks(texts: list[str], num_merges: int) -> dict[bytes, int]:
@@ -178,22 +245,84 @@ def encode_only(transform: TokenizeTransform, texts: list[str], timing) -> dict:
     return {"batched_records_per_s": b, "one_by_one_records_per_s": s, "ratio": b / s}
 
 
-def _count(eos: int):
-    def count(batch):
+EOS = 1  # appended to every record; no tokenizer of train_tokenizers encodes text to it
+
+
+class PackedTally:
+    """Counts a packed batch: returns (real tokens, token slots), adds its records up.
+
+    Every record ends with one ``eos`` token, so ``records`` is the number of
+    records in the batches counted so far (a record split across rows counts once).
+    """
+
+    def __init__(self, eos: int = EOS):
+        self.eos = eos
+        self.records = 0.0
+
+    def __call__(self, batch: dict) -> tuple[float, float]:
         tokens, seg = batch["tokens"], batch["tokens_segment_ids"]
-        return float(np.count_nonzero(seg)), float(np.count_nonzero((tokens == eos) & (seg > 0)))
+        self.records += float(np.count_nonzero((tokens == self.eos) & (seg > 0)))
+        return float(np.count_nonzero(seg)), float(seg.size)
 
-    return count
+
+def zephon_pipeline(
+    records: list[dict],
+    tokenizer: Any,
+    seq_len: int,
+    batch_size: int,
+    batched: bool,
+    num_lanes: int | None = None,
+) -> zj.BatchedDataset:
+    """``source -> shuffle -> tokenize -> pack(concat) -> batch(batch_size, num_lanes)``.
+
+    ``batched``: ``Dataset.tokenize`` (blocks of records encoded in one call where
+    the tokenizer batches); else a ``map`` encoding one record per call.
+    """
+    base = zj.Dataset.source(records).shuffle(seed=0)
+    if batched:
+        ds = base.tokenize(tokenizer, eos_id=EOS)
+    else:
+        ds = base.map(OneByOne(TokenizeTransform(tokenizer, eos_id=EOS)))
+    return ds.pack(seq_len, method="concat").batch(batch_size, num_lanes)
 
 
-def pipeline_rates(make_iterator, eos: int, timing) -> dict:
+def grain_pipeline(
+    records: list[dict],
+    tokenizer: Any,
+    seq_len: int,
+    batch_size: int,
+    read_threads: int | None = None,
+) -> Any:
+    """Grain's ``map`` of the per-record encoding, ``ConcatThenSplitIterDataset``, ``batch``.
+
+    ``read_threads``: Grain's read threads, which run the map (``None``: its default).
+    """
+    import grain
+    from grain.experimental import ConcatThenSplitIterDataset
+
+    options = (
+        grain.ReadOptions() if read_threads is None else grain.ReadOptions(num_threads=read_threads)
+    )
+    ds = (
+        grain.MapDataset.source(records)
+        .shuffle(seed=0)
+        .repeat()
+        .map(OneByOne(TokenizeTransform(tokenizer, eos_id=EOS)))
+        .to_iter_dataset(options)
+    )
+    ds = ConcatThenSplitIterDataset(ds, length_struct={"tokens": seq_len})
+    return iter(ds.batch(batch_size, drop_remainder=True))
+
+
+def pipeline_rates(make_iterator, timing) -> dict:
     warmup_s, window_s, windows = timing
     it = make_iterator()
+    tally = PackedTally()
     try:
-        r = _timed_windows(it, _count(eos), warmup_s=warmup_s, window_s=window_s, windows=windows)
+        r = _timed_windows(it, tally, warmup_s=warmup_s, window_s=window_s, windows=windows)
     finally:
         _close(it)
-    tokens_per_record = r["units"] / r["aux"]
+    tokens_per_record = r["units"] / tally.records
     return {
         "tokens_per_s": r["rate_median"],
         "records_per_s": r["rate_median"] / tokens_per_record,
@@ -203,33 +332,19 @@ def pipeline_rates(make_iterator, eos: int, timing) -> dict:
 
 def run(kind: str, tokenizer: Any, texts: list[str], args, timing) -> dict:
     records = [{"text": t} for t in texts]
-    eos = 1  # "<eos>" in the BPE vocabularies; any id works for counting
-    transform = TokenizeTransform(tokenizer, eos_id=eos)
-    base = zj.Dataset.source(records).shuffle(seed=0)
+    transform = TokenizeTransform(tokenizer, eos_id=EOS)
 
     def zephon(batched: bool):
-        ds = base.tokenize(tokenizer, eos_id=eos) if batched else base.map(OneByOne(transform))
-        ds = ds.pack(args.seq_len, method="concat").batch(args.batch_size)
+        ds = zephon_pipeline(records, tokenizer, args.seq_len, args.batch_size, batched)
         return lambda: iter(zj.Loader(ds))
 
     def grain_iterator():
-        import grain
-        from grain.experimental import ConcatThenSplitIterDataset
-
-        ds = (
-            grain.MapDataset.source(records)
-            .shuffle(seed=0)
-            .repeat()
-            .map(OneByOne(transform))
-            .to_iter_dataset()
-        )
-        ds = ConcatThenSplitIterDataset(ds, length_struct={"tokens": args.seq_len})
-        return iter(ds.batch(args.batch_size, drop_remainder=True))
+        return grain_pipeline(records, tokenizer, args.seq_len, args.batch_size)
 
     result = {"encode": encode_only(transform, texts, timing)}
-    result["batched"] = pipeline_rates(zephon(True), eos, timing)
-    result["one_by_one"] = pipeline_rates(zephon(False), eos, timing)
-    result["grain"] = pipeline_rates(grain_iterator, eos, timing)
+    result["batched"] = pipeline_rates(zephon(True), timing)
+    result["one_by_one"] = pipeline_rates(zephon(False), timing)
+    result["grain"] = pipeline_rates(grain_iterator, timing)
     result["batched_over_one_by_one"] = (
         result["batched"]["tokens_per_s"] / result["one_by_one"]["tokens_per_s"]
     )
@@ -250,14 +365,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument(
         "--kinds",
-        default="tokenizers,transformers,tiktoken,sentencepiece",
+        default=",".join(KINDS),
         help="comma-separated tokenizer libraries",
     )
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     timing = _timing(args.quick, args.seconds)
     texts = make_texts(args.num_texts, args.min_words, args.max_words)
-    tokenizers = train_tokenizers(texts)
+    tokenizers = train_tokenizers(texts, tuple(args.kinds.split(",")))
     results = {}
     print(f"{'tokenizer':<14} {'mode':<11} {'records/s':>11} {'tokens/s':>12}")
     for kind in args.kinds.split(","):

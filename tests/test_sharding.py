@@ -191,3 +191,35 @@ def test_loader_workers_feed_the_device_ring(dataset, reference, sharding):
             assert_batch_equal(next(it), want)
     finally:
         it.close()
+
+
+def test_device_prefetch_fetches_worker_states_only_for_get_state(
+    dataset, reference, sharding, monkeypatch
+):
+    """The prefetch thread notes where the workers keep each batch's state; the lanes'
+    snapshots cross processes only when a state (or provenance) is asked for."""
+    from zephon_jax.workers import WorkerRowProducer
+
+    asked = []
+    ask = WorkerRowProducer._ask_states
+
+    def counting(self, worker, index):
+        asked.append(index)
+        return ask(self, worker, index)
+
+    monkeypatch.setattr(WorkerRowProducer, "_ask_states", counting)
+    batches, states = reference
+    it = iter(zj.Loader(dataset, sharding=sharding, num_workers=2, device_prefetch=3))
+    try:
+        for step in range(1, 6):
+            assert_batch_equal(next(it), batches[step - 1])
+        assert asked == []
+        assert_same_state(it.get_state(), states[5])
+        assert asked == [5, 5]  # one question per worker, about the batch handed out
+        rows = it.provenance()
+        assert len(rows) == dataset.global_batch_size and all(rows)
+        for step in range(6, 9):  # the workers ran ahead meanwhile; the state did not
+            assert_batch_equal(next(it), batches[step - 1])
+            assert_same_state(it.get_state(), states[step])
+    finally:
+        it.close()

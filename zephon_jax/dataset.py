@@ -416,7 +416,7 @@ class BatchedDataset:
                 "this pipeline ramps its batch size up, so rows per lane change with the step: "
                 "use rows_per_lane_at(step)"
             )
-        return self.global_batch_size // self.num_lanes  # type: ignore[operator]
+        return self.batch_schedule.values[0] // self.num_lanes
 
     @property
     def sampler(self):

@@ -58,5 +58,5 @@ def add_note(error: BaseException, note: str) -> None:
     notes = getattr(error, "__notes__", None)
     if not isinstance(notes, list):
         notes = []
-        error.__notes__ = notes  # type: ignore[attr-defined]
+        vars(error)["__notes__"] = notes  # 3.10's BaseException declares no __notes__
     notes.append(note)

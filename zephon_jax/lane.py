@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import operator
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -194,7 +194,7 @@ class Lane:
             error, cause = block_error(failed, where(failed.index), user_error)
             raise error from cause
 
-    def locate(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
+    def locate(self, positions: Sequence[Any]) -> list[tuple[int, int, int]]:
         """(leaf, record, epoch) of each lane-local position in ``positions``.
 
         Positions read recently are found in the blocks this lane resolved when
@@ -203,7 +203,7 @@ class Lane:
         ``(position, component, draw)``, which locate themselves.
         """
         if self.drawer is not None:
-            return self.drawer.locate(positions)  # type: ignore[arg-type]
+            return self.drawer.locate(positions)
         out: list = [None] * len(positions)
         missing = []
         for i, p in enumerate(positions):
@@ -342,7 +342,7 @@ class Lane:
         limit = self.plan.max_records_without_row
         drawer = self.drawer
         if drawer is not None:
-            stage = self.plan.mixture.stages.index_at(self.step)  # type: ignore[union-attr]
+            stage = drawer.node.stages.index_at(self.step)
         while len(pending) < n:
             if self.input_done:
                 return None

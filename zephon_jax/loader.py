@@ -46,7 +46,9 @@ class Loader:
     changes what :meth:`LoaderIterator.get_state` says was consumed.
 
     ``num_workers`` worker processes split this process's lanes between them;
-    the batches do not depend on it.
+    the batches do not depend on it. Each makes up to ``worker_prefetch``
+    batches ahead; the performance guide ("Loader workers") says when workers
+    help.
     """
 
     def __init__(
@@ -56,7 +58,7 @@ class Loader:
         process_index: int | None = None,
         process_count: int | None = None,
         num_workers: int = 0,
-        worker_prefetch: int = 2,
+        worker_prefetch: int = 4,
         sharding: Any = None,
         device_prefetch: int = 2,
     ):
@@ -103,7 +105,7 @@ class Loader:
                 "with a batch-size ramp-up the rows a process loads change with the step: "
                 "use rows_at(step)"
             )
-        return self._rows[self.dataset.global_batch_size]  # type: ignore[index]
+        return self._rows[self.dataset.batch_schedule.values[0]]
 
     def rows_at(self, step: int) -> Sequence[int]:
         """The global rows this process loads at global step ``step``."""
@@ -207,7 +209,7 @@ class Loader:
 
         return WorkerRowProducer(
             self.dataset,
-            self.rows_of_size,  # type: ignore[arg-type]
+            self.rows_of_size,
             self.num_workers,
             self.worker_prefetch,
             agree_on_end=agree_on_end,
@@ -227,7 +229,8 @@ class LoaderIterator(Iterator[Any]):
         self.step = 0
         self._prefetcher: Any = None  # a DevicePrefetcher with device prefetch
         # Lane states after the last batch handed out, while the producer runs ahead.
-        self._delivered: Mapping[int, tuple] | None = None
+        # (snapshots, or where worker processes keep them: see _snapshots)
+        self._delivered: Any = None
         # What provenance() needs about the last batch: its rows' (lane, lineage) pairs,
         # or, from worker processes, the lane snapshots taken just before it.
         self._last_picks: list | None = None
@@ -257,6 +260,9 @@ class LoaderIterator(Iterator[Any]):
         if not self._all_processes_have(item is not None):
             raise StopIteration
         batch, self._delivered, self._last_picks, self._before_last = item
+        keep = getattr(self._producer, "keep_states_from", None)
+        if keep is not None and self._before_last is not None:
+            keep(self._before_last.index)  # the workers may drop older snapshots
         self.step += 1
         return batch
 
@@ -286,8 +292,7 @@ class LoaderIterator(Iterator[Any]):
         from zephon_jax.rows import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
-        before = self._before_last
-        lanes = encode_snapshots((before() if callable(before) else before) or {})
+        lanes = encode_snapshots(self._snapshots(self._before_last) or {})
         replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
         replay.next_rows()
         return replay.provenance()
@@ -308,6 +313,16 @@ class LoaderIterator(Iterator[Any]):
         flags = multihost_utils.process_allgather(np.array([have_batch], dtype=np.int32))
         return bool(np.all(flags))
 
+    def _snapshots(self, lanes: Any) -> Any:
+        """Lane snapshots from what ``__next__`` keeps: snapshots, a function returning
+        them, or where the workers keep them (``StateAt``)."""
+        if callable(lanes):
+            return lanes()
+        snapshots_at = getattr(self._producer, "snapshots_at", None)
+        if snapshots_at is not None and lanes is not None and not isinstance(lanes, dict):
+            return snapshots_at(lanes)
+        return lanes
+
     def _start_prefetch(self) -> None:
         from zephon_jax.sharding import DevicePrefetcher
 
@@ -317,19 +332,24 @@ class LoaderIterator(Iterator[Any]):
 
         # A closure, not a method: the thread must not keep this iterator alive.
         last_picks = getattr(producer, "last_picks", None)
+        # Worker processes keep the snapshots: note where, fetch them only for a state.
+        snapshot = getattr(producer, "state_at_last", producer.lane_snapshots)
 
         def produce():
-            before = producer.lane_snapshots() if last_picks is None else None
+            before = snapshot() if last_picks is None else None
             batch = producer.next_batch()
             if batch is None:
                 return None
             size = size_at(next_step[0])
             next_step[0] += 1
-            lanes = producer.lane_snapshots()
+            lanes = snapshot()
             picks = last_picks() if last_picks is not None else None
             return sharding.make_global(rows_of_size(size), batch, size), lanes, picks, before
 
-        self._delivered = producer.lane_snapshots()
+        self._delivered = snapshot()
+        keep = getattr(producer, "keep_states_from", None)
+        if keep is not None:
+            keep(self._delivered.index)
         self._prefetcher = DevicePrefetcher(produce, self.loader.device_prefetch)
 
     def _stop_prefetch(self) -> None:
@@ -340,7 +360,7 @@ class LoaderIterator(Iterator[Any]):
     def get_state(self) -> dict[str, Any]:
         """The state after the last batch returned; plain data covering this process's lanes."""
         if self._prefetcher is not None and self._delivered is not None:
-            lanes = encode_snapshots(self._delivered)
+            lanes = encode_snapshots(self._snapshots(self._delivered))
         else:
             lanes = self._producer.lane_states()
         return make_state(self._fingerprint, self.step, lanes)
@@ -368,7 +388,9 @@ class LoaderIterator(Iterator[Any]):
         if self._prefetcher is None or self._delivered is None:
             restore()
         else:
-            delivered = make_state(self._fingerprint, self.step, encode_snapshots(self._delivered))
+            delivered = make_state(
+                self._fingerprint, self.step, encode_snapshots(self._snapshots(self._delivered))
+            )
             self._stop_prefetch()
             try:
                 restore()

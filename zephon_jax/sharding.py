@@ -110,8 +110,8 @@ class BatchSharding:
         """The batch's pytree of ``NamedSharding``s (one sharding is used for every field)."""
         if self.single:
             return jax.tree.map(lambda _: self.leaves[0], batch)
-        batch_def = jax.tree.structure(batch)
-        if batch_def != self.treedef:  # type: ignore[operator]
+        batch_def: Any = jax.tree.structure(batch)  # a PyTreeDef: jaxlib ships no stubs for it
+        if batch_def != self.treedef:
             raise PipelineError(
                 f"the sharding pytree {self.treedef} does not match the batch {batch_def}; give "
                 "one NamedSharding per batch field (same keys), or a single NamedSharding for all"

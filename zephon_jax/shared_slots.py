@@ -6,10 +6,15 @@ time, and a larger one when a batch outgrows it; it then sends the segment's
 name once with the batch's :class:`Layout`. The reader (:class:`SlotReader`, in
 the loader) maps the segment and removes its name at once, so that no segment
 outlives the two processes that map it.
+
+A slot's layout is sent only when it changes (a new segment, other fields or
+shapes, or arrays sent inline): batches of one shape cost the reader no
+decoding, and it keeps the views of each slot's arrays from one batch to the next.
 """
 
 from __future__ import annotations
 
+import importlib
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, NamedTuple
 
@@ -23,8 +28,8 @@ class Field(NamedTuple):
 
     key: str | None  # None: the batch is one array, not a dict
     dtype: Any
-    shape: tuple[int, ...] | None
-    offset: int | None
+    shape: tuple[int, ...]  # () when sent inline
+    offset: int  # 0 when sent inline
 
 
 class Layout(NamedTuple):
@@ -42,16 +47,18 @@ class SlotWriter:
         self.prefix = prefix
         self.segments: list[shared_memory.SharedMemory | None] = [None] * count
         self.generations = [-1] * count
+        self.fields: list[tuple[Field, ...] | None] = [None] * count  # the last layout sent
 
-    def write(self, slot: int, batch: Any) -> Layout:
-        """Writes ``batch`` (a dict of arrays, or an array) into ``slot``."""
+    def write(self, slot: int, batch: Any) -> Layout | None:
+        """Writes ``batch`` (a dict of arrays, or an array) into ``slot``; returns its
+        layout, or ``None`` if it is the slot's last one (send it to the reader)."""
         items = batch.items() if isinstance(batch, dict) else [(None, batch)]
         fields, inline, arrays, size = [], {}, [], 0
         for key, value in items:
             array = np.asarray(value)
             if array.dtype.hasobject:  # not plain memory: goes through the pipe
                 inline[key] = array
-                fields.append(Field(key, None, None, None))
+                fields.append(Field(key, None, (), 0))
                 continue
             fields.append(Field(key, array.dtype, array.shape, size))
             arrays.append((array, size))
@@ -69,7 +76,11 @@ class SlotWriter:
             view = np.ndarray(array.shape, dtype=array.dtype, buffer=segment.buf, offset=offset)
             view[...] = array
             del view
-        return Layout(tuple(fields), inline, name)
+        layout = Layout(tuple(fields), inline, name)
+        if name is None and not inline and layout.fields == self.fields[slot]:
+            return None
+        self.fields[slot] = None if inline else layout.fields
+        return layout
 
     def close(self) -> None:
         for segment in self.segments:
@@ -83,10 +94,20 @@ class SlotReader:
         self.prefix = prefix
         self.segments: list[shared_memory.SharedMemory | None] = [None] * count
         self.generations = [-1] * count
+        self.layouts: list[Layout | None] = [None] * count
+        self._views: list[dict | None] = [None] * count
 
     def attach(self, slot: int, layout: Layout | None) -> None:
-        """Maps the slot's new segment, if ``layout`` announces one (call on every receipt)."""
-        if layout is None or layout.segment is None:
+        """Takes note of a batch written into ``slot`` (``layout`` None: the slot's last
+        one); maps the slot's new segment if the layout announces one.
+
+        Call it on every receipt, in order, whether or not the batch is used.
+        """
+        if layout is None:
+            return
+        self._views[slot] = None
+        self.layouts[slot] = layout
+        if layout.segment is None:
             return
         close_quietly(self.segments[slot])
         segment = shared_memory.SharedMemory(name=layout.segment)
@@ -94,18 +115,24 @@ class SlotReader:
         self.segments[slot] = segment
         self.generations[slot] = int(layout.segment.rsplit("_", 1)[1])
 
-    def views(self, slot: int, layout: Layout) -> dict:
+    def views(self, slot: int) -> dict:
         """``{key: array}`` of the batch in ``slot``: views valid until the slot is reused."""
-        buffer = self.segments[slot].buf  # type: ignore[union-attr]  # the slot holds a batch
-        return {
-            f.key: layout.inline[f.key]
-            if f.dtype is None
-            else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)  # type: ignore[arg-type]  # set when dtype is
-            for f in layout.fields
-        }
+        views = self._views[slot]
+        if views is None:
+            layout, segment = self.layouts[slot], self.segments[slot]
+            assert layout is not None and segment is not None, f"slot {slot} holds no batch"
+            buffer = segment.buf
+            views = self._views[slot] = {
+                f.key: layout.inline[f.key]
+                if f.dtype is None
+                else np.ndarray(f.shape, dtype=f.dtype, buffer=buffer, offset=f.offset)
+                for f in layout.fields
+            }
+        return views
 
     def close(self) -> None:
         """Unmaps every slot, and removes a segment created but never announced."""
+        self._views = [None] * len(self._views)  # views would keep the segments mapped
         for slot, segment in enumerate(self.segments):
             close_quietly(segment)
             # the next segment of each slot, if the worker died (or we closed) before sending it
@@ -129,7 +156,8 @@ def close_quietly(segment: shared_memory.SharedMemory | None) -> None:
 def unlink_quietly(name: str) -> None:
     """Removes segment ``name`` if it exists, even one left empty by a worker killed mid-create."""
     try:
-        from _posixshmem import shm_unlink  # type: ignore[import-not-found]  # POSIX only
+        # POSIX only; importlib, as the module has no type stubs
+        shm_unlink = importlib.import_module("_posixshmem").shm_unlink
     except ImportError:  # Windows: a segment disappears with its last handle
         return
     path = "/" + name

@@ -13,21 +13,32 @@ A worker keeps its lanes' snapshots after every batch it made that the loader
 may still ask about, and sends them only when asked (:meth:`lane_snapshots`,
 i.e. ``get_state``): batches carry no state.
 
-Parent and workers talk in the named messages below, one per class.
+Parent and workers talk in the named messages below, one per class, through
+one pipe each way per worker. Both sides write their messages themselves (no
+feeder threads: a worker busy in Python would delay them by the interpreter's
+switch interval). The loader's writes are small and never block: it sends the
+dataset and restore states, which may be large, as a :class:`Parcel` in shared
+memory. A worker's death is seen at once through its process sentinel.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import gc
+import itertools
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
-import queue
 import secrets
+import select
 import signal
+import threading
 import traceback
 import weakref
-from multiprocessing import resource_tracker
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -35,18 +46,19 @@ import numpy as np
 from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.rows import (
     RowProducer,
+    RowsOfSize,
     encode_snapshots,
     lanes_to_run,
     rows_by_size,
     stack_rows,
 )
-from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter
+from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
 from zephon_jax.state import lane_bytes
 
 DEFAULT_START_METHOD = "spawn"
-_POLL_S = 0.05  # how often a blocked parent checks that its workers are alive
-_LAST_WORDS_S = 0.5  # how long to wait for the messages of a worker that just died
+_PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
+_INLINE_BYTES = 4096  # larger loader -> worker messages go as a Parcel (smaller: atomic writes)
 
 Snapshots = dict[int, tuple]  # lane -> Lane.snapshot()
 
@@ -59,18 +71,20 @@ class LoadDataset(NamedTuple):
 
 
 class Free(NamedTuple):
-    """The loader is done with batch ``index`` of ``generation`` and its ``slot``."""
+    """The loader is done with ``slot``; it asks for no snapshot before batch ``keep_from``
+    of ``generation`` any more."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
     slot: int
+    keep_from: int
 
 
-class AskStates(NamedTuple):
+@dataclass(frozen=True)
+class AskStates:
     """Send the lanes' snapshots taken right after batch ``index``."""
 
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
 
 
 class Restore(NamedTuple):
@@ -80,6 +94,60 @@ class Restore(NamedTuple):
 
 class Stop(NamedTuple):
     pass
+
+
+class Parcel(NamedTuple):
+    """A large message from the loader, pickled into shared-memory segment ``name``.
+
+    The worker reads and removes it; the loader removes what a dead worker left.
+    """
+
+    name: str
+    size: int
+
+    def open(self) -> Any:
+        segment = shared_memory.SharedMemory(name=self.name)
+        try:
+            assert segment.buf is not None  # an open segment has a buffer
+            with segment.buf[: self.size] as view:
+                return pickle.loads(view)
+        finally:
+            segment.close()
+            segment.unlink()
+
+
+def _send(conn, message) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn) -> Any:
+    message = pickle.loads(conn.recv_bytes())
+    return message.open() if isinstance(message, Parcel) else message
+
+
+class _Readable:
+    """Waits until one of ``handles`` (connections, process sentinels) can be read.
+
+    One ``poll`` object for the life of the connections (``mp.connection.wait``
+    builds a selector per call, which costs more than a small message).
+    """
+
+    def __init__(self, *handles):
+        self.handles = handles
+        self.fds = [h if isinstance(h, int) else h.fileno() for h in handles]
+        self._poll = None
+        if hasattr(select, "poll"):
+            self._poll = select.poll()
+            for fd in self.fds:
+                self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float | None = None) -> list[int]:
+        """The indices of the readable handles (closed ones too); empty after ``timeout_s``."""
+        if self._poll is None:
+            ready = mp.connection.wait(self.handles, timeout_s)
+            return [i for i, h in enumerate(self.handles) if h in ready]
+        events = self._poll.poll(None if timeout_s is None else timeout_s * 1000)
+        return sorted(self.fds.index(fd) for fd, _ in events)
 
 
 # ----- messages: worker -> loader --------------------------------------------------------
@@ -105,17 +173,20 @@ class Ready(NamedTuple):
     snapshots: Snapshots  # the lanes before the first batch
 
 
-class Batch(NamedTuple):
+@dataclass(frozen=True)
+class Batch:
     generation: int
     # 1 for the first batch of a generation
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     slot: int
-    layout: Layout | None  # None: this worker has no rows here (its lanes run for the end)
+    rows: bool  # False: this worker has no rows here (its lanes run for the end)
+    layout: Layout | None  # None: the slot's last layout
 
 
-class States(NamedTuple):
+@dataclass(frozen=True)
+class States:
     generation: int
-    index: int  # type: ignore[assignment]  # a field named like tuple.index
+    index: int
     snapshots: Snapshots
 
 
@@ -158,16 +229,25 @@ def describe_lanes(lanes: Sequence[int]) -> str:
 # ----- worker side ----------------------------------------------------------------------
 
 
-def _next_command(commands, block: bool):
-    """The next loader command; ``None`` if none is waiting and ``block`` is False."""
-    parent = mp.parent_process()
-    while True:
-        try:
-            return commands.get(timeout=0.5) if block else commands.get_nowait()
-        except queue.Empty:
+class _Inbox:
+    """The worker's end of the loader's commands."""
+
+    def __init__(self, commands):
+        self.commands = commands
+        self.readable = _Readable(commands)
+        self.parent = mp.parent_process()
+
+    def next(self, block: bool):
+        """The next loader command; ``None`` if none is waiting and ``block`` is False."""
+        while True:
+            try:
+                if self.readable.wait(_PARENT_POLL_S if block else 0):
+                    return _recv(self.commands)
+            except (EOFError, OSError):  # the loader closed its end
+                return Stop()
             if not block:
                 return None
-            if parent is not None and not parent.is_alive():
+            if self.parent is not None and not self.parent.is_alive():
                 return Stop()
 
 
@@ -204,7 +284,7 @@ class _WorkerLoop:
             data = self.producer.next_rows()
             if data is None:
                 self.idle = True
-                self.results.put(End(self.generation, self.producer.lane_snapshots()))
+                _send(self.results, End(self.generation, self.producer.lane_snapshots()))
                 return
             layout = None
             slot = self.free.pop()
@@ -212,41 +292,41 @@ class _WorkerLoop:
                 layout = self.slots.write(slot, stack_rows(data))
             self.index += 1
             self.snapshots[self.index] = self.producer.lane_snapshots()
-            self.results.put(Batch(self.generation, self.index, slot, layout))
+            _send(self.results, Batch(self.generation, self.index, slot, bool(data), layout))
         except Exception as e:
             self.idle = True
-            self.results.put(Failed(self.generation, ErrorReport.of(e)))
+            _send(self.results, Failed(self.generation, ErrorReport.of(e)))
 
     def handle(self, command) -> bool:
         """Carries out ``command``; False to stop."""
         if isinstance(command, Free):
             self.free.append(command.slot)
-            if command.generation == self.generation:  # keep the one before it (provenance)
-                for index in [i for i in self.snapshots if i < command.index - 1]:
+            if command.generation == self.generation:
+                for index in [i for i in self.snapshots if i < command.keep_from]:
                     del self.snapshots[index]
         elif isinstance(command, AskStates):
             if command.generation == self.generation:
                 snapshots = self.snapshots[command.index]
-                self.results.put(States(self.generation, command.index, snapshots))
+                _send(self.results, States(self.generation, command.index, snapshots))
         elif isinstance(command, Restore):
             self.generation = command.generation
             try:
                 self.producer.restore(command.state)
             except Exception as e:  # the producer is unchanged; the loader rolls back
                 self.idle = True
-                self.results.put(Failed(self.generation, ErrorReport.of(e)))
+                _send(self.results, Failed(self.generation, ErrorReport.of(e)))
                 return True
             self.idle, self.index = False, 0
             self.snapshots = {0: self.producer.lane_snapshots()}
-            self.results.put(Restored(self.generation, self.snapshots[0]))
+            _send(self.results, Restored(self.generation, self.snapshots[0]))
         elif isinstance(command, Stop):
             return False
         return True
 
-    def run(self, commands) -> None:
-        self.results.put(Ready(self.snapshots[0]))
+    def run(self, inbox: _Inbox) -> None:
+        _send(self.results, Ready(self.snapshots[0]))
         while True:
-            command = _next_command(commands, block=self.idle or not self.free)
+            command = inbox.next(block=self.idle or not self.free)
             if command is None:
                 self.make_batch()
             elif not self.handle(command):
@@ -256,29 +336,33 @@ class _WorkerLoop:
 def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
     """Produces batches of ``rows`` (lanes ``lanes``) until told to stop.
 
-    The first command is the pickled dataset. It comes through the queue rather
-    than as a process argument so that the parent never blocks writing it to a
-    child that died while starting.
+    The first command is the pickled dataset (a :class:`Parcel`). It comes as a
+    message rather than as a process argument so that the parent never blocks
+    writing it to a child that died while starting.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     loop = None
+    inbox = _Inbox(commands)
     try:
         try:
-            command = _next_command(commands, block=True)
+            command = inbox.next(block=True)
             if isinstance(command, Stop):
                 return
             producer = RowProducer(_load_dataset(command), rows, lanes)
+            # The dataset (e.g. an in-memory corpus) lives as long as the worker: keep the
+            # collector from walking it again at every full collection.
+            gc.collect()
+            gc.freeze()
             loop = _WorkerLoop(producer, prefetch, prefix, results)
         except Exception as e:
-            results.put(Failed(None, ErrorReport.of(e)))
-            results.close()
-            results.join_thread()  # deliver it before exiting
+            _send(results, Failed(None, ErrorReport.of(e)))
             return
-        loop.run(commands)
+        loop.run(inbox)
+    except (BrokenPipeError, EOFError):  # the loader is gone
+        pass
     finally:
         if loop is not None:
             loop.slots.close()
-        results.cancel_join_thread()  # never hang on exit if the parent is gone
 
 
 # ----- parent side ----------------------------------------------------------------------
@@ -292,35 +376,65 @@ class _Worker:
         self.lanes = lanes
         self.prefix = f"{prefix}{index}_{incarnation}_"
         self.slots = SlotReader(self.prefix, prefetch)
-        self.commands = ctx.Queue()
-        self.results = ctx.Queue()
+        self.parcels: list[str] = []  # segments sent that the worker may not have read yet
+        self._parcel_ids = itertools.count()
         self.pending: collections.deque = collections.deque()  # read ahead of their turn
         self.ready = False
+        commands_in, self.commands = ctx.Pipe(duplex=False)
+        self.results, results_out = ctx.Pipe(duplex=False)
         self.process = process = ctx.Process(
             target=_worker_main,
-            args=(rows, lanes, prefetch, self.prefix, self.commands, self.results),
+            args=(rows, lanes, prefetch, self.prefix, commands_in, results_out),
             name=f"zephon_jax-worker-{index}",
             daemon=True,
         )
-        process.start()
+        try:
+            process.start()
+        finally:  # the worker's ends: only the worker may hold them (its death closes them)
+            commands_in.close()
+            results_out.close()
         self.pid = process.pid
-        self.commands.put(LoadDataset(payload))
+        self._readable = _Readable(self.results, process.sentinel)
+        self.send(LoadDataset(payload))
+
+    def send(self, command) -> None:
+        """Sends ``command`` without blocking (large ones as a :class:`Parcel`).
+
+        A dead worker's end is closed; its death is reported by the next :meth:`receive`.
+        """
+        blob = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(blob) > _INLINE_BYTES:
+            name = f"{self.prefix}p{next(self._parcel_ids)}"
+            segment = shared_memory.SharedMemory(name=name, create=True, size=len(blob))
+            assert segment.buf is not None  # an open segment has a buffer
+            segment.buf[: len(blob)] = blob
+            segment.close()
+            self.parcels.append(name)
+            blob = pickle.dumps(Parcel(name, len(blob)), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self.commands.send_bytes(blob)
+        except OSError:  # BrokenPipeError: the worker died
+            pass
 
     def describe(self) -> str:
         return f"loader worker {self.index} ({describe_lanes(self.lanes)}, pid {self.pid})"
 
     def receive(self):
         """The worker's next message; raises :class:`WorkerError` if it died first."""
+        results, process = self.results, self.process
         while True:
-            try:
-                return self.results.get(timeout=_POLL_S)
-            except queue.Empty:
-                pass
-            if not self.process.is_alive():
-                try:  # what it sent just before dying
-                    return self.results.get(timeout=_LAST_WORDS_S)
-                except queue.Empty:
+            ready = self._readable.wait()  # a message, or the worker's exit
+            if ready and ready[0] == 0:
+                try:
+                    message = _recv(results)
+                except EOFError:  # the worker exited; what it sent before was read
+                    process.join(_STOP_S)
                     raise WorkerError(self._death_message()) from None
+                if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
+                    self.parcels.clear()
+                return message
+            if not process.is_alive():  # exited, its pipe kept open by a process it started
+                raise WorkerError(self._death_message())
 
     def _death_message(self) -> str:
         code = self.process.exitcode
@@ -345,8 +459,8 @@ class _Worker:
             "with num_workers=0 to debug in-process"
         )
 
-    def free(self, batch: Batch) -> None:
-        self.commands.put(Free(batch.generation, batch.index, batch.slot))
+    def free(self, batch: Batch, keep_from: int = 0) -> None:
+        self.send(Free(batch.generation, batch.slot, keep_from))
 
     def drop_pending(self) -> None:
         """Forgets the messages read ahead (a new generation starts), freeing their slots."""
@@ -361,10 +475,7 @@ class _Worker:
             return
         process = self.process
         if process.is_alive():
-            try:
-                self.commands.put(Stop())
-            except (OSError, ValueError):
-                pass
+            self.send(Stop())
             process.join(_STOP_S)
         if process.is_alive():
             process.terminate()
@@ -372,12 +483,14 @@ class _Worker:
         if process.is_alive():
             process.kill()
             process.join()
-        for q in (self.commands, self.results):
-            q.cancel_join_thread()
-            q.close()
-        self.commands = self.results = None  # frees their semaphores now, not at exit
+        self.commands.close()
+        self.results.close()
+        self.commands = self.results = None
         self.pending.clear()
         self.slots.close()
+        for name in self.parcels:  # left unread by a worker that died
+            unlink_quietly(name)
+        self.parcels.clear()
         process.close()
 
 
@@ -416,12 +529,34 @@ def _pickle_dataset(batched, start_method: str) -> bytes:
         ) from e
 
 
+@dataclass(frozen=True)
+class StateAt:
+    """The lanes' state right after batch ``index`` (1: the first) since restore
+    ``generation``: the workers keep it until told otherwise."""
+
+    generation: int
+    index: int
+
+
+def _locked(method):
+    """Runs ``method`` holding the producer's lock (a device-prefetch thread makes the
+    batches while ``get_state`` asks for states)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class WorkerRowProducer:
     """A :class:`~zephon_jax.rows.Producer` whose lanes run in worker processes.
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
-      rows: the global rows to produce, in this order.
+      rows: the global rows to produce, in this order, or a function from a batch size to
+        them (as for :class:`~zephon_jax.rows.RowProducer`).
       num_workers: worker processes (at most one per needed lane).
       prefetch: batches each worker may produce ahead of the caller (>= 1).
       start_method: ``"spawn"`` (default; safe with JAX's threads) or
@@ -435,9 +570,9 @@ class WorkerRowProducer:
     def __init__(
         self,
         batched,
-        rows: Sequence[int],
+        rows: Sequence[int] | RowsOfSize,
         num_workers: int,
-        prefetch: int = 2,
+        prefetch: int = 4,
         start_method: str = DEFAULT_START_METHOD,
         agree_on_end: bool = True,
     ):
@@ -486,6 +621,8 @@ class WorkerRowProducer:
         self._states: Snapshots | None = {}
         self._ended = False
         self._failure: str | None = None
+        self._keep_from: int | None = None  # see keep_states_from
+        self._lock = threading.RLock()
 
     @property
     def rows(self) -> list[int]:
@@ -583,10 +720,11 @@ class WorkerRowProducer:
             )
 
     def _ask_states(self, worker: _Worker, index: int) -> Snapshots:
-        worker.commands.put(AskStates(self._generation, index))
+        worker.send(AskStates(self._generation, index))
         return self._receive(worker, (States,)).snapshots
 
     # ----- the Producer interface -----------------------------------------------------
+    @_locked
     def next_batch(self) -> Any:
         """The next batch of this producer's rows, or ``None`` at the end of a finite input."""
         self._check_usable()
@@ -623,12 +761,17 @@ class WorkerRowProducer:
             self._failure = f"the rows of a batch could not be assembled ({e!r})"
             raise
         finally:
+            # The loader may still ask for the state before this batch (provenance).
+            keep_from = messages[0].index - 1
+            if self._keep_from is not None:
+                keep_from = min(keep_from, self._keep_from)
             for worker, message in zip(self._workers, messages):
-                worker.free(message)
+                worker.free(message, keep_from)
         self._index = messages[0].index
         self._states = None
         return batch
 
+    @_locked
     def lane_snapshots(self) -> Snapshots:
         """Each lane's snapshot right after the last batch handed out (encode on demand).
 
@@ -648,6 +791,7 @@ class WorkerRowProducer:
             self._states = states
         return dict(sorted(self._states.items()))
 
+    @_locked
     def snapshots_before_last(self) -> Snapshots:
         """Each lane's snapshot right before the last batch handed out (for provenance)."""
         self._check_usable()
@@ -658,6 +802,35 @@ class WorkerRowProducer:
             states.update(self._ask_states(worker, self._index - 1))
         return dict(sorted(states.items()))
 
+    def state_at_last(self) -> StateAt:
+        """Where the state right after the last batch handed out is kept (no messages).
+
+        A device-prefetch thread notes it after each batch; :meth:`snapshots_at`
+        fetches the snapshots only when a state is asked for.
+        """
+        return StateAt(self._generation, self._index)
+
+    @_locked
+    def snapshots_at(self, at: StateAt) -> Snapshots:
+        """Each lane's snapshot at ``at`` (see :meth:`keep_states_from`), from the workers.
+
+        Also after a failure the workers made ahead, as long as they are alive.
+        """
+        if not self._finalizer.alive:
+            raise WorkerError("this producer is closed; create a new loader iterator")
+        if at.generation != self._generation:
+            raise PipelineError(f"{at} was taken before the last restore")
+        self._ensure_ready()
+        states: Snapshots = {}
+        for worker in self._workers:
+            states.update(self._ask_states(worker, at.index))
+        return dict(sorted(states.items()))
+
+    def keep_states_from(self, index: int | None) -> None:
+        """Keeps the snapshots from batch ``index`` on in the workers, for :meth:`snapshots_at`
+        (``None``: only those of the last batch handed out and the one before it)."""
+        self._keep_from = index
+
     def lane_states(self) -> dict[int, bytes]:
         """Each lane's state right after the last batch handed out (not the workers' own).
 
@@ -665,6 +838,7 @@ class WorkerRowProducer:
         """
         return encode_snapshots(self.lane_snapshots())
 
+    @_locked
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resets every worker to ``state``; on an error the stream is unchanged."""
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
@@ -699,7 +873,7 @@ class WorkerRowProducer:
         for (lanes, _, _), worker in zip(self._plan, self._workers):
             worker.drop_pending()
             lanes_state = {str(l): np.frombuffer(blobs[l], dtype=np.uint8) for l in lanes}
-            worker.commands.put(Restore(self._generation, {"lanes": lanes_state}))
+            worker.send(Restore(self._generation, {"lanes": lanes_state}))
         first, states = None, {}
         for worker in self._workers:
             try:
@@ -707,7 +881,7 @@ class WorkerRowProducer:
             except Exception as e:
                 first = first or (worker, e)
         if first is None:
-            self._states, self._index = states, 0
+            self._states, self._index, self._keep_from = states, 0, None
         return first
 
     def close(self) -> None:
@@ -727,10 +901,10 @@ class WorkerRowProducer:
         count = len(self._rows[size])
         parts, places = [], []  # per worker with rows: {field: view or inline array}, places
         for worker, message, plan in zip(self._workers, messages, self._plan):
-            if message.layout is None:
+            if not message.rows:
                 continue
             places.append(plan[2][size])
-            parts.append(worker.slots.views(message.slot, message.layout))
+            parts.append(worker.slots.views(message.slot))
         try:
             keys = [tuple(p) for p in parts]
             if any(k != keys[0] for k in keys):
@@ -743,7 +917,7 @@ class WorkerRowProducer:
                 key: self._gather(key, [p[key] for p in parts], places, count) for key in keys[0]
             }
         finally:
-            del parts  # drop the views before the slots are reused
+            del parts  # only the slot readers keep views
         return out[None] if None in out else out
 
     def _gather(self, key, values: list[np.ndarray], places: list, count: int) -> np.ndarray:

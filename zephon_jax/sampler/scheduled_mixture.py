@@ -218,7 +218,7 @@ class MixtureDrawer:
         while True:
             best = -1
             for j, q in enumerate(quanta):
-                if q == 0 or (ends[j] is not None and next_sub[j] >= ends[j]):  # type: ignore[operator]
+                if q == 0 or ((end := ends[j]) is not None and next_sub[j] >= end):
                     continue
                 if best < 0 or credits[j] > credits[best]:
                     best = j
@@ -237,7 +237,7 @@ class MixtureDrawer:
             if n:
                 total = 0
                 for j, q in enumerate(quanta):
-                    if q and (ends[j] is None or next_sub[j] < ends[j] or j == best):  # type: ignore[operator]
+                    if q and ((end := ends[j]) is None or next_sub[j] < end or j == best):
                         credits[j] += q * n
                         total += q
                 credits[best] -= total * n

@@ -710,7 +710,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     inputs = _describe_inputs(opts)
     outputs = _Outputs(opts, _job_identity(opts, inputs))
     if outputs.complete:
-        _check_not_empty(outputs, opts, BadRecordCauses())
+        _check_not_empty(outputs.position, outputs.complete, opts, BadRecordCauses())
         return _summary(outputs, 0.0, 0.0)
     if outputs.resumed and stream is not None:
         at = outputs.position
@@ -807,7 +807,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
             f"interrupted ({stop.requested}): {outputs.position.docs:,} documents committed to "
             f"{opts.output}; run the same command again to resume"
         )
-    _check_not_empty(outputs, opts, causes)
+    _check_not_empty(outputs.position, outputs.complete, opts, causes)
     return _summary(outputs, time.perf_counter() - start, run_bytes)
 
 
@@ -836,10 +836,11 @@ class BadRecordCauses:
         return f"... and {total:,} more bad records skipped: {parts}"
 
 
-def _check_not_empty(outputs: _Outputs, opts: PrepareOptions, causes: BadRecordCauses) -> None:
+def _check_not_empty(
+    pos: _Position, complete: bool, opts: PrepareOptions, causes: BadRecordCauses
+) -> None:
     """Raise PrepareError when a complete job wrote no document, naming why and the fix."""
-    pos = outputs.position
-    if not outputs.complete or pos.docs > 0:
+    if not complete or pos.docs > 0:
         return
     if pos.bad == 0 and pos.empty == 0:
         raise PrepareError(f"no documents: the inputs {list(opts.inputs)} hold no records")

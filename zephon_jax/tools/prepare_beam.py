@@ -409,10 +409,5 @@ def prepare_beam(
         target="store",
     )
     if store.num_docs == 0:
-
-        class _Done:
-            complete = True
-            position = _Position(**committed)
-
-        _check_not_empty(_Done(), opts, causes)  # type: ignore[arg-type]
+        _check_not_empty(_Position(**committed), True, opts, causes)
     return summary
