@@ -291,10 +291,10 @@ class Rebuilder:
         lane = self.lane
         post = lane.plan.post_transforms[index]
         try:
-            if op.passthrough:
-                data = inputs[0]  # type: ignore[index]
-            elif inputs is None:
+            if inputs is None:
                 data = lineage.data
+            elif op.passthrough:
+                data = inputs[0]
             else:
                 try:
                     data = op.remake(lineage[1], inputs)

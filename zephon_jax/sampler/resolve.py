@@ -61,7 +61,7 @@ def resolve_lanes(
     sizes = [len(p) for p in positions]
     flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions])
     lane_of = np.repeat(np.asarray(lanes, dtype=np.int64), sizes)
-    records, epochs, valid = node.locate(lane_of, flat, num_lanes)  # type: ignore[arg-type]
+    records, epochs, valid = node.locate(lane_of, flat, num_lanes)
     out = []
     for start, stop in zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()):
         n = stop - start
