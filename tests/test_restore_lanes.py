@@ -133,3 +133,33 @@ def test_garbage_collector_is_paused_only_while_restoring():
     with pytest.raises(RuntimeError), paused_gc():
         raise RuntimeError
     assert gc.isenabled()
+
+
+class FailingSource:
+    """An in-memory source whose batched reads fail once ``broken`` is set."""
+
+    def __init__(self, docs):
+        self.docs = docs
+        self.broken = False
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, i):
+        return self.docs[i]
+
+    def __getitems__(self, indices):
+        if self.broken:
+            raise OSError("the disk is gone")
+        return [self.docs[i] for i in indices]
+
+
+def test_a_failed_read_while_restoring_lanes_together_names_them():
+    source = FailingSource(make_docs(200, 40, seed=3))
+    ds = zj.Dataset.source(source).shuffle(seed=1).split(16).pack(16, num_bins=3).batch(8)
+    it = iter(zj.Loader(ds))
+    take(it, 3)
+    state = it.get_state()
+    source.broken = True
+    with pytest.raises(zj.RecordError, match=r"lanes 0\.\.7: reading records .*the disk is gone"):
+        iter(zj.Loader(ds)).set_state(state)

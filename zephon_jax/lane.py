@@ -463,13 +463,11 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
             by_leaf.setdefault(leaf_id, []).append((k, valid[leaf_of == leaf_id]))
     for leaf_id, parts in by_leaf.items():
         records = [resolutions[k].record[where].tolist() for k, where in parts]
-        first, (k0, where0) = lanes[parts[0][0]], parts[0]
-        who = f"lane {first.lane}" if len(parts) == 1 else f"lanes {first.lane}.."
-        if len(parts) > 1:
-            who += f"{lanes[parts[-1][0]].lane} (restored together)"
-        datas = first._read_leaf(
-            leaf_id, [r for part in records for r in part], positions[k0][where0[:8]].tolist(), who
-        )
+        (k0, where0), k1 = parts[0], parts[-1][0]
+        first = lanes[k0]
+        who = f"lane {first.lane}" if k0 == k1 else f"lanes {first.lane}..{lanes[k1].lane}"
+        shown = positions[k0][where0[:8]].tolist() if k0 == k1 else None
+        datas = first._read_leaf(leaf_id, [r for part in records for r in part], shown, who)
         at = 0
         for (k, where), part in zip(parts, records):
             lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])
