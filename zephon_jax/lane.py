@@ -254,10 +254,14 @@ class Lane:
 
     def _read_ahead(self) -> None:
         """Reads the next block of positions (growing blocks, up to ``plan.max_ahead``)."""
-        start = self.next_position
+        self._ahead.extend(self.read_roots(self._next_block()))
+
+    def _next_block(self) -> np.ndarray:
+        """The positions the next read-ahead reads (after those already read ahead)."""
+        start = self.next_position + len(self._ahead)
         count = self._ahead_size
         self._ahead_size = min(self.plan.max_ahead, self._ahead_size * 2)
-        self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
+        return np.arange(start, start + count, dtype=np.int64)
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
@@ -473,3 +477,13 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
             lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])
             at += len(part)
     return outs
+
+
+def read_ahead_together(lanes: Sequence[Lane]) -> None:
+    """Has each of ``lanes`` (sampler-drawn, input not done, nothing read ahead) read
+    its next block ahead, all together (see :func:`read_roots_of_lanes`): what each
+    would read first on its own, with one resolve and one read per source."""
+    if lanes:
+        blocks = [lane._next_block() for lane in lanes]
+        for lane, items in zip(lanes, read_roots_of_lanes(lanes, blocks)):
+            lane._ahead.extend(items)

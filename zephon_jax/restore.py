@@ -49,20 +49,25 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def restore_lanes(lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot]) -> None:
+def restore_lanes(
+    lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot], read_ahead: bool = False
+) -> None:
     """Sets ``lanes[i]`` (lanes of one plan) to the checked ``snapshots[i]``, for each ``i``.
 
     The sampler records all the snapshots point to are read together, one batched
-    read per source; then each lane's carries and unbatched rows are rebuilt. The
-    result is the same as restoring the lanes one by one. Raises
-    :class:`StateError` naming the lane if a snapshot does not fit the pipeline;
-    no lane's records and carries change then.
+    read per source; then each lane's carries and unbatched rows are rebuilt. With
+    ``read_ahead``, the lanes then read their next block ahead, together too (the
+    lanes change even if that read fails: pass fresh lanes). The result is the same
+    as restoring the lanes one by one. Raises :class:`StateError` naming the lane if
+    a snapshot does not fit the pipeline; no lane's records and carries change then.
     """
     with paused_gc():
-        _restore_lanes(lanes, snapshots)
+        _restore_lanes(lanes, snapshots, read_ahead)
 
 
-def _restore_lanes(lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot]) -> None:
+def _restore_lanes(
+    lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot], read_ahead: bool
+) -> None:
     for lane, snapshot in zip(lanes, snapshots):
         _set_mixture_carry(lane, snapshot)
     rebuilders = [Rebuilder(lane) for lane in lanes]
@@ -94,6 +99,10 @@ def _restore_lanes(lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot]) -> 
         restored.append((carries, pending))
     for lane, snapshot, (carries, pending) in zip(lanes, snapshots, restored):
         lane.load(snapshot, carries, pending)
+    if read_ahead:  # the first blocks the lanes read next, read together too
+        from zephon_jax.lane import read_ahead_together
+
+        read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
 
 
 def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:

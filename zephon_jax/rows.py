@@ -286,7 +286,7 @@ class RowProducer:
         error the producer is unchanged."""
         snapshots = self.check_state(state) if checked is None else checked
         lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
-        restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes])
+        restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes], read_ahead=True)
         steps = {lane.step for lane in lanes.values()}
         if len(steps) > 1:
             raise StateError(
