@@ -26,6 +26,7 @@ and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 from typing import Any, Sequence
 
@@ -35,6 +36,7 @@ from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
+from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve, resolve_lanes
@@ -52,6 +54,8 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
+_BLOCK_PER_ROW = 8  # records per row still needed in the first block of a take
+_MAX_BLOCK = 128
 _LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
@@ -69,6 +73,7 @@ class LanePlan:
         self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
         self.post_transforms = [stage.transforms for stage in batched.stages]
+        self.step_blocks = [step_block_of(op) for op in self.operators]
         self.num_operators = len(self.operators)
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
         # A lane that reads this many records without a row reaching the batch (all of
@@ -254,9 +259,9 @@ class Lane:
 
     def _read_ahead(self) -> None:
         """Reads the next block of positions (growing blocks, up to ``plan.max_ahead``)."""
-        self._ahead.extend(self.read_roots(self._next_block()))
+        self._ahead.extend(self.read_roots(self._ahead_block()))
 
-    def _next_block(self) -> np.ndarray:
+    def _ahead_block(self) -> np.ndarray:
         """The positions the next read-ahead reads (after those already read ahead)."""
         start = self.next_position + len(self._ahead)
         count = self._ahead_size
@@ -265,31 +270,51 @@ class Lane:
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
+        """Steps operator ``stage`` over a block of elements, then the next one over its
+        outputs; rows out of the last operator go to ``pending``."""
         plan = self.plan
         if stage > self._deepest and elements:
             self._deepest = stage
         if stage == plan.num_operators:
             self._row_reached(elements)
             return
-        op = plan.operators[stage]
         post = plan.post_transforms[stage]
-        last = stage + 1 == plan.num_operators and not post
-        for element in elements:
-            try:
-                carry, outputs = op.step(self.carries[stage], element)
-            except PipelineError as e:
-                raise PipelineError(f"{e}\n  (at {self.where(element.lineage)})") from e
-            except ZephonError:
-                raise
-            except Exception as e:
-                raise user_error(op.describe(), self.where(element.lineage), e) from e
-            self.carries[stage] = carry
-            if not outputs:
-                continue
-            if last:
-                self._row_reached(outputs)
-            else:
-                self._push(stage + 1, self._post(stage, post, outputs))
+        failed = None
+        try:
+            carry, outputs = plan.step_blocks[stage](self.carries[stage], elements)
+        except StepFailed as e:
+            failed = e
+        except ZephonError:
+            raise
+        except Exception as e:  # a step_block that does not say which element failed
+            op = plan.operators[stage]
+            where = (
+                f"{self.where(elements[0].lineage)} (or another of its block of {len(elements)})"
+            )
+            raise user_error(op.describe(), where, e) from e
+        if failed is not None:
+            # The outputs of the elements before the failing one go on first, as one by one.
+            self.carries[stage] = failed.carry
+            if failed.outputs:
+                self._push_outputs(stage, post, failed.outputs)
+            self._raise_step_error(stage, elements[failed.index], failed.error)
+        self.carries[stage] = carry
+        if outputs:
+            self._push_outputs(stage, post, outputs)
+
+    def _push_outputs(self, stage: int, post, outputs) -> None:
+        if stage + 1 == self.plan.num_operators and not post:
+            self._row_reached(outputs)
+        else:
+            self._push(stage + 1, self._post(stage, post, outputs))
+
+    def _raise_step_error(self, stage: int, element: Element, error: BaseException) -> None:
+        if isinstance(error, PipelineError):
+            raise PipelineError(f"{error}\n  (at {self.where(element.lineage)})") from error
+        if isinstance(error, ZephonError):
+            raise error
+        op = self.plan.operators[stage]
+        raise user_error(op.describe(), self.where(element.lineage), error) from error
 
     def _row_reached(self, rows) -> None:
         if rows:
@@ -342,34 +367,76 @@ class Lane:
         return rows
 
     def _take(self, n: int) -> list[Element] | None:
-        pending, ahead, push = self.pending, self._ahead, self._push
+        pending = self.pending
+        if len(pending) >= n:  # made ahead by the last block
+            return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
+        push = self._push
         limit = self.plan.max_records_without_row
         drawer = self.drawer
         if drawer is not None:
             stage = drawer.node.stages.index_at(self.step)
+        # Records go through the operators in blocks: _BLOCK_PER_ROW per row still
+        # needed, doubling while they yield too few rows (up to _MAX_BLOCK). The sizes
+        # depend only on the state, so a restored lane cuts the same blocks.
+        size = 0
         while len(pending) < n:
             if self.input_done:
                 return None
-            if drawer is not None:
+            if drawer is not None:  # one at a time: its draws depend on the step
                 item = drawer.draw(stage, self.next_position)
                 if item is None:
-                    item = _END
+                    self._finish_input()
+                    continue
+                self.next_position += 1
+                if item is _SKIP:
+                    continue
+                self._without_row += 1  # reset by _push when a row reaches ``pending``
+                if item is not DROP:
+                    push(0, (item,))
             else:
-                if not ahead:
-                    self._read_ahead()
-                item = ahead.popleft()
-            if item is _END:  # the position is not consumed
-                self._finish_input()
-                continue
-            self.next_position += 1
-            if item is _SKIP:
-                continue
-            self._without_row += 1  # reset by _push when a row reaches ``pending``
-            if item is not DROP:
-                push(0, (item,))
+                size = min(_MAX_BLOCK, max(2 * size, _BLOCK_PER_ROW * (n - len(pending))))
+                # No block reads past the record that makes the no-progress error.
+                got = self._next_block(min(size, limit + 1 - self._without_row))
+                if got is None:
+                    self._finish_input()
+                    continue
+                block, counted = got
+                self._without_row += counted  # reset by _push when a row reaches ``pending``
+                if block:
+                    push(0, block)
             if self._without_row > limit:
                 self._raise_no_progress()
         return [pending.popleft() for _ in range(n)]
+
+    def _next_block(self, size: int) -> tuple[list, int] | None:
+        """The records at the next ``size`` positions (fewer where the input ends), less
+        those skipped or filtered, and how many were not skipped; None at the end."""
+        ahead = self._ahead
+        block: list = []
+        counted = 0
+        while size:
+            if not ahead:
+                self._read_ahead()
+            items = list(itertools.islice(ahead, size))
+            end = _END in items
+            if end:  # the position of _END is not consumed
+                items = items[: items.index(_END)]
+                if not items and not block:
+                    ahead.popleft()
+                    return None
+            for _ in items:
+                ahead.popleft()
+            self.next_position += len(items)
+            if _SKIP in items or DROP in items:
+                counted += sum(item is not _SKIP for item in items)
+                block += [item for item in items if item is not _SKIP and item is not DROP]
+            else:
+                counted += len(items)
+                block += items
+            if end:
+                break
+            size -= len(items)
+        return block, counted
 
     def _raise_no_progress(self) -> None:
         count = self._without_row
@@ -400,17 +467,14 @@ class Lane:
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
         only when a state is asked for.
         """
-        carries = []
-        for op, carry in zip(self.plan.operators, self.carries):
-            held, aux = op.save(carry)
-            carries.append((tuple(map(_lineage, held)), aux))
+        carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         pending = tuple(map(_lineage, self.pending))
         mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
             LANE_FORMAT,
             self.next_position,
             self.input_done,
-            tuple(carries),
+            carries,
             pending,
             self.step,
             mixture,
@@ -484,6 +548,6 @@ def read_ahead_together(lanes: Sequence[Lane]) -> None:
     its next block ahead, all together (see :func:`read_roots_of_lanes`): what each
     would read first on its own, with one resolve and one read per source."""
     if lanes:
-        blocks = [lane._next_block() for lane in lanes]
+        blocks = [lane._ahead_block() for lane in lanes]
         for lane, items in zip(lanes, read_roots_of_lanes(lanes, blocks)):
             lane._ahead.extend(items)

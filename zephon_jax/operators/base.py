@@ -4,11 +4,23 @@ Every operator, built-in or user-defined, is a :class:`LineageOperator`:
 
 * ``init(lane) -> carry``: the empty carry of a lane.
 * ``step(carry, element) -> (carry, outputs)``: consume one input element.
+* optional ``step_block(carry, elements) -> (carry, outputs)``: consume a block
+  of input elements; exactly the fold of ``step`` over them (the outputs
+  concatenated in order). Without it the engine folds ``step``
+  (:func:`fold_steps`); an operator defines it to spend less per element
+  (``split``, ``pack``). If element ``i`` raises, it raises :class:`StepFailed`
+  naming ``i``, with the outputs of the elements before it. (It is not part of
+  the protocol's required members, so operators written without it still match.)
 * ``flush(carry) -> (carry, outputs)``: called once when a finite input ends.
 * ``remake(recipe, inputs) -> data``: the data of an output made by
   :func:`~zephon_jax.lineage.derive`, from its recipe and its inputs' data.
 * ``save(carry) -> Saved`` and ``load(saved, lane) -> carry``: the carry's saved
   form and back (see :class:`Saved`).
+* optional ``save_lineages(carry) -> (lineages, aux)``: ``save`` with the held
+  elements written as their lineages (what a lane snapshot stores); the
+  default (:func:`save_lineages`) maps ``save``'s. An operator defines it to
+  spend less per snapshot (``pack`` reuses the lineages of bins that did not
+  change).
 
 Outputs are :class:`~zephon_jax.lineage.Element` s: either an input element
 passed through unchanged (operators with ``passthrough = True``: reorder, delay
@@ -26,12 +38,21 @@ anything (mutable buffers, caches) as long as: ``step`` may update it in place
 and returns the carry to use next; ``save`` returns data that later ``step`` s
 cannot change; nothing in it depends on the process, worker or topology.
 
+**Blocks.** A lane pushes its records through the operators in blocks (a few
+records, sized from the rows it still needs): operator ``k`` steps over a
+block, then operator ``k + 1`` over the outputs. Because ``step_block`` is the
+fold of ``step`` and operators share nothing, every operator sees the same
+inputs in the same order as one element at a time, so the rows are the same;
+a lane may finish a few rows ahead, which its state holds as pointers.
+
 Record-level user operators (:class:`Operator`) run through an adapter that
 stores their carry and outputs by value (``zephon_jax.operators.user``).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from zephon_jax.lineage import Element
@@ -49,6 +70,56 @@ class Saved(NamedTuple):
 
     held: tuple[Element, ...] = ()
     aux: Any = None
+
+
+class StepFailed(Exception):
+    """``step_block`` failed on element ``index`` of its block with ``error`` (its cause).
+
+    ``outputs``: the outputs of the elements before it, in order; ``carry``: the carry
+    after them (the engine delivers those outputs, then raises ``error`` naming the element).
+    """
+
+    def __init__(self, index: int, error: BaseException, outputs: Sequence[Element], carry: Carry):
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+        self.outputs = outputs
+        self.carry = carry
+
+
+_lineage = operator.attrgetter("lineage")
+
+
+def save_lineages(op: Any, carry: Carry) -> tuple[tuple, Any]:
+    """``op.save(carry)`` with its held elements as lineages: ``(lineages, aux)``.
+
+    Uses ``op.save_lineages`` when the operator has one (it must return exactly
+    this), else maps the lineages of ``save``'s elements.
+    """
+    own = getattr(op, "save_lineages", None)
+    if own is not None:
+        return own(carry)
+    held, aux = op.save(carry)
+    return tuple(map(_lineage, held)), aux
+
+
+def fold_steps(step: Callable, carry: Carry, elements: Sequence[Element]):
+    """``step`` folded over ``elements``: ``(carry, outputs)``; the default ``step_block``."""
+    outputs: list[Element] = []
+    for index, element in enumerate(elements):
+        try:
+            carry, out = step(carry, element)
+        except Exception as e:
+            raise StepFailed(index, e, outputs, carry) from e
+        if out:
+            outputs.extend(out)
+    return carry, outputs
+
+
+def step_block_of(op: Any) -> Callable:
+    """``op.step_block``, or the fold of ``op.step`` for an operator without one."""
+    block = getattr(op, "step_block", None)
+    return block if block is not None else functools.partial(fold_steps, op.step)
 
 
 @runtime_checkable

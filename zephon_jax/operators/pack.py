@@ -16,7 +16,10 @@ batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes)
 from __future__ import annotations
 
 import bisect
-from typing import Any, Mapping
+import operator
+from itertools import chain, compress, repeat
+from operator import getitem, is_not
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -24,7 +27,7 @@ from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.lineage import Element
-from zephon_jax.operators.base import LineageOperator, Saved
+from zephon_jax.operators.base import LineageOperator, Saved, StepFailed
 from zephon_jax.operators.packing import PackedRow, PackSpec
 
 DEFAULT_NUM_BINS = 32
@@ -33,41 +36,86 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: their pieces, elements, lineages, lengths and fills.
+    """The open rows of one lane: the pieces, elements and fill of each.
 
-    ``held[i]``, ``lineages[i]`` and ``lengths[i]`` are immutable tuples shared
-    with saved forms and outputs, so a save copies nothing that did not change.
+    ``pieces[i]`` are the ``(arrays, 0, n)`` pieces of the records in bin ``i``
+    and ``held[i]`` their elements, in segment order; ``fill[i]`` is their total
+    length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
     """
 
     __slots__ = (
         "fields",
         "pieces",
         "held",
-        "lineages",
-        "lengths",
         "fill",
         "fill_array",
         "order",
-        "saved",
+        "_saved",
+        "_lineage_form",
+        "_tails",
+        "_bin_lineages",
     )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
-        self.held: list[tuple[Element, ...]] = [()] * num_bins
-        self.lineages: list[tuple] = [()] * num_bins
-        self.lengths: list[tuple[int, ...]] = [()] * num_bins
+        self.held: list[list[Element]] = [[] for _ in range(num_bins)]
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
-        self.order: list[tuple[int, int]] | None = None  # best_fit: sorted (fill, -bin)
-        self.saved: Saved | None = None  # the saved form, until a bin changes
+        self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
+        self._saved: Saved | None = None  # the saved form, until a bin changes
+        self._lineage_form: tuple[tuple, tuple] | None = None  # the same, as lineages
+        # At the last lineage_form: each bin's last element (None: empty) and lineages.
+        self._tails: list[Element | None] = [None] * num_bins
+        self._bin_lineages: list[tuple] = [()] * num_bins
+
+    @property
+    def saved(self) -> Saved | None:
+        """The saved form (``None`` until made); setting it (``None`` when a bin
+        changes) also drops the cached :meth:`lineage_form`."""
+        return self._saved
+
+    @saved.setter
+    def saved(self, saved: Saved | None) -> None:
+        self._saved = saved
+        self._lineage_form = None
+
+    def lineage_form(self) -> tuple[tuple, tuple]:
+        """The lineages of the held records in bin order, and each bin's count.
+
+        A bin ending with the same element as at the last call did not change: an
+        element goes into one bin once, ``append`` puts it last, and only ``emit``
+        removes it (with all the bin). Those bins' lineages are reused, so a call
+        costs in proportion to the bins changed since, plus one tuple of all.
+        """
+        form = self._lineage_form
+        if form is None:
+            held = self.held
+            try:
+                tails = list(map(getitem, held, repeat(-1, len(held))))
+            except IndexError:  # an empty bin
+                tails = [bin_[-1] if bin_ else None for bin_ in held]
+            done, before = self._bin_lineages, self._tails
+            for i in compress(range(len(held)), map(is_not, tails, before)):
+                bin_, old, lineages = held[i], before[i], done[i]
+                k = len(lineages)
+                if old is not None and k < len(bin_) and bin_[k - 1] is old:
+                    done[i] = lineages + tuple(map(_lineage, bin_[k:]))  # appended since
+                else:
+                    done[i] = tuple(map(_lineage, bin_))
+            self._tails = tails  # keeps them alive: identities stay unambiguous
+            form = self._lineage_form = (tuple(chain.from_iterable(done)), tuple(map(len, done)))
+        return form
+
+    @property
+    def lineages(self) -> tuple[tuple, ...]:
+        """The lineages of the records in each bin."""
+        return tuple(tuple(e.lineage for e in bin_) for bin_ in self.held)
 
     def add(self, i: int, piece: tuple, element: Element, n: int) -> None:
         self.pieces[i].append(piece)
-        self.held[i] = self.held[i] + (element,)
-        self.lineages[i] = self.lineages[i] + (element.lineage,)
-        self.lengths[i] = self.lengths[i] + (n,)
+        self.held[i].append(element)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
@@ -75,18 +123,28 @@ class Bins:
 
     def emit(self, i: int, spec: PackSpec) -> Element:
         """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
-        row = PackedRow(spec, self.fields or (), self.pieces[i])
-        # What derive(row, held[i], lengths[i]) makes, without walking the bin again.
-        element = Element(row, (self.lineages[i], self.lengths[i]))
+        pieces = self.pieces[i]
+        row = PackedRow(spec, self.fields or (), pieces)
+        # What derive(row, held[i], lengths) makes.
+        lineages = tuple(map(_lineage, self.held[i]))
+        element = Element(row, (lineages, tuple(map(_length, pieces))))
         self.pieces[i] = []
-        self.held[i] = ()
-        self.lineages[i] = ()
-        self.lengths[i] = ()
+        self.held[i] = []
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
         self.saved = None
         return element
+
+
+def _code(fill: int, i: int, num_bins: int) -> int:
+    """Sorts bins by fill, then by index downwards: ``(fill, -i)`` as one int
+    (inlined in :meth:`BinPackOperator.step_block`)."""
+    return fill * num_bins + num_bins - 1 - i
+
+
+_lineage = operator.attrgetter("lineage")
+_length = operator.itemgetter(2)  # of a piece ``(arrays, start, stop)`` with start 0
 
 
 class BinPackOperator(LineageOperator):
@@ -121,12 +179,111 @@ class BinPackOperator(LineageOperator):
         self.max_held = self.num_bins * min(self.seq_len, self.spec.max_segments or self.seq_len)
 
     def step(self, carry: Bins | None, element: Element):
+        try:
+            return self.step_block(carry, (element,))
+        except StepFailed as failed:
+            error = failed.error
+        raise error
+
+    def step_block(self, carry: Bins | None, elements: Sequence[Element]):
+        """The fold of ``step`` over ``elements``, in one loop over plain ints.
+
+        ``best_fit`` takes the fullest bin filled to at most ``seq_len - n`` (ties:
+        the lowest index) by bisection in the sorted bin codes; ``first_fit`` the
+        lowest such bin. If none fits, the fullest bin (the lowest of equals) is
+        emitted and the record starts a new row there.
+        """
+        out: list[Element] = []
+        start = 0
+        if carry is None:  # made by the first record that is not empty
+            for start, element in enumerate(elements):
+                try:
+                    carry = self._admit(None, element)[0]
+                except Exception as e:
+                    raise StepFailed(start, e, out, carry) from e
+                if carry is not None:
+                    break
+            else:
+                return carry, out
+        return carry, self._place(carry, elements, start, out)
+
+    def _place(self, carry: Bins, elements: Sequence[Element], start: int, out: list[Element]):
+        """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows."""
+        spec = self.spec
+        seq_len = spec.seq_len
+        max_segments = spec.max_segments or -1
+        width = self.num_bins
+        top = width - 1
+        bisect_right, insort = bisect.bisect_right, bisect.insort
+        ndarray = np.ndarray
+        fill, pieces_of, held_of, fill_array = (
+            carry.fill,
+            carry.pieces,
+            carry.held,
+            carry.fill_array,
+        )
+        emit = carry.emit
+        order = None
+        if self.method == "best_fit":
+            order = carry.order
+            if order is None:  # kept sorted from here on; rebuilt after a restore or flush
+                order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
+        carry.saved = None  # the block changes it (no save runs until it returns)
+        fields = carry.fields
+        single = fields[0] if fields is not None and len(fields) == 1 else None
+        for index in range(start, len(elements)):
+            element = elements[index]
+            data = element.data
+            n = -1
+            if single is not None and type(data) is dict and len(data) == 1:
+                value = data.get(single)
+                if type(value) is ndarray and value.ndim == 1:
+                    n = value.shape[0]
+                    arrays = (value,)
+            if not 0 < n <= seq_len:  # the checks of any other record, with their errors
+                try:
+                    _, arrays, n = self._admit(carry, element)
+                except Exception as e:
+                    raise StepFailed(index, e, out, carry) from e
+                if n == 0:
+                    continue
+            room = seq_len - n
+            if order is not None:  # best_fit
+                k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
+                i = top - order.pop(k if k >= 0 else -1) % width
+            elif fill_array is None:  # first_fit, a scan in Python
+                for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
+                    if u <= room:
+                        break
+                else:
+                    i = fill.index(max(fill))
+            else:  # first_fit over many bins
+                fits = fill_array <= room
+                i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
+            if fill[i] > room:  # fits no bin: the fullest one goes out
+                out.append(emit(i, spec))
+            pieces = pieces_of[i]
+            pieces.append((arrays, 0, n))
+            held_of[i].append(element)
+            used = fill[i] = fill[i] + n
+            if fill_array is not None:
+                fill_array[i] = used
+            if used == seq_len or len(pieces) == max_segments:
+                out.append(emit(i, spec))
+                used = 0
+            if order is not None:
+                insort(order, used * width + top - i)  # _code(used, i, width)
+        return out
+
+    def _admit(self, carry: Bins | None, element: Element) -> tuple[Bins | None, tuple, int]:
+        """Checks a record; returns the carry (made at the first record), its arrays and
+        its length (0: an empty record, dropped)."""
         spec = self.spec
         fields, arrays, n = spec.record(element.data, element.lineage)
         if n > spec.seq_len:
             raise spec.too_long(n, element.lineage)
         if n == 0:
-            return carry, []
+            return carry, arrays, 0
         if carry is None:
             carry = Bins(self.num_bins)
         if carry.fields is None:
@@ -136,38 +293,7 @@ class BinPackOperator(LineageOperator):
                 f"pack got records with fields {list(fields)} after records with fields "
                 f"{list(carry.fields)}; every record must have the same fields"
             )
-        out: list[Element] = []
-        room = spec.seq_len - n
-        if self.method == "best_fit":
-            i = self._best_fit(carry, room)
-        else:
-            i = self._first_fit(carry, room)
-        if carry.fill[i] > room:  # fits no bin: the fullest one goes out
-            out.append(carry.emit(i, spec))
-        carry.add(i, (arrays, 0, n), element, n)
-        if carry.fill[i] == spec.seq_len or len(carry.pieces[i]) == spec.max_segments:
-            out.append(carry.emit(i, spec))
-        if carry.order is not None:
-            bisect.insort(carry.order, (carry.fill[i], -i))
-        return carry, out
-
-    def _best_fit(self, carry: Bins, room: int) -> int:
-        """Takes the fullest bin filled to at most ``room`` (else the fullest bin) out of
-        the fill order and returns its index; ties go to the lowest index."""
-        order = carry.order
-        if order is None:  # kept sorted from here on; rebuilt after a restore or flush
-            order = carry.order = sorted((u, -i) for i, u in enumerate(carry.fill))
-        k = bisect.bisect_right(order, (room, 1)) - 1
-        return -order.pop(k if k >= 0 else -1)[1]
-
-    def _first_fit(self, carry: Bins, room: int) -> int:
-        """The lowest bin filled to at most ``room``, else the (lowest) fullest bin."""
-        if carry.fill_array is None:
-            i = next((j for j, u in enumerate(carry.fill) if u <= room), -1)
-        else:
-            fits = carry.fill_array <= room
-            i = int(fits.argmax()) if fits.any() else -1
-        return i if i >= 0 else carry.fill.index(max(carry.fill))
+        return carry, arrays, n
 
     def flush(self, carry: Bins | None):
         if carry is None:
@@ -183,6 +309,13 @@ class BinPackOperator(LineageOperator):
             held = tuple(e for bin_ in carry.held for e in bin_)
             carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
         return carry.saved
+
+    def save_lineages(self, carry: Bins | None) -> tuple[tuple, tuple | None]:
+        """``save`` with the held records as their lineages, built from the lineages of
+        the bins that did not change since the last call (see :meth:`Bins.lineage_form`)."""
+        if carry is None:
+            return (), None
+        return carry.lineage_form()
 
     def load(self, saved: Saved, lane: int) -> Bins | None:
         counts = saved.aux
@@ -215,9 +348,7 @@ class BinPackOperator(LineageOperator):
                 pieces.append((arrays, 0, n))
                 lengths.append(n)
             carry.pieces[i] = pieces
-            carry.held[i] = elements
-            carry.lineages[i] = tuple([element.lineage for element in elements])
-            carry.lengths[i] = tuple(lengths)
+            carry.held[i] = list(elements)
             carry.fill[i] = sum(lengths)
             if carry.fill_array is not None:
                 carry.fill_array[i] = carry.fill[i]

@@ -237,11 +237,12 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
     for row in rows:
         used = 0
         for k, (arrays, start, stop) in enumerate(row.pieces, 1):
-            if single:
-                values0.append(arrays[0][start:stop])
+            if single:  # a whole record (as pack holds them) needs no slice
+                array = arrays[0]
+                values0.append(array if start == 0 and stop == len(array) else array[start:stop])
             else:
                 for values, array in zip(parts, arrays):
-                    values.append(array[start:stop])
+                    values.append(array if start == 0 and stop == len(array) else array[start:stop])
             lengths.append(stop - start)
             segments.append(k)
             used += stop - start
@@ -283,9 +284,13 @@ def _positions(segment: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 def _concatenate(values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec):
     """``np.concatenate(values)`` as ``dtype``, raising where a value would change."""
+    try:
+        out = np.concatenate(values)
+    except (TypeError, ValueError):  # dtypes that do not promote together: checked below
+        out = None
+    if out is not None and out.dtype == dtype:  # every value promotes to dtype safely
+        return out
     sources = {v.dtype for v in values}
-    if sources == {dtype}:
-        return np.concatenate(values)
     out = np.concatenate(values, dtype=dtype, casting="unsafe")
     unsafe = sources - {dtype}
     unsafe = {d for d in unsafe if not np.can_cast(d, dtype, "safe")}

@@ -5,7 +5,7 @@ their carry bounds and the transforms after each, the lanes, the rows per lane
 and the fingerprint a checkpoint must match. The timing runs the pipeline on
 one process for a number of global batches with every stage timed on its own:
 reading sources, each stage's per-record transforms, each operator (its
-``step``/``flush`` only), and assembling batches; then the bytes each operator's
+``step_block``/``flush`` only), and assembling batches; then the bytes each operator's
 carry takes in a lane state.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from zephon_jax.dataset import BatchedDataset, Dataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.operators.base import step_block_of
 from zephon_jax.sampler.mixture import MixtureNode
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode
 from zephon_jax.sampler.source import describe_source
@@ -177,6 +178,7 @@ class _TimedOperator:
     def __init__(self, op, clock: _Clock, name: str):
         self._op = op
         self.step = clock.wrap(name, op.step)
+        self.step_block = clock.wrap(name, step_block_of(op))
         self.flush = clock.wrap(name, op.flush)
 
     def __getattr__(self, attr):
@@ -206,6 +208,7 @@ def _instrument(plan, batched: BatchedDataset, clock: _Clock) -> None:
     plan.operators = [
         _TimedOperator(op, clock, f"{i}. {op.describe()}") for i, op in enumerate(plan.operators, 1)
     ]
+    plan.step_blocks = [op.step_block for op in plan.operators]
     plan.post_transforms = [
         tuple(_TimedTransform(t, clock, f"{i}. then {t.describe()}") for t in ts)
         for i, ts in enumerate(plan.post_transforms, 1)
