@@ -333,14 +333,25 @@ class BinPackOperator(LineageOperator):
                 "by another pipeline"
             )
         carry = Bins(self.num_bins)
-        held = iter(saved.held)
-        for i, count in enumerate(counts):
-            for _ in range(count):
-                element = next(held)
-                fields, arrays, n = self.spec.record(element.data, element.lineage)
+        record = self.spec.record
+        at = 0
+        for i, count in enumerate(counts):  # each bin built at once, as add() would
+            if not count:
+                continue
+            elements = saved.held[at : at + count]
+            at += count
+            pieces, lengths = [], []
+            for element in elements:
+                fields, arrays, n = record(element.data, element.lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                carry.add(i, (arrays, 0, n), element, n)
+                pieces.append((arrays, 0, n))
+                lengths.append(n)
+            carry.pieces[i] = pieces
+            carry.held[i] = list(elements)
+            carry.fill[i] = sum(lengths)
+            if carry.fill_array is not None:
+                carry.fill_array[i] = carry.fill[i]
         carry.saved = saved
         return carry
 
