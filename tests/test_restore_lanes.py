@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 from pipelines import (
@@ -30,7 +28,6 @@ import zephon_jax as zj
 from zephon_jax import codec
 from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.lane_state import encode_lane_state
-from zephon_jax.restore import paused_gc
 from zephon_jax.rows import stack_rows
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.state import lane_bytes
@@ -116,23 +113,6 @@ def test_tampered_dtype_text_is_a_state_error():
     data[at : at + len(text)] = b",,,"
     with pytest.raises(zj.StateError, match="corrupt state bytes"):
         codec.decode(bytes(data))
-
-
-def test_garbage_collector_is_paused_only_while_restoring():
-    assert gc.isenabled()
-    with paused_gc():
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with paused_gc():
-            pass
-        assert not gc.isenabled()  # left as the caller had it
-    finally:
-        gc.enable()
-    with pytest.raises(RuntimeError), paused_gc():
-        raise RuntimeError
-    assert gc.isenabled()
 
 
 class FailingSource:

@@ -14,14 +14,13 @@ operator outputs is done lane by lane (their transforms' random keys name the la
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import StateError, ZephonError
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lineage import Element, Opaque, is_derived
 from zephon_jax.operators.base import Saved
 from zephon_jax.transforms import DROP, apply_transforms
@@ -29,24 +28,6 @@ from zephon_jax.transforms import DROP, apply_transforms
 if TYPE_CHECKING:
     from zephon_jax.lane import Lane
     from zephon_jax.lane_state import LaneSnapshot
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pauses the cyclic garbage collector (if on) while a restore builds its objects.
-
-    A restore makes only acyclic objects (tuples, elements), hundreds of
-    thousands of them with many lanes; each full collection they trigger walks
-    every object of the process (the sources' records too), which at 1024 lanes
-    cost more than the restore itself. Reference counting still frees them.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def restore_lanes(

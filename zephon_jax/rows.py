@@ -12,7 +12,7 @@ from zephon_jax.lane import Lane, LanePlan
 from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element
 from zephon_jax.operators.packing import PackedRow, assemble_rows, plain
-from zephon_jax.restore import paused_gc, restore_lanes
+from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import can_end, end_position
 from zephon_jax.state import lane_bytes
 

@@ -92,6 +92,7 @@ class Bins:
         form = self._lineage_form
         if form is None:
             held = self.held
+            tails: list[Element | None]
             try:
                 tails = list(map(getitem, held, repeat(-1, len(held))))
             except IndexError:  # an empty bin
