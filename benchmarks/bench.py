@@ -540,12 +540,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--num-docs", type=int, default=None, help="corpus size (documents)")
     parser.add_argument("--steps", type=int, default=None, help="steps before the restore")
+    parser.add_argument(
+        "--lane-counts",
+        metavar="N,N,...",
+        default=None,
+        help="lane counts of the lane sweep (e.g. 1024 alone); default 8,64,256,1024",
+    )
     args = parser.parse_args(argv)
     cases = set(args.only.split(","))
     timing = measure.QUICK if args.quick else measure.FULL
     num_docs = args.num_docs or (5000 if args.quick else 20_000)
     steps = args.steps or (10 if args.quick else 200)
     lane_counts, lane_batch = ([8, 64, 256], 256) if args.quick else ([8, 64, 256, 1024], 1024)
+    if args.lane_counts:
+        lane_counts = [int(n) for n in args.lane_counts.split(",")]
+        lane_batch = max(lane_batch, *lane_counts)
 
     info = machine_info()
     log(f"machine: {info}")

@@ -119,96 +119,133 @@ def encode(obj: Any) -> bytes:
     return bytes(out)
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
+def _uint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it."""
+    byte = data[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    result, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = data[pos]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos + 1
+        shift += 7
 
-    def __init__(self, data: bytes):
-        self.data = data
-        self.pos = 0
 
-    def uint(self) -> int:
-        result = shift = 0
-        while True:
-            byte = self.data[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return result
-            shift += 7
+def _dtype(data: bytes, pos: int) -> tuple[np.dtype, int]:
+    n, pos = _uint(data, pos)
+    text = data[pos : pos + n]
+    if len(text) != n:
+        raise IndexError("truncated dtype")
+    try:
+        dtype = np.dtype(text.decode("ascii"))
+    except Exception as e:  # np.dtype parses its text: a tampered one may raise anything
+        raise ValueError(f"a stored dtype {text!r} is not a dtype ({e!r})") from e
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise ValueError(f"a stored dtype {dtype} is not numeric")
+    return dtype, pos + n
 
-    def take(self, n: int) -> bytes:
-        chunk = self.data[self.pos : self.pos + n]
-        if len(chunk) != n:
-            raise IndexError
-        self.pos += n
-        return chunk
 
-    def dtype(self) -> np.dtype:
-        dtype = np.dtype(self.take(self.uint()).decode("ascii"))
-        if dtype.kind not in _NUMERIC_KINDS:
-            raise ValueError(f"a stored dtype {dtype} is not numeric")
-        return dtype
+def _take(data: bytes, pos: int, n: int) -> bytes:
+    chunk = data[pos : pos + n]
+    if len(chunk) != n:
+        raise IndexError("truncated value")
+    return chunk
 
-    def value(self) -> Any:
-        tag = self.data[self.pos]
-        self.pos += 1
-        if tag == _NONE:
-            return None
-        if tag == _FALSE:
-            return False
-        if tag == _TRUE:
-            return True
+
+def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
+    """``n`` values from ``pos``; ints and tuples (the bulk of record pointers) inline."""
+    items: list = []
+    append = items.append
+    for _ in range(n):
+        tag = data[pos]
         if tag == _INT:
-            z = self.uint()
-            return (z >> 1) if not z & 1 else -((z + 1) >> 1)
-        if tag == _FLOAT:
-            return struct.unpack("<d", self.take(8))[0]
-        if tag == _STR:
-            return self.take(self.uint()).decode("utf-8")
-        if tag == _BYTES:
-            return self.take(self.uint())
-        if tag in (_LIST, _TUPLE):
-            items = [self.value() for _ in range(self.uint())]
-            return tuple(items) if tag == _TUPLE else items
-        if tag == _DICT:
-            out = {}
-            for _ in range(self.uint()):
-                key = self.value()
-                if not isinstance(key, str):
-                    raise ValueError(f"a dict key of type {type(key).__name__}")
-                out[key] = self.value()
-            return out
-        if tag == _SCALAR:
-            dtype = self.dtype()
-            raw = self.take(dtype.itemsize)
-            return np.frombuffer(raw, dtype=dtype)[0].astype(dtype.newbyteorder("="))
-        if tag == _ARRAY:
-            dtype = self.dtype()
-            shape = tuple(self.uint() for _ in range(self.uint()))
-            count = int(np.prod(shape, dtype=np.int64))
-            raw = self.take(count * dtype.itemsize)
-            return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-        if tag == _OPAQUE:
-            return Opaque(self.value())
-        raise ValueError(f"unknown tag {tag}")
+            z = data[pos + 1]
+            if z < 0x80:
+                pos += 2
+            else:
+                z, pos = _uint(data, pos + 1)
+            append(-((z + 1) >> 1) if z & 1 else z >> 1)
+        elif tag == _TUPLE and data[pos + 1] < 0x80:
+            inner, pos = _items(data, pos + 2, data[pos + 1])
+            append(tuple(inner))
+        else:
+            item, pos = _value(data, pos)
+            append(item)
+    return items, pos
+
+
+def _value(data: bytes, pos: int) -> tuple[Any, int]:
+    """The value at ``pos`` and the position after it."""
+    tag = data[pos]
+    pos += 1
+    if tag == _TUPLE or tag == _LIST:
+        n, pos = _uint(data, pos)
+        items, pos = _items(data, pos, n)
+        return (tuple(items) if tag == _TUPLE else items), pos
+    if tag == _INT:
+        z, pos = _uint(data, pos)
+        return (-((z + 1) >> 1) if z & 1 else z >> 1), pos
+    if tag == _NONE:
+        return None, pos
+    if tag == _FALSE:
+        return False, pos
+    if tag == _TRUE:
+        return True, pos
+    if tag == _FLOAT:
+        return struct.unpack("<d", _take(data, pos, 8))[0], pos + 8
+    if tag == _STR or tag == _BYTES:
+        n, pos = _uint(data, pos)
+        chunk = _take(data, pos, n)
+        return (chunk.decode("utf-8") if tag == _STR else chunk), pos + n
+    if tag == _DICT:
+        n, pos = _uint(data, pos)
+        out = {}
+        for _ in range(n):
+            key, pos = _value(data, pos)
+            if not isinstance(key, str):
+                raise ValueError(f"a dict key of type {type(key).__name__}")
+            out[key], pos = _value(data, pos)
+        return out, pos
+    if tag == _SCALAR:
+        dtype, pos = _dtype(data, pos)
+        raw = _take(data, pos, dtype.itemsize)
+        return np.frombuffer(raw, dtype=dtype)[0].astype(dtype.newbyteorder("=")), pos + len(raw)
+    if tag == _ARRAY:
+        dtype, pos = _dtype(data, pos)
+        ndim, pos = _uint(data, pos)
+        shape = []
+        for _ in range(ndim):
+            dim, pos = _uint(data, pos)
+            shape.append(dim)
+        count = int(np.prod(shape, dtype=np.int64))
+        raw = _take(data, pos, count * dtype.itemsize)
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+        return array, pos + len(raw)
+    if tag == _OPAQUE:
+        inner, pos = _value(data, pos)
+        return Opaque(inner), pos
+    raise ValueError(f"unknown tag {tag}")
 
 
 def decode(data: bytes | bytearray | memoryview | np.ndarray) -> Any:
     """Decodes bytes made by :func:`encode`; raises StateError if they are corrupt."""
     if isinstance(data, np.ndarray):
         data = data.tobytes()
-    reader = _Reader(bytes(data))
+    data = bytes(data)
     try:
-        value = reader.value()
+        value, pos = _value(data, 0)
     except (IndexError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
         # Decoding only reads: any failure means the bytes are not what encode() made.
         raise StateError(
-            f"corrupt state bytes ({e!r} at offset {reader.pos}); the state was truncated or "
-            "altered: restore from an intact checkpoint"
-        ) from e
-    if reader.pos != len(reader.data):
-        raise StateError(
-            f"corrupt state bytes: {len(reader.data) - reader.pos} trailing bytes; restore from an "
+            f"corrupt state bytes ({e!r}); the state was truncated or altered: restore from an "
             "intact checkpoint"
+        ) from e
+    if pos != len(data):
+        raise StateError(
+            f"corrupt state bytes: {len(data) - pos} trailing bytes; restore from an intact "
+            "checkpoint"
         )
     return value

@@ -33,19 +33,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
-from zephon_jax.errors import PipelineError, RecordError, StateError, ZephonError
+from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
-from zephon_jax.operators.base import Saved, StepFailed, step_block_of
+from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.provenance import leaf_labels
-from zephon_jax.restore import Rebuilder
-from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.restore import restore_lanes
+from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve, resolve_lanes
 from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP, apply_transforms
 from zephon_jax.transforms.block import BlockFailed, apply_transforms_block, block_error
 
-__all__ = ["Lane", "LanePlan", "encode_lane_state"]
+__all__ = ["Lane", "LanePlan", "encode_lane_state", "read_roots_of_lanes"]
 
 _END = object()
 _SKIP = object()  # a position whose source is past its epochs while another is not
@@ -56,7 +56,7 @@ _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
 _BLOCK_PER_ROW = 8  # records per row still needed in the first block of a take
 _MAX_BLOCK = 128
-_LOCATED_BLOCKS = 4  # about 1,000 positions, 25 KB
+_LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
 class LanePlan:
@@ -112,59 +112,72 @@ class Lane:
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
-        # The last blocks of positions read and where they read from, for provenance.
-        self._located: collections.deque = collections.deque(maxlen=_LOCATED_BLOCKS)
+        # The last blocks of positions read and where they read from, for provenance:
+        # (first, last, positions or None if first..last, table), see _remember.
+        self._located: list[tuple] = []
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
         """Elements at lane-local ``positions``: Element, ``DROP`` (filtered), ``_SKIP``
         (skipped) or ``_END`` (at or past the lane's end position)."""
-        plan = self.plan
-        res = resolve(plan.sampler, self.lane, positions, plan.num_lanes)
-        if len(positions):
-            self._located.append((int(positions[0]), int(positions[-1]), positions, res))
-        end = self.end_position
-        out: list = [_SKIP if end is None or p < end else _END for p in positions.tolist()]
-        valid = np.flatnonzero(res.valid)
-        for leaf_id in np.unique(res.leaf[valid]):
-            where = valid[res.leaf[valid] == leaf_id]
-            source = plan.leaves[leaf_id].source
-            records = res.record[where].tolist()
-            datas = self._read_leaf(int(leaf_id), records, positions[where[:8]].tolist())
-            transforms = plan.leaf_transforms[leaf_id]
-            block_positions = positions[where].tolist()
-            if transforms:
-                try:
-                    datas = apply_transforms_block(transforms, datas, self.lane, 0, block_positions)
-                except BlockFailed as failed:
-                    error, cause = block_error(
-                        failed,
-                        f"lane {self.lane}, lane-local position {block_positions[failed.index]}, "
-                        f"source {source_label(source)}, record {records[failed.index]}",
-                        user_error,
-                    )
-                    raise error from cause
-            for i, position, data in zip(where.tolist(), block_positions, datas):
-                out[i] = data if data is DROP else Element(data, position)
-        return out
+        return read_roots_of_lanes([self], [positions])[0]
 
-    def _read_leaf(self, leaf_id: int, records: list[int], positions: list | None = None) -> list:
-        """The records ``records`` of sampler leaf ``leaf_id``, in one batched read."""
+    def _remember(self, positions: np.ndarray, res) -> None:
+        """Keeps where ``positions`` (sorted, not empty) read from, compactly, for
+        :meth:`locate`: the positions only if not contiguous, the leaf only with several
+        leaves, int32 where the values fit."""
+        first, last = int(positions[0]), int(positions[-1])
+        read = None if last - first + 1 == len(positions) else positions
+        single = len(self.plan.leaves) == 1
+        table = np.stack((res.record, res.epoch) if single else (res.leaf, res.record, res.epoch))
+        if int(table.max()) < 2**31 and int(table.min()) >= 0:
+            table = table.astype(np.int32)
+        located = self._located
+        if len(located) == _LOCATED_BLOCKS:
+            del located[0]
+        located.append((first, last, read, table))
+
+    def _place(self, leaf_id: int, where: np.ndarray, positions: np.ndarray, records, datas, out):
+        """Puts the records ``datas`` read for ``positions[where]`` (from leaf ``leaf_id``)
+        into ``out``, after the leaf's transforms, as elements."""
+        transforms = self.plan.leaf_transforms[leaf_id]
+        block_positions = positions[where].tolist()
+        if transforms:
+            try:
+                datas = apply_transforms_block(transforms, datas, self.lane, 0, block_positions)
+            except BlockFailed as failed:
+                source = self.plan.leaves[leaf_id].source
+                error, cause = block_error(
+                    failed,
+                    f"lane {self.lane}, lane-local position {block_positions[failed.index]}, "
+                    f"source {source_label(source)}, record {records[failed.index]}",
+                    user_error,
+                )
+                raise error from cause
+        for i, position, data in zip(where.tolist(), block_positions, datas):
+            out[i] = data if data is DROP else Element(data, position)
+
+    def _read_leaf(
+        self, leaf_id: int, records: list[int], positions: list | None = None, who: str = ""
+    ) -> list:
+        """The records ``records`` of sampler leaf ``leaf_id``, in one batched read
+        (``who`` names the lanes in errors, default this one)."""
         source = self.plan.leaves[leaf_id].source
+        who = who or f"lane {self.lane}"
         try:
             getitems = getattr(source, "__getitems__", None)
             datas = getitems(records) if getitems else [source[r] for r in records]
         except Exception as e:
             at = "" if positions is None else f" (lane-local positions {positions})"
             raise RecordError(
-                f"lane {self.lane}: reading records {records[:8]}"
+                f"{who}: reading records {records[:8]}"
                 f"{'...' if len(records) > 8 else ''}{at} from source {source_label(source)} "
                 f"failed: {e!r}. Check that the source's files exist, are readable and "
                 "intact (the original error is chained as __cause__)"
             ) from e
         if len(datas) != len(records):
             raise RecordError(
-                f"lane {self.lane}: source {source_label(source)} returned {len(datas)} "
+                f"{who}: source {source_label(source)} returned {len(datas)} "
                 f"records for {len(records)} indices from __getitems__; it must return one "
                 "record per index, in order"
             )
@@ -199,15 +212,16 @@ class Lane:
         out: list = [None] * len(positions)
         missing = []
         for i, p in enumerate(positions):
-            for first, last, read, res in reversed(self._located):  # newest first
+            for first, last, read, table in reversed(self._located):  # newest first
                 if not first <= p <= last:
                     continue
                 j = p - first
-                if j >= len(read) or read[j] != p:  # not contiguous (a restore's reads)
+                if read is not None:  # not contiguous (a restore's reads)
                     j = int(np.searchsorted(read, p))
                     if read[j] != p:
                         continue
-                out[i] = (int(res.leaf[j]), int(res.record[j]), int(res.epoch[j]))
+                column = table[:, j].tolist()
+                out[i] = (column[0], column[1], column[2]) if len(column) == 3 else (0, *column)
                 break
             else:
                 missing.append(i)
@@ -245,10 +259,14 @@ class Lane:
 
     def _read_ahead(self) -> None:
         """Reads the next block of positions (growing blocks, up to ``plan.max_ahead``)."""
-        start = self.next_position
+        self._ahead.extend(self.read_roots(self._ahead_block()))
+
+    def _ahead_block(self) -> np.ndarray:
+        """The positions the next read-ahead reads (after those already read ahead)."""
+        start = self.next_position + len(self._ahead)
         count = self._ahead_size
         self._ahead_size = min(self.plan.max_ahead, self._ahead_size * 2)
-        self._ahead.extend(self.read_roots(np.arange(start, start + count, dtype=np.int64)))
+        return np.arange(start, start + count, dtype=np.int64)
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
@@ -449,17 +467,14 @@ class Lane:
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
         only when a state is asked for.
         """
-        carries = []
-        for op, carry in zip(self.plan.operators, self.carries):
-            held, aux = op.save(carry)
-            carries.append((tuple(map(_lineage, held)), aux))
+        carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         pending = tuple(map(_lineage, self.pending))
         mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
             LANE_FORMAT,
             self.next_position,
             self.input_done,
-            tuple(carries),
+            carries,
             pending,
             self.step,
             mixture,
@@ -481,43 +496,11 @@ class Lane:
         lane's records and carries are then unchanged (a restore that fails builds a
         new lane instead of using this one).
         """
-        snapshot = self.check_state(data)
-        if (snapshot.mixture is None) != (self.drawer is None):
-            raise StateError(
-                f"lane {self.lane}: the state {'has no' if snapshot.mixture is None else 'has a'} "
-                f"mixture carry but this pipeline's sampler "
-                f"{'needs' if snapshot.mixture is None else 'has'} none"
-            )
-        if self.drawer is not None:
-            try:
-                self.drawer.set_carry(snapshot.mixture)
-            except ZephonError:
-                raise
-            except Exception as e:
-                raise StateError(
-                    f"lane {self.lane}: the state's mixture carry {snapshot.mixture!r} does not "
-                    f"fit this pipeline's mixture ({e!r}); the state was altered"
-                ) from e
-        rebuild = Rebuilder(self)
-        try:
-            rebuild.prefetch(
-                [held for held, _ in snapshot.carries], snapshot.pending, snapshot.next_position
-            )
-            carries = [
-                op.load(Saved(tuple(rebuild.build(stage, lin) for lin in held), aux), self.lane)
-                for stage, (op, (held, aux)) in enumerate(
-                    zip(self.plan.operators, snapshot.carries)
-                )
-            ]
-            final = self.plan.num_operators
-            pending = collections.deque(rebuild.build(final, lin) for lin in snapshot.pending)
-        except ZephonError:
-            raise
-        except Exception as e:  # an operator could not read its saved carry
-            raise StateError(
-                f"lane {self.lane}: the state's carries do not fit this pipeline's operators "
-                f"({e!r}); the state was altered or comes from another zephon_jax release"
-            ) from e
+        restore_lanes([self], [self.check_state(data)])
+
+    def load(self, snapshot: LaneSnapshot, carries: list, pending: collections.deque) -> None:
+        """Takes ``snapshot``'s position and step, with the carries and unbatched rows
+        regenerated from it (see :func:`zephon_jax.restore.restore_lanes`)."""
         self.next_position = snapshot.next_position
         self.step = snapshot.step
         self.input_done = snapshot.input_done
@@ -527,3 +510,44 @@ class Lane:
         self._ahead_size = 8
         self._without_row = 0
         self._deepest = -1
+
+
+def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) -> list[list]:
+    """:meth:`Lane.read_roots` of ``positions[i]`` in ``lanes[i]`` (lanes of one plan), for
+    each ``i``: the positions are resolved together and each source is read once for
+    all the lanes (one ``__getitems__`` call)."""
+    plan = lanes[0].plan
+    resolutions = resolve_lanes(plan.sampler, [l.lane for l in lanes], positions, plan.num_lanes)
+    outs = []
+    by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for k, (lane, where_at, res) in enumerate(zip(lanes, positions, resolutions)):
+        if len(where_at):
+            lane._remember(where_at, res)
+        end = lane.end_position
+        outs.append([_SKIP if end is None or p < end else _END for p in where_at.tolist()])
+        valid = np.flatnonzero(res.valid)
+        leaf_of = res.leaf[valid]
+        for leaf_id in np.unique(leaf_of).tolist():
+            by_leaf.setdefault(leaf_id, []).append((k, valid[leaf_of == leaf_id]))
+    for leaf_id, parts in by_leaf.items():
+        records = [resolutions[k].record[where].tolist() for k, where in parts]
+        (k0, where0), k1 = parts[0], parts[-1][0]
+        first = lanes[k0]
+        who = f"lane {first.lane}" if k0 == k1 else f"lanes {first.lane}..{lanes[k1].lane}"
+        shown = positions[k0][where0[:8]].tolist() if k0 == k1 else None
+        datas = first._read_leaf(leaf_id, [r for part in records for r in part], shown, who)
+        at = 0
+        for (k, where), part in zip(parts, records):
+            lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])
+            at += len(part)
+    return outs
+
+
+def read_ahead_together(lanes: Sequence[Lane]) -> None:
+    """Has each of ``lanes`` (sampler-drawn, input not done, nothing read ahead) read
+    its next block ahead, all together (see :func:`read_roots_of_lanes`): what each
+    would read first on its own, with one resolve and one read per source."""
+    if lanes:
+        blocks = [lane._ahead_block() for lane in lanes]
+        for lane, items in zip(lanes, read_roots_of_lanes(lanes, blocks)):
+            lane._ahead.extend(items)

@@ -86,12 +86,10 @@ def decode_lane_state(
             raise StateError(
                 f"lane {lane}: the saved carry of operator {stage} is not (held lineages, aux)"
             )
-        for i, lineage in enumerate(saved[0]):
-            check_lineage(lineage, lane, f"carries[{stage}] held[{i}]")
+        _check_lineages(saved[0], lane, f"carries[{stage}] held")
     if not isinstance(snapshot.pending, tuple):
         raise StateError(f"lane {lane}: pending rows must be a tuple of lineages")
-    for i, lineage in enumerate(snapshot.pending):
-        check_lineage(lineage, lane, f"pending[{i}]")
+    _check_lineages(snapshot.pending, lane, "pending")
     if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
         raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
     return snapshot
@@ -121,6 +119,26 @@ def _check_position(lane: int, snapshot: LaneSnapshot, end_position: int | None)
             f"lane {lane}: 'next_position' is {position} (input_done={done}), but this "
             f"lane's input ends at lane-local position {end_position}; the state was altered"
         )
+
+
+def _is_pointer(lineage: Any) -> bool:
+    """A quick check of the common lineage forms (positions and operator outputs of them,
+    any depth); False means "check it in full", not "invalid"."""
+    kind = type(lineage)
+    if kind is int:
+        return lineage >= 0
+    if kind is tuple and len(lineage) == 2 and type(lineage[0]) is tuple:
+        for parent in lineage[0]:
+            if not (type(parent) is int and parent >= 0) and not _is_pointer(parent):
+                return False
+        return True
+    return False
+
+
+def _check_lineages(lineages: tuple, lane: int, where: str) -> None:
+    for i, lineage in enumerate(lineages):
+        if not _is_pointer(lineage):
+            check_lineage(lineage, lane, f"{where}[{i}]")
 
 
 def check_lineage(lineage: Any, lane: int, where: str) -> None:

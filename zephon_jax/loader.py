@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Mapping, Sequence
 
 from zephon_jax.checks import positive_int
@@ -373,21 +374,26 @@ class LoaderIterator(Iterator[Any]):
         runs; the iterator is then unchanged.
         """
         check_state(state, self._fingerprint)
-        # Every lane this process runs is checked before anything changes.
-        from zephon_jax.lane import Lane, LanePlan
+        # Every lane this process runs is checked (decoded once) before anything changes.
+        producer = self._producer
+        if isinstance(producer, RowProducer):
+            restore = functools.partial(producer.restore, state, producer.check_state(state))
+        else:
+            from zephon_jax.lane import Lane, LanePlan
 
-        plan = LanePlan(self.loader.dataset)
-        for lane in self.loader.lanes:
-            Lane(plan, lane).check_state(lane_bytes(state, lane))
+            plan = LanePlan(self.loader.dataset)
+            for lane in self.loader.lanes:
+                Lane(plan, lane).check_state(lane_bytes(state, lane))
+            restore = functools.partial(producer.restore, state)
         if self._prefetcher is None or self._delivered is None:
-            self._producer.restore(state)
+            restore()
         else:
             delivered = make_state(
                 self._fingerprint, self.step, encode_snapshots(self._snapshots(self._delivered))
             )
             self._stop_prefetch()
             try:
-                self._producer.restore(state)
+                restore()
             except BaseException:
                 self._producer.restore(delivered)
                 raise

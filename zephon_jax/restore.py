@@ -5,21 +5,125 @@ an output of a ``passthrough`` operator is its input; an ``Opaque`` lineage hold
 its record; a ``(parents, recipe)`` lineage is ``operator.remake(recipe, parents'
 data)``. The per-record transforms after the operator then apply again. All the
 sampler records a state needs are read first, in one batched read per source.
+
+Restoring many lanes (:func:`restore_lanes`) resolves the positions of all of them
+together and reads each source once for all of them; only the remaking of
+operator outputs is done lane by lane (their transforms' random keys name the lane).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import collections
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import StateError, ZephonError
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lineage import Element, Opaque, is_derived
+from zephon_jax.operators.base import Saved
 from zephon_jax.transforms import DROP, apply_transforms
 
 if TYPE_CHECKING:
     from zephon_jax.lane import Lane
+    from zephon_jax.lane_state import LaneSnapshot
+
+
+def restore_lanes(
+    lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot], read_ahead: bool = False
+) -> None:
+    """Sets ``lanes[i]`` (lanes of one plan) to the checked ``snapshots[i]``, for each ``i``.
+
+    The sampler records all the snapshots point to are read together, one batched
+    read per source; then each lane's carries and unbatched rows are rebuilt. With
+    ``read_ahead``, the lanes then read their next block ahead, together too (the
+    lanes change even if that read fails: pass fresh lanes). The result is the same
+    as restoring the lanes one by one. Raises :class:`StateError` naming the lane if
+    a snapshot does not fit the pipeline; no lane's records and carries change then.
+    """
+    with paused_gc():
+        _restore_lanes(lanes, snapshots, read_ahead)
+
+
+def _restore_lanes(
+    lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot], read_ahead: bool
+) -> None:
+    for lane, snapshot in zip(lanes, snapshots):
+        _set_mixture_carry(lane, snapshot)
+    rebuilders = [Rebuilder(lane) for lane in lanes]
+    wanted = [
+        rebuild.positions(
+            [held for held, _ in snapshot.carries], snapshot.pending, snapshot.next_position
+        )
+        for rebuild, snapshot in zip(rebuilders, snapshots)
+    ]
+    _read_roots(rebuilders, wanted)
+    restored = []
+    for lane, rebuild, snapshot in zip(lanes, rebuilders, snapshots):
+        try:
+            carries = [
+                op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)
+                for stage, (op, (held, aux)) in enumerate(
+                    zip(lane.plan.operators, snapshot.carries)
+                )
+            ]
+            final = lane.plan.num_operators
+            pending = collections.deque(rebuild.build_all(final, snapshot.pending))
+        except ZephonError:
+            raise
+        except Exception as e:  # an operator could not read its saved carry
+            raise StateError(
+                f"lane {lane.lane}: the state's carries do not fit this pipeline's operators "
+                f"({e!r}); the state was altered or comes from another zephon_jax release"
+            ) from e
+        restored.append((carries, pending))
+    for lane, snapshot, (carries, pending) in zip(lanes, snapshots, restored):
+        lane.load(snapshot, carries, pending)
+    if read_ahead:  # the first blocks the lanes read next, read together too
+        from zephon_jax.lane import read_ahead_together
+
+        read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
+
+
+def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:
+    if (snapshot.mixture is None) != (lane.drawer is None):
+        raise StateError(
+            f"lane {lane.lane}: the state {'has no' if snapshot.mixture is None else 'has a'} "
+            f"mixture carry but this pipeline's sampler "
+            f"{'needs' if snapshot.mixture is None else 'has'} none"
+        )
+    if lane.drawer is not None:
+        try:
+            lane.drawer.set_carry(snapshot.mixture)
+        except ZephonError:
+            raise
+        except Exception as e:
+            raise StateError(
+                f"lane {lane.lane}: the state's mixture carry {snapshot.mixture!r} does not "
+                f"fit this pipeline's mixture ({e!r}); the state was altered"
+            ) from e
+
+
+def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
+    """Reads the sampler records at the positions each rebuilder's lane wants, all lanes'
+    reads of a source in one batch (a mixture drawer's roots lane by lane)."""
+    from zephon_jax.lane import read_roots_of_lanes
+
+    together, ordered = [], []
+    for rebuild, positions in zip(rebuilders, wanted):
+        drawer = rebuild.lane.drawer
+        if drawer is not None:  # roots are (position, component, draw)
+            roots = sorted(p for p in positions if _is_mixture_root(p))
+            if roots:
+                rebuild.roots.update(drawer.regenerate(roots))
+        elif positions:
+            together.append(rebuild)
+            ordered.append(np.array(sorted(positions), dtype=np.int64))
+    if together:
+        items = read_roots_of_lanes([r.lane for r in together], ordered)
+        for rebuild, where, read in zip(together, ordered, items):
+            rebuild.roots.update(zip(where.tolist(), read))
 
 
 class Rebuilder:
@@ -34,28 +138,34 @@ class Rebuilder:
         self.roots: dict[Any, Any] = {}
         self.cache: dict = {}
 
-    def _collect(self, stage: int, lineage, out: set) -> None:
-        while stage > 0 and self.lane.plan.operators[stage - 1].passthrough:
+    def _collect(self, stage: int, lineages: list, out: set) -> None:
+        """Adds the roots ``lineages`` (entering ``stage``) derive from to ``out``, a stage
+        at a time."""
+        operators = self.lane.plan.operators
+        while stage > 0:
+            if not operators[stage - 1].passthrough:
+                lineages = [
+                    parent
+                    for lineage in lineages
+                    if type(lineage) is tuple and len(lineage) == 2 and type(lineage[0]) is tuple
+                    for parent in lineage[0]
+                ]
             stage -= 1
-        if stage == 0:
-            if isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
+        for lineage in lineages:
+            if type(lineage) is int:
+                out.add(lineage)
+            elif isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
                 out.add(int(lineage))
             elif _is_mixture_root(lineage):
                 out.add(lineage)
-            return
-        if is_derived(lineage):
-            for parent in lineage[0]:
-                self._collect(stage - 1, parent, out)
 
-    def prefetch(self, held_by_stage, pending, next_position: int) -> None:
-        """Reads every sampler record the lineages point to, in one batch; all must be
+    def positions(self, held_by_stage, pending, next_position: int) -> set:
+        """The sampler positions (or mixture draws) the lineages point to; all must be
         positions the lane has read (before ``next_position``)."""
         positions: set[Any] = set()  # ints, or (position, component, draw) of a mixture
         for stage, held in enumerate(held_by_stage):
-            for lineage in held:
-                self._collect(stage, lineage, positions)
-        for lineage in pending:
-            self._collect(len(self.lane.plan.operators), lineage, positions)
+            self._collect(stage, list(held), positions)
+        self._collect(len(self.lane.plan.operators), list(pending), positions)
         furthest = max((p if isinstance(p, int) else p[0] for p in positions), default=-1)
         if furthest >= next_position:
             raise StateError(
@@ -63,21 +173,14 @@ class Rebuilder:
                 f"but the lane has read only positions before {next_position}; the state was "
                 "altered"
             )
-        drawer = self.lane.drawer
-        if drawer is not None:  # roots are (position, component, draw)
-            roots = sorted(p for p in positions if _is_mixture_root(p))
-            if roots:
-                self.roots.update(drawer.regenerate(roots))
-        elif positions:
-            ordered = np.array(sorted(positions), dtype=np.int64)
-            for position, item in zip(ordered.tolist(), self.lane.read_roots(ordered)):
-                self.roots[position] = item
+        return positions
 
     def build(self, stage: int, lineage) -> Element:
         """The element with ``lineage`` entering ``stage``."""
-        key = (stage, lineage) if not _has_opaque(lineage) else None
+        # An Opaque hashes by identity: a key holding one only finds the same object.
+        key = (stage, lineage)
         try:
-            cached = key is not None and key in self.cache
+            cached = key in self.cache
         except TypeError:
             raise StateError(
                 f"lane {self.lane.lane}: the state holds {lineage!r} where a record pointer "
@@ -86,8 +189,7 @@ class Rebuilder:
         if cached:
             return self.cache[key]
         element = self._root(lineage) if stage == 0 else self._output(stage - 1, lineage)
-        if key is not None:
-            self.cache[key] = element
+        self.cache[key] = element
         return element
 
     def _root(self, lineage) -> Element:
@@ -131,21 +233,61 @@ class Rebuilder:
             )
         return item
 
+    def build_all(self, stage: int, lineages: Sequence) -> list[Element]:
+        """:meth:`build` of each of ``lineages``, a stage at a time: the parents of all
+        the outputs of an operator are built together, then the outputs remade."""
+        if stage == 0:
+            return [self.build(0, lineage) for lineage in lineages]
+        index = stage - 1
+        op = self.lane.plan.operators[index]
+        if op.passthrough or not all(map(is_derived, lineages)):
+            return [self.build(stage, lineage) for lineage in lineages]
+        cache = self.cache
+        try:
+            keys = [(stage, lineage) for lineage in lineages]
+            todo = [k for k, key in enumerate(keys) if key not in cache]
+        except TypeError:  # an unhashable recipe: one by one, as build() reports it
+            return [self.build(stage, lineage) for lineage in lineages]
+        parents = [parent for k in todo for parent in lineages[k][0]]
+        inputs = self.build_all(index, parents)
+        at = 0
+        for k in todo:
+            lineage = lineages[k]
+            count = len(lineage[0])
+            datas = [element.data for element in inputs[at : at + count]]
+            at += count
+            cache[keys[k]] = self._remade(index, op, lineage, datas)
+        return [cache[key] for key in keys]
+
     def _output(self, index: int, lineage) -> Element:
         """An output of operator ``index``, after the transforms that follow it."""
         lane = self.lane
         op = lane.plan.operators[index]
+        if op.passthrough:
+            return self._remade(index, op, lineage, [self.build(index, lineage).data])
+        if isinstance(lineage, Opaque):
+            return self._remade(index, op, lineage, None)
+        if is_derived(lineage):
+            return self._remade(index, op, lineage, [self.build(index, p).data for p in lineage[0]])
+        raise StateError(
+            f"lane {lane.lane}: the state holds {lineage!r} as an output of "
+            f"{op.describe()}, which is not a (parents, recipe) pointer; the state is "
+            "malformed or was taken with another pipeline"
+        )
+
+    def _remade(self, index: int, op, lineage, inputs: list | None) -> Element:
+        """The output of operator ``index`` with ``lineage`` from its inputs' data (for an
+        ``Opaque`` lineage, ``None``), after the transforms that follow the operator."""
+        lane = self.lane
         post = lane.plan.post_transforms[index]
         try:
-            if op.passthrough:
-                data = self.build(index, lineage).data
-            elif isinstance(lineage, Opaque):
+            if inputs is None:
                 data = lineage.data
-            elif is_derived(lineage):
-                parents, recipe = lineage
-                inputs = [self.build(index, p).data for p in parents]
+            elif op.passthrough:
+                data = inputs[0]
+            else:
                 try:
-                    data = op.remake(recipe, inputs)
+                    data = op.remake(lineage[1], inputs)
                 except ZephonError:
                     raise
                 except Exception as e:
@@ -157,13 +299,8 @@ class Rebuilder:
                         f"{op.describe()}, which cannot be remade from it ({e!r}); the state "
                         "was altered or taken with another pipeline"
                     ) from e
-            else:
-                raise StateError(
-                    f"lane {lane.lane}: the state holds {lineage!r} as an output of "
-                    f"{op.describe()}, which is not a (parents, recipe) pointer; the state is "
-                    "malformed or was taken with another pipeline"
-                )
-            data = apply_transforms(post, data, lane.lane, index + 1, lineage)
+            if post:
+                data = apply_transforms(post, data, lane.lane, index + 1, lineage)
         except ZephonError:
             raise
         except Exception as e:
@@ -178,14 +315,6 @@ class Rebuilder:
                 f"{op.describe()}; the pipeline's functions are not pure or changed"
             )
         return Element(data, lineage)
-
-
-def _has_opaque(lineage) -> bool:
-    if isinstance(lineage, Opaque):
-        return True
-    if isinstance(lineage, tuple):
-        return any(_has_opaque(x) for x in lineage)
-    return False
 
 
 def _is_mixture_root(lineage) -> bool:

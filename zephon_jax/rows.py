@@ -7,11 +7,13 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lane import Lane, LanePlan
-from zephon_jax.lane_state import encode_lane_state
+from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element
 from zephon_jax.operators.packing import OutputPool, PackedRow, assemble_rows, plain
-from zephon_jax.sampler.resolve import can_end
+from zephon_jax.restore import restore_lanes
+from zephon_jax.sampler.resolve import can_end, end_position
 from zephon_jax.state import lane_bytes
 
 
@@ -215,7 +217,8 @@ class RowProducer:
         try:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
-            taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
+            with paused_gc():
+                taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
         except BaseException as e:
             self._failure = e
             raise
@@ -250,7 +253,8 @@ class RowProducer:
         if rows is None:
             return None
         try:
-            return stack_rows(rows, self.pool)
+            with paused_gc():
+                return stack_rows(rows, self.pool)
         except BaseException as e:
             self._failure = e
             raise
@@ -258,7 +262,8 @@ class RowProducer:
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
         self._check_usable()
-        return {l: lane.snapshot() for l, lane in self.lanes.items()}
+        with paused_gc():
+            return {l: lane.snapshot() for l, lane in self.lanes.items()}
 
     def lane_states(self) -> dict[int, bytes]:
         return encode_snapshots(self.lane_snapshots())
@@ -266,13 +271,29 @@ class RowProducer:
     def close(self) -> None:
         """Nothing to release in-process."""
 
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Restores every lane from ``state``; on any error the producer is unchanged."""
-        blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
-        lanes = {}
-        for l, blob in blobs.items():
-            lanes[l] = Lane(self.plan, l)
-            lanes[l].set_state(blob)
+    def check_state(self, state: Mapping[str, Any]) -> dict[int, LaneSnapshot]:
+        """The snapshot of every lane this producer runs, from ``state``, checked (a
+        StateError naming the entry if one is malformed or missing); nothing changes."""
+        with paused_gc():
+            return {
+                l: decode_lane_state(
+                    l, lane_bytes(state, l), self.plan.num_operators, self._end_position(l)
+                )
+                for l in self.lane_ids
+            }
+
+    def _end_position(self, lane: int) -> int | None:
+        return end_position(self.plan.sampler, lane, self.plan.num_lanes)
+
+    def restore(
+        self, state: Mapping[str, Any], checked: Mapping[int, LaneSnapshot] | None = None
+    ) -> None:
+        """Restores every lane from ``state`` (``checked``: what :meth:`check_state` made
+        of it), all lanes together (see :func:`~zephon_jax.restore.restore_lanes`); on any
+        error the producer is unchanged."""
+        snapshots = self.check_state(state) if checked is None else checked
+        lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
+        restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes], read_ahead=True)
         steps = {lane.step for lane in lanes.values()}
         if len(steps) > 1:
             raise StateError(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import bisect
 import operator
+from itertools import chain, compress, repeat
+from operator import getitem, is_not
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,7 +43,18 @@ class Bins:
     length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
     """
 
-    __slots__ = ("fields", "pieces", "held", "fill", "fill_array", "order", "saved")
+    __slots__ = (
+        "fields",
+        "pieces",
+        "held",
+        "fill",
+        "fill_array",
+        "order",
+        "_saved",
+        "_lineage_form",
+        "_tails",
+        "_bin_lineages",
+    )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
@@ -51,7 +64,50 @@ class Bins:
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
-        self.saved: Saved | None = None  # the saved form, until a bin changes
+        self._saved: Saved | None = None  # the saved form, until a bin changes
+        self._lineage_form: tuple[tuple, tuple] | None = None  # the same, as lineages
+        # At the last lineage_form: each bin's last element (None: empty) and lineages.
+        self._tails: list[Element | None] = [None] * num_bins
+        self._bin_lineages: list[tuple] = [()] * num_bins
+
+    @property
+    def saved(self) -> Saved | None:
+        """The saved form (``None`` until made); setting it (``None`` when a bin
+        changes) also drops the cached :meth:`lineage_form`."""
+        return self._saved
+
+    @saved.setter
+    def saved(self, saved: Saved | None) -> None:
+        self._saved = saved
+        self._lineage_form = None
+
+    def lineage_form(self) -> tuple[tuple, tuple]:
+        """The lineages of the held records in bin order, and each bin's count.
+
+        A bin ending with the same element as at the last call did not change: an
+        element goes into one bin once, ``append`` puts it last, and only ``emit``
+        removes it (with all the bin). Those bins' lineages are reused, so a call
+        costs in proportion to the bins changed since, plus one tuple of all.
+        """
+        form = self._lineage_form
+        if form is None:
+            held = self.held
+            tails: list[Element | None]
+            try:
+                tails = list(map(getitem, held, repeat(-1, len(held))))
+            except IndexError:  # an empty bin
+                tails = [bin_[-1] if bin_ else None for bin_ in held]
+            done, before = self._bin_lineages, self._tails
+            for i in compress(range(len(held)), map(is_not, tails, before)):
+                bin_, old, lineages = held[i], before[i], done[i]
+                k = len(lineages)
+                if old is not None and k < len(bin_) and bin_[k - 1] is old:
+                    done[i] = lineages + tuple(map(_lineage, bin_[k:]))  # appended since
+                else:
+                    done[i] = tuple(map(_lineage, bin_))
+            self._tails = tails  # keeps them alive: identities stay unambiguous
+            form = self._lineage_form = (tuple(chain.from_iterable(done)), tuple(map(len, done)))
+        return form
 
     @property
     def lineages(self) -> tuple[tuple, ...]:
@@ -255,6 +311,13 @@ class BinPackOperator(LineageOperator):
             carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
         return carry.saved
 
+    def save_lineages(self, carry: Bins | None) -> tuple[tuple, tuple | None]:
+        """``save`` with the held records as their lineages, built from the lineages of
+        the bins that did not change since the last call (see :meth:`Bins.lineage_form`)."""
+        if carry is None:
+            return (), None
+        return carry.lineage_form()
+
     def load(self, saved: Saved, lane: int) -> Bins | None:
         counts = saved.aux
         if counts is None:
@@ -271,14 +334,25 @@ class BinPackOperator(LineageOperator):
                 "by another pipeline"
             )
         carry = Bins(self.num_bins)
-        held = iter(saved.held)
-        for i, count in enumerate(counts):
-            for _ in range(count):
-                element = next(held)
-                fields, arrays, n = self.spec.record(element.data, element.lineage)
+        record = self.spec.record
+        at = 0
+        for i, count in enumerate(counts):  # each bin built at once, as add() would
+            if not count:
+                continue
+            elements = saved.held[at : at + count]
+            at += count
+            pieces, lengths = [], []
+            for element in elements:
+                fields, arrays, n = record(element.data, element.lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                carry.add(i, (arrays, 0, n), element, n)
+                pieces.append((arrays, 0, n))
+                lengths.append(n)
+            carry.pieces[i] = pieces
+            carry.held[i] = list(elements)
+            carry.fill[i] = sum(lengths)
+            if carry.fill_array is not None:
+                carry.fill_array[i] = carry.fill[i]
         carry.saved = saved
         return carry
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import numpy as np
 
@@ -44,6 +45,34 @@ def resolve(node, lane: int, positions: np.ndarray, num_lanes: int) -> Resolutio
         valid=np.zeros(positions.shape, bool),
     )
     _resolve(node, lane, positions, num_lanes, np.arange(positions.size), 0, out)
+    return out
+
+
+def resolve_lanes(
+    node, lanes: Sequence[int], positions: Sequence[np.ndarray], num_lanes: int
+) -> list[Resolution]:
+    """:func:`resolve` of ``positions[i]`` of lane ``lanes[i]``, for each ``i``.
+
+    A single source is resolved for all lanes in one vectorized pass (its records
+    are a pure function of ``draw * num_lanes + lane``); a mixture lane by lane.
+    """
+    if not isinstance(node, SourceNode) or len(lanes) < 2:
+        return [resolve(node, lane, p, num_lanes) for lane, p in zip(lanes, positions)]
+    sizes = [len(p) for p in positions]
+    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions])
+    lane_of = np.repeat(np.asarray(lanes, dtype=np.int64), sizes)
+    records, epochs, valid = node.locate(lane_of, flat, num_lanes)
+    out = []
+    for start, stop in zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()):
+        n = stop - start
+        out.append(
+            Resolution(
+                leaf=np.zeros(n, np.int64),
+                record=records[start:stop],
+                epoch=epochs[start:stop],
+                valid=valid[start:stop],
+            )
+        )
     return out
 
 

@@ -63,8 +63,9 @@ class SourceNode:
     def size(self) -> int:
         return len(self.source)
 
-    def locate(self, lane: int, draws: np.ndarray, num_lanes: int):
-        """Returns (record_indices, epochs, valid) for leaf-local draws of ``lane``."""
+    def locate(self, lane: int | np.ndarray, draws: np.ndarray, num_lanes: int):
+        """Returns (record_indices, epochs, valid) for leaf-local draws of ``lane`` (or of
+        ``lane[i]`` for draw ``i``, given an array of lanes)."""
         n = self.size
         g = draws.astype(np.int64) * num_lanes + lane
         epochs = g // n
