@@ -376,9 +376,11 @@ class Lane:
         if drawer is not None:
             stage = drawer.node.stages.index_at(self.step)
         # Records go through the operators in blocks: _BLOCK_PER_ROW per row still
-        # needed, doubling while they yield too few rows (up to _MAX_BLOCK). The sizes
-        # depend only on the state, so a restored lane cuts the same blocks.
+        # needed, doubling while they yield no row (up to _MAX_BLOCK), so a lane makes
+        # about one block of rows ahead at most. The sizes depend only on the state, so
+        # a restored lane cuts the same blocks.
         size = 0
+        had = -1
         while len(pending) < n:
             if self.input_done:
                 return None
@@ -394,7 +396,9 @@ class Lane:
                 if item is not DROP:
                     push(0, (item,))
             else:
-                size = min(_MAX_BLOCK, max(2 * size, _BLOCK_PER_ROW * (n - len(pending))))
+                need = _BLOCK_PER_ROW * (n - len(pending))
+                size = min(_MAX_BLOCK, max(2 * size, need) if len(pending) == had else need)
+                had = len(pending)
                 # No block reads past the record that makes the no-progress error.
                 got = self._next_block(min(size, limit + 1 - self._without_row))
                 if got is None:
