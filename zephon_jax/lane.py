@@ -39,7 +39,14 @@ from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import restore_lanes
-from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve, resolve_lanes
+from zephon_jax.sampler.resolve import (
+    can_end,
+    end_position,
+    leaf_paths,
+    leaves,
+    resolve,
+    resolve_lanes,
+)
 from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP, apply_transforms
@@ -69,6 +76,7 @@ class LanePlan:
         # A mixture by tokens or with weight stages is drawn sequentially by each lane.
         self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
         self.leaves = leaves(self.sampler)
+        self.can_end = can_end(self.sampler)  # whether the input may end at all
         self.leaf_transforms = leaf_paths(self.sampler)
         self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
@@ -491,7 +499,10 @@ class Lane:
     def check_state(self, data: bytes) -> LaneSnapshot:
         """The snapshot in lane bytes, with its checksum, version and form checked;
         the lane does not change."""
-        return decode_lane_state(self.lane, data, self.plan.num_operators, self.end_position)
+        plan = self.plan
+        return decode_lane_state(
+            self.lane, data, plan.num_operators, self.end_position, plan.can_end
+        )
 
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to).

@@ -274,7 +274,11 @@ class RowProducer:
         with paused_gc():
             return {
                 l: decode_lane_state(
-                    l, lane_bytes(state, l), self.plan.num_operators, self._end_position(l)
+                    l,
+                    lane_bytes(state, l),
+                    self.plan.num_operators,
+                    self._end_position(l),
+                    self.plan.can_end,
                 )
                 for l in self.lane_ids
             }
