@@ -246,15 +246,15 @@ class RowProducer:
         return rows_provenance(self.plan, self._last, self.lanes)
 
     def next_batch(self) -> Any:
-        rows = self.next_rows()
-        if rows is None:
-            return None
-        try:
-            with paused_gc():
+        with paused_gc():  # one pause for the rows and their assembly
+            rows = self.next_rows()
+            if rows is None:
+                return None
+            try:
                 return stack_rows(rows)
-        except BaseException as e:
-            self._failure = e
-            raise
+            except BaseException as e:
+                self._failure = e
+                raise
 
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
