@@ -21,7 +21,6 @@ lengths, with the pieces defined here.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import statistics
@@ -41,6 +40,7 @@ from measure import timed_windows as _timed_windows  # noqa: E402
 from measure import timing as _timing  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
+from zephon_jax.tools.tokenizers import WORD_PATTERN, learn_byte_pair_ranks  # noqa: E402
 from zephon_jax.transforms.tokenize import TokenizeTransform  # noqa: E402
 
 WORDS = (
@@ -54,7 +54,7 @@ WORDS = (
     "last might us great old year off come since against go came right used take three"
 ).split()
 EOS_TEXT = "<eos>"
-PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
+PATTERN = WORD_PATTERN
 
 
 KINDS = ("tokenizers", "transformers", "tiktoken", "sentencepiece")
@@ -133,7 +133,7 @@ def train_tokenizers(
         out["tiktoken"] = tiktoken.Encoding(
             name="bench",
             pat_str=PATTERN,
-            mergeable_ranks=tiktoken_ranks(texts[:tiktoken_texts], tiktoken_merges),
+            mergeable_ranks=learn_byte_pair_ranks(texts[:tiktoken_texts], tiktoken_merges),
             special_tokens={},
         )
     if "sentencepiece" in kinds:
@@ -167,35 +167,6 @@ def _sentencepiece(texts: list[str]) -> Any:
             minloglevel=2,
         )
         return spm.SentencePieceProcessor(model_file=os.path.join(tmp, "sp.model"))
-
-
-def tiktoken_ranks(texts: list[str], num_merges: int) -> dict[bytes, int]:
-    """Byte-pair merges learned on ``texts`` (word counts, most frequent pair first)."""
-    import regex
-
-    words = collections.Counter(w.encode() for t in texts for w in regex.findall(PATTERN, t))
-    ranks = {bytes([b]): b for b in range(256)}
-    split = {w: [bytes([b]) for b in w] for w in words}
-    for _ in range(num_merges):
-        pairs: collections.Counter = collections.Counter()
-        for w, parts in split.items():
-            for a, b in zip(parts, parts[1:]):
-                pairs[a, b] += words[w]
-        if not pairs:
-            break
-        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
-        ranks[a + b] = len(ranks)
-        for w, parts in split.items():
-            merged, i = [], 0
-            while i < len(parts):
-                if i + 1 < len(parts) and parts[i] == a and parts[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            split[w] = merged
-    return ranks
 
 
 class OneByOne:

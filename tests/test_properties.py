@@ -590,6 +590,41 @@ def test_token_and_staged_mixtures_and_ramps_give_the_same_batches(spec):
 
 
 # ----- regressions found by the search ------------------------------------------------------
+# A mixture with weight stages finds its end as it draws; a state taken after its input
+# ended (component 0, the only one weighted after step 1, has one record) used to be
+# refused on restore as "input_done, but this pipeline's input never ends".
+STAGED_FINITE_SPEC = {
+    "sources": [(1, 1, 0), (4, 1, 0)],
+    "weights": [1, 1],
+    "epochs": 1,
+    "shuffle": None,
+    "map": False,
+    "random_map": None,
+    "filter": None,
+    "pre_ops": [],
+    "pack": ("concat", 4, None),
+    "post_ops": [],
+    "batch": 2,
+    "lanes": 1,
+    "steps": 2,
+    "cuts": [0, 1, 2],
+    "phases": [(1, 0), (2, 0), (1, 0), (2, 0)],
+    "state_form": "codec",
+    "empty_docs": False,
+    "scalar_fields": False,
+    "token_dtypes": ["int32", "int32"],
+    "tampers": [None, None, None],
+    "unit": "records",
+    "stage": (1, [1, 0, 0]),
+    "ramp": None,
+}
+
+
+@pytest.mark.parametrize("unit", ["records", "tokens"])
+def test_a_staged_mixture_resumes_from_a_state_taken_after_its_input_ended(unit):
+    check({**STAGED_FINITE_SPEC, "unit": unit})
+
+
 # A finite input ends at the first batch some lane cannot fill; processes that ran only
 # their own lanes used to disagree on it (process 0 produced one batch more).
 FINITE_SPEC = {

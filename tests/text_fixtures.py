@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import tempfile
 
 import numpy as np
+
+from zephon_jax.tools.tokenizers import WORD_PATTERN, learn_byte_pair_ranks
 
 WORDS = (
     "the a quick brown fox jumps over lazy dog cat sat on mat data loader batch token "
@@ -92,41 +93,13 @@ def hf_tokenizer(template: str = MARKED_TEMPLATE, vocab_size: int = 320):
     )
 
 
-TIKTOKEN_PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
+TIKTOKEN_PATTERN = WORD_PATTERN
 
 
 @functools.cache
 def tiktoken_ranks(num_merges: int = 120) -> dict[bytes, int]:
-    """Mergeable ranks from a small byte-pair-encoding training loop over the corpus."""
-    import regex
-
-    words = collections.Counter(
-        w.encode("utf-8")
-        for text in texts(300, seed=101)
-        for w in regex.findall(TIKTOKEN_PATTERN, text)
-    )
-    ranks = {bytes([b]): b for b in range(256)}
-    split = {w: [bytes([b]) for b in w] for w in words}
-    for _ in range(num_merges):
-        pairs: collections.Counter = collections.Counter()
-        for w, parts in split.items():
-            for a, b in zip(parts, parts[1:]):
-                pairs[a, b] += words[w]
-        if not pairs:
-            break
-        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
-        ranks[a + b] = len(ranks)
-        for w, parts in split.items():
-            merged, i = [], 0
-            while i < len(parts):
-                if i + 1 < len(parts) and parts[i] == a and parts[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            split[w] = merged
-    return ranks
+    """Mergeable ranks learned on the corpus (see ``learn_byte_pair_ranks``)."""
+    return learn_byte_pair_ranks(texts(300, seed=101), num_merges, TIKTOKEN_PATTERN)
 
 
 def tiktoken_encoding(num_merges: int = 120):

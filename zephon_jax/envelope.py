@@ -60,6 +60,8 @@ class Envelope:
 
 def is_int(value: Any) -> bool:
     """Whether ``value`` is an integer (Python or numpy), and not a bool."""
+    if type(value) is int:  # the common case, checked quickly
+        return True
     import numpy as np
 
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

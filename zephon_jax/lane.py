@@ -39,7 +39,14 @@ from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import restore_lanes
-from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve, resolve_lanes
+from zephon_jax.sampler.resolve import (
+    can_end,
+    end_position,
+    leaf_paths,
+    leaves,
+    resolve,
+    resolve_lanes,
+)
 from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP, apply_transforms
@@ -69,6 +76,7 @@ class LanePlan:
         # A mixture by tokens or with weight stages is drawn sequentially by each lane.
         self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
         self.leaves = leaves(self.sampler)
+        self.can_end = can_end(self.sampler)  # whether the input may end at all
         self.leaf_transforms = leaf_paths(self.sampler)
         self.leaf_labels = leaf_labels(self.leaves)
         self.operators = [stage.operator for stage in batched.stages]
@@ -376,9 +384,11 @@ class Lane:
         if drawer is not None:
             stage = drawer.node.stages.index_at(self.step)
         # Records go through the operators in blocks: _BLOCK_PER_ROW per row still
-        # needed, doubling while they yield too few rows (up to _MAX_BLOCK). The sizes
-        # depend only on the state, so a restored lane cuts the same blocks.
+        # needed, doubling while they yield no row (up to _MAX_BLOCK), so a lane makes
+        # about one block of rows ahead at most. The sizes depend only on the state, so
+        # a restored lane cuts the same blocks.
         size = 0
+        had = -1
         while len(pending) < n:
             if self.input_done:
                 return None
@@ -394,7 +404,9 @@ class Lane:
                 if item is not DROP:
                     push(0, (item,))
             else:
-                size = min(_MAX_BLOCK, max(2 * size, _BLOCK_PER_ROW * (n - len(pending))))
+                need = _BLOCK_PER_ROW * (n - len(pending))
+                size = min(_MAX_BLOCK, max(2 * size, need) if len(pending) == had else need)
+                had = len(pending)
                 # No block reads past the record that makes the no-progress error.
                 got = self._next_block(min(size, limit + 1 - self._without_row))
                 if got is None:
@@ -487,7 +499,10 @@ class Lane:
     def check_state(self, data: bytes) -> LaneSnapshot:
         """The snapshot in lane bytes, with its checksum, version and form checked;
         the lane does not change."""
-        return decode_lane_state(self.lane, data, self.plan.num_operators, self.end_position)
+        plan = self.plan
+        return decode_lane_state(
+            self.lane, data, plan.num_operators, self.end_position, plan.can_end
+        )
 
     def set_state(self, data: bytes) -> None:
         """Restores a state made by :meth:`get_state` (regenerating what it points to).
@@ -541,6 +556,29 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
             lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])
             at += len(part)
     return outs
+
+
+def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
+    """Reads ahead, all together, for those of ``lanes`` whose next ``take(rows)`` would
+    start by reading on its own (see :func:`read_ahead_together`). Read-ahead only
+    caches the records of the next positions: no row and no state depends on it. If
+    the joint read fails, nothing is read ahead: each lane then reads on its own and
+    the first that fails raises the error naming its lane and positions."""
+    short = [
+        lane
+        for lane in lanes
+        if lane.drawer is None
+        and not lane.input_done
+        and len(lane.pending) < rows
+        and len(lane._ahead) < _BLOCK_PER_ROW * (rows - len(lane.pending))
+    ]
+    if len(short) > 1:
+        sizes = [lane._ahead_size for lane in short]
+        try:
+            read_ahead_together(short)
+        except Exception:  # each lane reads on its own and names its failure
+            for lane, size in zip(short, sizes):
+                lane._ahead_size = size
 
 
 def read_ahead_together(lanes: Sequence[Lane]) -> None:

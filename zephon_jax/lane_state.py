@@ -48,13 +48,20 @@ def encode_lane_state(snapshot: tuple, lane: int) -> bytes:
 
 
 def decode_lane_state(
-    lane: int, data: bytes, num_operators: int, end_position: int | None = None
+    lane: int,
+    data: bytes,
+    num_operators: int,
+    end_position: int | None = None,
+    can_end: bool | None = None,
 ) -> LaneSnapshot:
     """The snapshot in ``data``, validated; a StateError naming the entry if it is corrupt,
     of another format or malformed.
 
-    ``end_position`` is the lane's end (None: its input never ends), against which
-    ``next_position`` and ``input_done`` are checked.
+    ``end_position`` is the lane's end (None: not known ahead, or never), against which
+    ``next_position`` and ``input_done`` are checked; ``can_end`` says whether the input
+    may end at all (default: whether ``end_position`` is known). A mixture by tokens or
+    with weight stages finds its end as it draws: its end is not known ahead, yet it can
+    end.
     """
     data = bytes(data)
     body, checksum = data[:-4], data[-4:]
@@ -74,7 +81,8 @@ def decode_lane_state(
             f"lane {lane}: the lane state has {len(value)} entries, not 7; the state was altered"
         )
     snapshot = LaneSnapshot(*value)
-    _check_position(lane, snapshot, end_position)
+    ends = end_position is not None if can_end is None else can_end
+    _check_position(lane, snapshot, end_position, ends)
     if not isinstance(snapshot.carries, tuple) or len(snapshot.carries) != num_operators:
         found = len(snapshot.carries) if isinstance(snapshot.carries, tuple) else snapshot.carries
         raise StateError(
@@ -95,7 +103,9 @@ def decode_lane_state(
     return snapshot
 
 
-def _check_position(lane: int, snapshot: LaneSnapshot, end_position: int | None) -> None:
+def _check_position(
+    lane: int, snapshot: LaneSnapshot, end_position: int | None, can_end: bool
+) -> None:
     position, done = snapshot.next_position, snapshot.input_done
     if not is_int(position) or position < 0:
         raise StateError(
@@ -107,7 +117,7 @@ def _check_position(lane: int, snapshot: LaneSnapshot, end_position: int | None)
             f"lane {lane}: 'input_done' is {done!r} ({type(done).__name__}); it must be a "
             "bool: the state was altered"
         )
-    if end_position is None and done:
+    if done and not can_end:
         raise StateError(
             f"lane {lane}: 'input_done' is True, but this pipeline's input never ends; the "
             "state was altered or comes from a finite pipeline"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
+from zephon_jax.envelope import is_int
 from zephon_jax.errors import StateError, ZephonError
 from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lineage import Element, Opaque, is_derived
@@ -196,7 +197,7 @@ class Rebuilder:
         lane = self.lane
         if lane.drawer is not None:
             return self._mixture_root(lineage)
-        if not isinstance(lineage, (int, np.integer)) or isinstance(lineage, bool) or lineage < 0:
+        if type(lineage) is not int and not is_int(lineage) or lineage < 0:
             raise StateError(
                 f"lane {lane.lane}: the state holds {lineage!r} where a lane-local sampler "
                 "position (an int >= 0) belongs; the state is malformed"

@@ -8,7 +8,7 @@ import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.gc_pause import paused_gc
-from zephon_jax.lane import Lane, LanePlan
+from zephon_jax.lane import Lane, LanePlan, read_ahead_for_take
 from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element
 from zephon_jax.operators.packing import OutputPool, PackedRow, assemble_rows, plain
@@ -218,6 +218,7 @@ class RowProducer:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
             with paused_gc():
+                read_ahead_for_take(list(self.lanes.values()), per_lane)
                 taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
         except BaseException as e:
             self._failure = e
@@ -249,15 +250,15 @@ class RowProducer:
         return rows_provenance(self.plan, self._last, self.lanes)
 
     def next_batch(self) -> Any:
-        rows = self.next_rows()
-        if rows is None:
-            return None
-        try:
-            with paused_gc():
+        with paused_gc():  # one pause for the rows and their assembly
+            rows = self.next_rows()
+            if rows is None:
+                return None
+            try:
                 return stack_rows(rows, self.pool)
-        except BaseException as e:
-            self._failure = e
-            raise
+            except BaseException as e:
+                self._failure = e
+                raise
 
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
@@ -277,7 +278,11 @@ class RowProducer:
         with paused_gc():
             return {
                 l: decode_lane_state(
-                    l, lane_bytes(state, l), self.plan.num_operators, self._end_position(l)
+                    l,
+                    lane_bytes(state, l),
+                    self.plan.num_operators,
+                    self._end_position(l),
+                    self.plan.can_end,
                 )
                 for l in self.lane_ids
             }

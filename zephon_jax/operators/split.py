@@ -14,6 +14,10 @@ from zephon_jax.operators.base import StepFailed, stateless
 
 
 def _length(data: Any, key: str) -> int:
+    if type(data) is dict:  # the common case, checked quickly
+        value = data.get(key)
+        if type(value) is np.ndarray and value.ndim == 1:
+            return value.shape[0]
     try:
         value = data[key]
     except (KeyError, TypeError, IndexError) as e:
@@ -90,7 +94,7 @@ class SplitOperator(stateless):
         data = inputs[0]
         n = _length(data, self.key)
         pieces = max(1, -(-n // self.max_len))
-        if not is_int(recipe) or not 0 <= recipe < pieces:
+        if not (type(recipe) is int or is_int(recipe)) or not 0 <= recipe < pieces:
             raise StateError(
                 f"the state holds piece {recipe!r} of a record that {self.describe()} cuts into "
                 f"{pieces} pieces; the state was altered or the sources changed"

@@ -6,10 +6,11 @@ Byte-level ids: ``0`` (``PAD_ID``, also what packing pads with) and ``1``
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -71,3 +72,44 @@ def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
     if spec is None or is_byte_tokenizer(spec):
         return byte_tokenize
     return load_callable(spec)
+
+
+# Splits text into words before byte-pair merges (the shape of tiktoken's patterns).
+WORD_PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
+
+
+def learn_byte_pair_ranks(
+    texts: Iterable[str], num_merges: int, pattern: str = WORD_PATTERN
+) -> dict[bytes, int]:
+    """Byte-pair merges learned on ``texts``: the ``mergeable_ranks`` a
+    ``tiktoken.Encoding`` takes, so one can be built without a download.
+
+    The 256 bytes first, then ``num_merges`` merges (fewer if no pair is left), each
+    the most frequent adjacent pair over the words ``pattern`` finds (ties: the
+    larger pair). Deterministic; needs the ``regex`` package (tiktoken's own).
+    """
+    import regex
+
+    words = collections.Counter(w.encode("utf-8") for t in texts for w in regex.findall(pattern, t))
+    ranks = {bytes([b]): b for b in range(256)}
+    split = {w: [bytes([b]) for b in w] for w in words}
+    for _ in range(num_merges):
+        pairs: collections.Counter = collections.Counter()
+        for w, parts in split.items():
+            for a, b in zip(parts, parts[1:]):
+                pairs[a, b] += words[w]
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        ranks[a + b] = len(ranks)
+        for w, parts in split.items():
+            merged, i = [], 0
+            while i < len(parts):
+                if i + 1 < len(parts) and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            split[w] = merged
+    return ranks
