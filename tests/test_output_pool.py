@@ -95,6 +95,31 @@ def test_worker_batches_are_unchanged(dataset, fresh):
         assert_batch_equal(got, want)
 
 
+def test_with_workers_the_loader_reuses_dropped_batches_arrays_and_keeps_kept_ones(dataset, fresh):
+    """The loader process gathers the workers' rows into pooled arrays too."""
+    it = iter(zj.Loader(dataset, num_workers=2))
+    pool = it._producer.pool
+    try:
+        seen: set[int] = set()
+        reused = 0
+        kept = []
+        for step, want in enumerate(fresh):
+            batch = next(it)
+            assert_batch_equal(batch, want)
+            pooled = {id(a) for arrays in pool._arrays.values() for a in arrays}
+            assert {id(v) for v in batch.values()} <= pooled
+            reused += len(addresses(batch) & seen)
+            seen |= addresses(batch)
+            if step % 3 == 0:
+                kept.append((step, batch))
+            del batch
+    finally:
+        it.close()
+    assert reused > 0
+    for step, batch in kept:
+        assert_batch_equal(batch, fresh[step])
+
+
 def test_several_fields_and_cast_values():
     """Two fields, int64 values cast to int32: each output array its own, all kept intact."""
     rng = np.random.default_rng(3)
