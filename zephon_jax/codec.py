@@ -41,6 +41,30 @@ def _put_dtype(out: bytearray, dtype: np.dtype) -> None:
     out += text
 
 
+# The encodings of the ints 0..63 (one tag byte, one varint byte).
+_SMALL_INTS = [bytes((_INT, v << 1)) for v in range(64)]
+
+
+def _encode_items(items: tuple | list, out: bytearray) -> None:
+    """Each of ``items``, as :func:`_encode` writes it; small ints, plain ints and tuples
+    of them (the bulk of record pointers) without a call each."""
+    small = _SMALL_INTS
+    for item in items:
+        kind = type(item)
+        if kind is int:
+            if 0 <= item < 64:
+                out += small[item]
+            else:
+                out.append(_INT)
+                _put_int(out, item)
+        elif kind is tuple and len(item) < 0x80:
+            out.append(_TUPLE)
+            out.append(len(item))
+            _encode_items(item, out)
+        else:
+            _encode(item, out)
+
+
 def _encode(obj: Any, out: bytearray) -> None:
     if obj is None:
         out.append(_NONE)
@@ -73,13 +97,11 @@ def _encode(obj: Any, out: bytearray) -> None:
     elif isinstance(obj, tuple):
         out.append(_TUPLE)
         _put_uint(out, len(obj))
-        for item in obj:
-            _encode(item, out)
+        _encode_items(obj, out)
     elif isinstance(obj, list):
         out.append(_LIST)
         _put_uint(out, len(obj))
-        for item in obj:
-            _encode(item, out)
+        _encode_items(obj, out)
     elif isinstance(obj, dict):
         out.append(_DICT)
         _put_uint(out, len(obj))
