@@ -375,7 +375,7 @@ class LoaderIterator(Iterator[Any]):
         runs; the iterator is then unchanged.
         """
         check_state(state, self._fingerprint)
-        with paused_gc():  # one pause for decoding and rebuilding the lanes
+        with paused_gc(long_lived=True):  # one pause for decoding and rebuilding the lanes
             self._set_state(state)
         self.step = int(state["step"])
         self._last_picks = self._before_last = None

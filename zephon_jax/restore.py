@@ -44,7 +44,7 @@ def restore_lanes(
     as restoring the lanes one by one. Raises :class:`StateError` naming the lane if
     a snapshot does not fit the pipeline; no lane's records and carries change then.
     """
-    with paused_gc():
+    with paused_gc(long_lived=True):
         _restore_lanes(lanes, snapshots, read_ahead)
 
 
