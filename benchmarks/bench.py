@@ -546,6 +546,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="lane counts of the lane sweep (e.g. 1024 alone); default 8,64,256,1024",
     )
+    parser.add_argument(
+        "--worker-counts",
+        metavar="N,N,...",
+        default=None,
+        help="worker processes of the workers case (0 first); default 0,1,2 (quick: 0,2)",
+    )
     args = parser.parse_args(argv)
     cases = set(args.only.split(","))
     timing = measure.QUICK if args.quick else measure.FULL
@@ -585,7 +591,12 @@ def main(argv: list[str] | None = None) -> int:
         results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
     if "workers" in cases:
         log("workers")
-        results["workers"] = workers_case(docs, timing, (0, 2) if args.quick else (0, 1, 2))
+        counts = (0, 2) if args.quick else (0, 1, 2)
+        if args.worker_counts:
+            counts = tuple(int(n) for n in args.worker_counts.split(","))
+        if counts[0] != 0:
+            parser.error("--worker-counts must start with 0 (the baseline)")
+        results["workers"] = workers_case(docs, timing, counts)
     if "tokenize" in cases:  # last: its tokenizer threads stay alive
         log("tokenize: training the tokenizers")
         texts = tokenize_bench.make_lognormal_texts(2000 if args.quick else 10_000, seed=2)

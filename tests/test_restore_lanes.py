@@ -7,6 +7,7 @@
 * With many lanes, a state taken on one topology resumes exactly on others.
 * ``Lane.locate`` gives what the sampler resolves, from the compact blocks a
   lane keeps, also after a restore.
+* Lanes about to read read ahead together, with the batches of lanes reading alone.
 * The codec rejects tampered dtype text with a StateError; the garbage
   collector is paused only while restoring.
 * An operator's outputs remade in one loop (and roots taken in one pass) are
@@ -208,3 +209,33 @@ def test_split_remakes_an_uncut_record_as_its_general_path():
         for bad in (False, -1, len(pieces), "0"):
             with pytest.raises(zj.StateError, match="the state holds piece"):
                 op.remake(bad, [data])
+
+
+class _CountingDocs(list):
+    """A list source that counts its batched reads."""
+
+    calls = 0
+
+    def __getitems__(self, indices):
+        type(self).calls += 1
+        return [self[i] for i in indices]
+
+
+def test_lanes_that_would_read_on_their_own_read_ahead_together_with_the_same_batches(
+    monkeypatch,
+):
+    """Before a step, the lanes about to read read ahead together (one read per source for
+    all of them); read-ahead only caches records, so the batches are those of lanes
+    reading one by one, byte for byte."""
+    import zephon_jax.rows as rows
+
+    docs = _CountingDocs(make_docs(2000, 300, seed=5))
+    ds = zj.Dataset.source(docs).shuffle(0).split(128).pack(128, num_bins=4).batch(32, 32)
+    _CountingDocs.calls = 0
+    together = take(iter(zj.Loader(ds)), 30)
+    joint_calls = _CountingDocs.calls
+    monkeypatch.setattr(rows, "read_ahead_for_take", lambda lanes, n: None)
+    _CountingDocs.calls = 0
+    alone = take(iter(zj.Loader(ds)), 30)
+    assert_batches_equal(together, alone)
+    assert joint_calls <= 30 < _CountingDocs.calls  # at most one read per step, for 32 lanes

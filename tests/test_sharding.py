@@ -223,3 +223,25 @@ def test_device_prefetch_fetches_worker_states_only_for_get_state(
             assert_same_state(it.get_state(), states[step])
     finally:
         it.close()
+
+
+def test_accelerator_check_script_is_exact_on_eight_simulated_devices(tmp_path):
+    """``benchmarks/accelerator_check.py`` (run as is on GPU and TPU hosts) passes here on 8
+    CPU devices: every sharded batch, with prefetch, workers and a resume, is the
+    reference's, byte for byte."""
+    out = tmp_path / "figures.json"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env["JAX_PLATFORMS"] = "cpu"
+    script = HERE.parent / "benchmarks" / "accelerator_check.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert figures["platform"] == "cpu" and len(figures["devices"]) == 8
+    assert figures["checks"] and all(figures["checks"].values()), figures["checks"]
+    assert figures["device_vs_numpy"] > 0

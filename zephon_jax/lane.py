@@ -558,6 +558,29 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
     return outs
 
 
+def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
+    """Reads ahead, all together, for those of ``lanes`` whose next ``take(rows)`` would
+    start by reading on its own (see :func:`read_ahead_together`). Read-ahead only
+    caches the records of the next positions: no row and no state depends on it. If
+    the joint read fails, nothing is read ahead: each lane then reads on its own and
+    the first that fails raises the error naming its lane and positions."""
+    short = [
+        lane
+        for lane in lanes
+        if lane.drawer is None
+        and not lane.input_done
+        and len(lane.pending) < rows
+        and len(lane._ahead) < _BLOCK_PER_ROW * (rows - len(lane.pending))
+    ]
+    if len(short) > 1:
+        sizes = [lane._ahead_size for lane in short]
+        try:
+            read_ahead_together(short)
+        except Exception:  # each lane reads on its own and names its failure
+            for lane, size in zip(short, sizes):
+                lane._ahead_size = size
+
+
 def read_ahead_together(lanes: Sequence[Lane]) -> None:
     """Has each of ``lanes`` (sampler-drawn, input not done, nothing read ahead) read
     its next block ahead, all together (see :func:`read_roots_of_lanes`): what each

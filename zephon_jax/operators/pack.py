@@ -9,7 +9,7 @@ new one there. A row is emitted as soon as it is full or holds
 dropped.
 
 Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
-records and the records' elements. Rows are assembled once, straight into the
+records and the records' lineages. Rows are assembled once, straight into the
 batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
 """
 
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from itertools import chain, compress, repeat
-from operator import getitem, is_not
+from itertools import chain
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -36,39 +35,27 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: the pieces, elements and fill of each.
+    """The open rows of one lane: the pieces, lineages and fill of each.
 
     ``pieces[i]`` are the ``(arrays, 0, n)`` pieces of the records in bin ``i``
-    and ``held[i]`` their elements, in segment order; ``fill[i]`` is their total
-    length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
+    and ``lineages[i]`` their lineages, in segment order; ``fill[i]`` is their
+    total length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
+    Bins keep lineages, not elements: plain tuples and ints, which the garbage
+    collector stops tracking, so thousands of open rows cost it nothing.
     """
 
-    __slots__ = (
-        "fields",
-        "pieces",
-        "held",
-        "fill",
-        "fill_array",
-        "order",
-        "_saved",
-        "_lineage_form",
-        "_tails",
-        "_bin_lineages",
-    )
+    __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "_saved", "_form")
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
-        self.held: list[list[Element]] = [[] for _ in range(num_bins)]
+        self.lineages: list[list[Any]] = [[] for _ in range(num_bins)]
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
         self._saved: Saved | None = None  # the saved form, until a bin changes
-        self._lineage_form: tuple[tuple, tuple] | None = None  # the same, as lineages
-        # At the last lineage_form: each bin's last element (None: empty) and lineages.
-        self._tails: list[Element | None] = [None] * num_bins
-        self._bin_lineages: list[tuple] = [()] * num_bins
+        self._form: tuple[tuple, tuple] | None = None  # the same, as lineages
 
     @property
     def saved(self) -> Saved | None:
@@ -79,44 +66,28 @@ class Bins:
     @saved.setter
     def saved(self, saved: Saved | None) -> None:
         self._saved = saved
-        self._lineage_form = None
+        self._form = None
 
     def lineage_form(self) -> tuple[tuple, tuple]:
-        """The lineages of the held records in bin order, and each bin's count.
-
-        A bin ending with the same element as at the last call did not change: an
-        element goes into one bin once, ``append`` puts it last, and only ``emit``
-        removes it (with all the bin). Those bins' lineages are reused, so a call
-        costs in proportion to the bins changed since, plus one tuple of all.
-        """
-        form = self._lineage_form
+        """The lineages of the held records in bin order, and each bin's count
+        (cached until a bin changes)."""
+        form = self._form
         if form is None:
-            held = self.held
-            tails: list[Element | None]
-            try:
-                tails = list(map(getitem, held, repeat(-1, len(held))))
-            except IndexError:  # an empty bin
-                tails = [bin_[-1] if bin_ else None for bin_ in held]
-            done, before = self._bin_lineages, self._tails
-            for i in compress(range(len(held)), map(is_not, tails, before)):
-                bin_, old, lineages = held[i], before[i], done[i]
-                k = len(lineages)
-                if old is not None and k < len(bin_) and bin_[k - 1] is old:
-                    done[i] = lineages + tuple(map(_lineage, bin_[k:]))  # appended since
-                else:
-                    done[i] = tuple(map(_lineage, bin_))
-            self._tails = tails  # keeps them alive: identities stay unambiguous
-            form = self._lineage_form = (tuple(chain.from_iterable(done)), tuple(map(len, done)))
+            lineages = self.lineages
+            form = self._form = (tuple(chain.from_iterable(lineages)), tuple(map(len, lineages)))
         return form
 
-    @property
-    def lineages(self) -> tuple[tuple, ...]:
-        """The lineages of the records in each bin."""
-        return tuple(tuple(e.lineage for e in bin_) for bin_ in self.held)
+    def held(self, i: int) -> list[Element]:
+        """The records of bin ``i`` as elements (their data rebuilt from the pieces)."""
+        fields = self.fields or ()
+        return [
+            Element(dict(zip(fields, arrays)), lineage)
+            for (arrays, _, _), lineage in zip(self.pieces[i], self.lineages[i])
+        ]
 
-    def add(self, i: int, piece: tuple, element: Element, n: int) -> None:
+    def add(self, i: int, piece: tuple, lineage: Any, n: int) -> None:
         self.pieces[i].append(piece)
-        self.held[i].append(element)
+        self.lineages[i].append(lineage)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
@@ -126,11 +97,10 @@ class Bins:
         """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
         pieces = self.pieces[i]
         row = PackedRow(spec, self.fields or (), pieces)
-        # What derive(row, held[i], lengths) makes.
-        lineages = tuple(map(_lineage, self.held[i]))
-        element = Element(row, (lineages, tuple(map(_length, pieces))))
+        # What derive(row, <the records>, lengths) makes.
+        element = Element(row, (tuple(self.lineages[i]), tuple(map(_length, pieces))))
         self.pieces[i] = []
-        self.held[i] = []
+        self.lineages[i] = []
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
@@ -144,7 +114,6 @@ def _code(fill: int, i: int, num_bins: int) -> int:
     return fill * num_bins + num_bins - 1 - i
 
 
-_lineage = operator.attrgetter("lineage")
 _length = operator.itemgetter(2)  # of a piece ``(arrays, start, stop)`` with start 0
 
 
@@ -217,10 +186,10 @@ class BinPackOperator(LineageOperator):
         top = width - 1
         bisect_right, insort = bisect.bisect_right, bisect.insort
         ndarray = np.ndarray
-        fill, pieces_of, held_of, fill_array = (
+        fill, pieces_of, lineages_of, fill_array = (
             carry.fill,
             carry.pieces,
-            carry.held,
+            carry.lineages,
             carry.fill_array,
         )
         emit = carry.emit
@@ -265,7 +234,7 @@ class BinPackOperator(LineageOperator):
                 out.append(emit(i, spec))
             pieces = pieces_of[i]
             pieces.append((arrays, 0, n))
-            held_of[i].append(element)
+            lineages_of[i].append(element.lineage)
             used = fill[i] = fill[i] + n
             if fill_array is not None:
                 fill_array[i] = used
@@ -307,13 +276,12 @@ class BinPackOperator(LineageOperator):
         if carry is None:
             return Saved()
         if carry.saved is None:
-            held = tuple(e for bin_ in carry.held for e in bin_)
-            carry.saved = Saved(held, tuple(len(bin_) for bin_ in carry.held))
+            held = tuple(chain.from_iterable(map(carry.held, range(self.num_bins))))
+            carry.saved = Saved(held, tuple(map(len, carry.lineages)))
         return carry.saved
 
     def save_lineages(self, carry: Bins | None) -> tuple[tuple, tuple | None]:
-        """``save`` with the held records as their lineages, built from the lineages of
-        the bins that did not change since the last call (see :meth:`Bins.lineage_form`)."""
+        """``save`` with the held records as their lineages (see :meth:`Bins.lineage_form`)."""
         if carry is None:
             return (), None
         return carry.lineage_form()
@@ -349,7 +317,7 @@ class BinPackOperator(LineageOperator):
                 pieces.append((arrays, 0, n))
                 lengths.append(n)
             carry.pieces[i] = pieces
-            carry.held[i] = list(elements)
+            carry.lineages[i] = [e.lineage for e in elements]
             carry.fill[i] = sum(lengths)
             if carry.fill_array is not None:
                 carry.fill_array[i] = carry.fill[i]
