@@ -11,21 +11,22 @@ from zephon_jax.gc_pause import paused_gc
 from zephon_jax.lane import Lane, LanePlan, read_ahead_for_take
 from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element
-from zephon_jax.operators.packing import PackedRow, assemble_rows, plain
+from zephon_jax.operators.packing import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import can_end, end_position
 from zephon_jax.state import lane_bytes
 
 
-def stack_rows(rows: Sequence[Any]) -> Any:
+def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     """Stacks rows (dicts of arrays, or arrays) into a batch with a leading row axis.
 
-    Packed rows still held as pointers are assembled straight into the batch.
+    Packed rows still held as pointers are assembled straight into the batch,
+    into arrays from ``pool`` when given (see :class:`OutputPool`).
     """
     first = rows[0]
     if isinstance(first, PackedRow):
         if all(isinstance(row, PackedRow) for row in rows):
-            return assemble_rows(rows)
+            return assemble_rows(rows, pool)
         rows = [plain(row) for row in rows]
         first = rows[0]
     if isinstance(first, Mapping):
@@ -180,6 +181,8 @@ class RowProducer:
             for size, rs in self._rows.items()
         }
         self.step = 0  # the global step produced next
+        # Arrays of dropped batches, written again (see OutputPool: never one still in use).
+        self.pool = OutputPool()
         # The error that interrupted a batch: the lanes are then part-way through it.
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
@@ -252,7 +255,7 @@ class RowProducer:
             if rows is None:
                 return None
             try:
-                return stack_rows(rows)
+                return stack_rows(rows, self.pool)
             except BaseException as e:
                 self._failure = e
                 raise

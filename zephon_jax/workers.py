@@ -44,6 +44,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, WorkerError, add_note
+from zephon_jax.operators.packing import OutputPool
 from zephon_jax.rows import (
     RowProducer,
     RowsOfSize,
@@ -289,7 +290,7 @@ class _WorkerLoop:
             layout = None
             slot = self.free.pop()
             if data:
-                layout = self.slots.write(slot, stack_rows(data))
+                layout = self.slots.write(slot, stack_rows(data, self.producer.pool))
             self.index += 1
             self.snapshots[self.index] = self.producer.lane_snapshots()
             _send(self.results, Batch(self.generation, self.index, slot, bool(data), layout))
@@ -590,6 +591,8 @@ class WorkerRowProducer:
         self.lane_ids = sorted(running)
         self.step = 0  # the global step produced next
         self.prefetch = prefetch
+        # Arrays of dropped batches, written again (see OutputPool: never one still in use).
+        self.pool = OutputPool()
         self._ctx = mp.get_context(start_method)
         # One tracker for the parent and all workers (a forked child would start its own,
         # which would remove segments the parent still maps when that child exits).
@@ -924,7 +927,7 @@ class WorkerRowProducer:
         shapes = {v.shape[1:] for v in values}
         if len(shapes) == 1 and not any(v.dtype.hasobject for v in values):
             dtype = np.result_type(*values) if len(values) > 1 else values[0].dtype
-            out = np.empty((count, *values[0].shape[1:]), dtype=dtype)
+            out = self.pool.empty(str(key), (count, *values[0].shape[1:]), dtype)
             for value, where in zip(values, places):
                 out[where] = value
             return out

@@ -6,7 +6,9 @@ are open. Rows are assembled once, straight into the output arrays, by
 :func:`assemble_rows`: one ``np.concatenate`` per field over the pieces of every
 row of a batch (with slices of a zero row as padding), and one ``np.repeat``
 each for segment ids and positions. A row read on its own (by a map after
-``pack``, say) is assembled the same way as a batch of one.
+``pack``, say) is assembled the same way as a batch of one. Given an
+:class:`OutputPool`, a batch is written into arrays of an earlier batch that
+nothing references any more, instead of fresh ones (see the pool).
 
 Output fields follow Grain's packers: every 1-D field ``f`` gives ``f`` (zero
 padded), ``f_segment_ids`` (1-based, 0 = padding) and ``f_positions`` (0-based
@@ -23,6 +25,7 @@ overflow it raise).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
@@ -172,6 +175,57 @@ def _check_dtypes(dtypes: Mapping[str, Any] | None) -> dict[str, np.dtype]:
     return out
 
 
+def _references(pooled: list, i: int) -> int:
+    return sys.getrefcount(pooled[i])
+
+
+# References to an array held only by a pool's list, as _references counts them.
+_ONLY_POOL = _references([np.empty(0)], 0)
+
+
+class OutputPool:
+    """Batch arrays handed out again once nothing outside the pool references them.
+
+    Fresh output arrays for every batch are costly when batches are dropped
+    right after use (by a training step's ``device_put``, say): the allocator
+    gives their memory back to the system, and the next batch's arrays fault
+    it in again, page by page. A pool keeps up to ``size`` arrays per shape and
+    dtype for each output field (``size`` batches' worth) and hands one out again
+    only when its reference count shows that the pool alone holds it. Whatever can still read an array holds a reference to
+    it: the caller's batch dict or a variable, a view or slice (through
+    ``.base``), a ``memoryview``, a jax array aliasing it zero-copy (it keeps
+    the numpy array alive). So a batch the caller keeps, or any part of it, is
+    never overwritten. Only a raw address (``array.ctypes.data`` kept without
+    the array) escapes this; such code must keep the array too.
+
+    The count cannot rise between the check and the reuse: only a holder of a
+    reference can make another, and the pool's references are private.
+    """
+
+    __slots__ = ("size", "_arrays", "_next")
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._arrays: dict[tuple, list[np.ndarray]] = {}
+        self._next: dict[tuple, int] = {}
+
+    def empty(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An array for output field ``name`` that nothing else references (contents arbitrary)."""
+        key = (name, shape, dtype)
+        pooled = self._arrays.setdefault(key, [])
+        for i in range(len(pooled)):
+            if _references(pooled, i) == _ONLY_POOL:
+                return pooled[i]
+        array = np.empty(shape, dtype)
+        if len(pooled) < self.size:
+            pooled.append(array)
+        else:  # every pooled array is in use: forget the oldest (its holder keeps it alive)
+            i = self._next.get(key, 0)
+            pooled[i] = array
+            self._next[key] = (i + 1) % self.size
+        return array
+
+
 class PackedRow(Mapping):
     """One packed row, held as pointers to the record pieces in it until it is assembled.
 
@@ -220,8 +274,14 @@ def plain(data: Any) -> Any:
     return dict(data.to_dict()) if isinstance(data, PackedRow) else data
 
 
-def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
-    """The rows as one batch: a ``(len(rows), seq_len)`` array per output field."""
+def assemble_rows(
+    rows: Sequence[PackedRow], pool: OutputPool | None = None
+) -> dict[str, np.ndarray]:
+    """The rows as one batch: a ``(len(rows), seq_len)`` array per output field.
+
+    With a ``pool``, the arrays are ones of earlier batches that nothing else
+    references any more (see :class:`OutputPool`); without, fresh ones.
+    """
     spec, fields = rows[0].spec, rows[0].fields
     seq_len = spec.seq_len
     for row in rows:
@@ -252,46 +312,74 @@ def assemble_rows(rows: Sequence[PackedRow]) -> dict[str, np.ndarray]:
             lengths.append(seq_len - used)
             segments.append(0)
     shape = (len(rows), seq_len)
-    count = np.asarray(lengths, np.intp)
-    segment = np.asarray(segments, np.int32)
-    segment_ids = np.repeat(segment, count).reshape(shape)
-    positions = _positions(segment, count).reshape(shape)
+
+    def empty(name: str, dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype) if pool is None else pool.empty(name, shape, dtype)
+
+    f0 = fields[0]
+    segment_ids = empty(f0 + SEGMENT_IDS, SEGMENT_DTYPE)
+    positions = empty(f0 + POSITIONS, SEGMENT_DTYPE)
+    _write_segments(
+        np.asarray(segments, np.int32), np.asarray(lengths, np.intp), segment_ids, positions
+    )
     batch = {}
-    for n, (f, values, dtype) in enumerate(zip(fields, parts, out_dtypes)):
-        batch[f] = _concatenate(values, dtype, f, spec).reshape(shape)
-        batch[f + SEGMENT_IDS] = segment_ids if n == 0 else segment_ids.copy()
-        batch[f + POSITIONS] = positions if n == 0 else positions.copy()
+    for f, values, dtype in zip(fields, parts, out_dtypes):
+        batch[f] = _concatenate(values, dtype, f, spec, empty(f, dtype))
+        if f == f0:
+            batch[f + SEGMENT_IDS], batch[f + POSITIONS] = segment_ids, positions
+        else:
+            batch[f + SEGMENT_IDS] = _copy(segment_ids, empty(f + SEGMENT_IDS, SEGMENT_DTYPE))
+            batch[f + POSITIONS] = _copy(positions, empty(f + POSITIONS, SEGMENT_DTYPE))
     return batch
 
 
-def _positions(segment: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """0, 1, ... within every piece and 0 on padding, as one cumulative sum.
+SEGMENT_DTYPE = np.dtype(np.int32)
 
-    The increments are 1 inside pieces and 0 inside padding; at the start of
-    each piece they take the running sum back to 1 (so that sum - 1 is 0).
+
+def _copy(source: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.copyto(out, source)
+    return out
+
+
+def _write_segments(
+    segment: np.ndarray, count: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray
+) -> None:
+    """Writes ``np.repeat(segment, count)`` into ``segment_ids``, and 0, 1, ... within
+    every piece (0 on padding) into ``positions``, with no temporary of their size.
+
+    Both are cumulative sums of increments: 0 inside a piece (segment ids) or 1
+    (positions), and at the start of each piece the jump that takes the running
+    sum to the piece's segment id (or back to 0). Padding positions are then zeroed.
     """
-    real = (segment != 0).astype(np.int32)
-    steps = np.repeat(real, count)
+    ids, pos = segment_ids.reshape(-1), positions.reshape(-1)
+    if not count.all():  # empty pieces hold no items (and would share a start)
+        keep = count > 0
+        segment, count = segment[keep], count[keep]
     starts = np.cumsum(count) - count
-    end = np.where(real == 1, count, 1)  # running sum at the end of each piece
-    reset = np.ones(len(count), np.int64)
-    reset[1:] -= end[:-1]
-    steps[starts] = reset
-    np.cumsum(steps, out=steps)
-    steps -= 1
-    return steps
+    ids.fill(0)
+    ids[starts] = np.diff(segment, prepend=np.int32(0))
+    np.cumsum(ids, out=ids, dtype=SEGMENT_DTYPE)
+    pos.fill(1)
+    pos[starts[1:]] = 1 - count[:-1]
+    pos[0] = 0
+    np.cumsum(pos, out=pos, dtype=SEGMENT_DTYPE)
+    for k in np.flatnonzero(segment == 0).tolist():
+        pos[starts[k] : starts[k] + count[k]] = 0
 
 
-def _concatenate(values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec):
-    """``np.concatenate(values)`` as ``dtype``, raising where a value would change."""
-    try:
-        out = np.concatenate(values)
-    except (TypeError, ValueError):  # dtypes that do not promote together: checked below
-        out = None
-    if out is not None and out.dtype == dtype:  # every value promotes to dtype safely
+def _concatenate(
+    values: list[np.ndarray], dtype: np.dtype, field: str, spec: PackSpec, out: np.ndarray
+) -> np.ndarray:
+    """``np.concatenate(values)`` as ``dtype``, written into ``out``; raises where a value
+    would change."""
+    flat = out.reshape(-1)
+    try:  # every value casts to dtype safely: the common case
+        np.concatenate(values, out=flat, casting="safe")
         return out
+    except (TypeError, ValueError):  # some value may not fit, or dtypes do not mix: checked below
+        pass
     sources = {v.dtype for v in values}
-    out = np.concatenate(values, dtype=dtype, casting="unsafe")
+    np.concatenate(values, out=flat, casting="unsafe")
     unsafe = sources - {dtype}
     unsafe = {d for d in unsafe if not np.can_cast(d, dtype, "safe")}
     for source in unsafe:
