@@ -381,6 +381,8 @@ class LoaderIterator(Iterator[Any]):
         self._last_picks = self._before_last = None
 
     def _set_state(self, state: Mapping[str, Any]) -> None:
+        """Checks every lane of ``state`` this process runs, then restores the producer
+        (batches prefetched are dropped; a failed restore leaves the iterator where it was)."""
         # Every lane this process runs is checked (decoded once) before anything changes.
         producer = self._producer
         if isinstance(producer, RowProducer):
