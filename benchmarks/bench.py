@@ -38,10 +38,12 @@ draws the figures of ``docs/performance.md`` from them (see ``plots.py``).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from typing import Any
@@ -254,12 +256,21 @@ def _batches_equal(a: dict, b: dict) -> bool:
 
 
 def _snapshot_time(it: Any, repeats: int = 5) -> float | None:
-    """Median time of one lane snapshot of every lane (what prefetch and workers take per batch)."""
+    """Median time of one snapshot of every lane right after a batch: what device
+    prefetch and each worker take per batch (the iterator moves on ``repeats`` batches).
+    The young-generation collection the batch left pending runs before the timing."""
     producer = getattr(it, "_producer", None)
     snap = getattr(producer, "lane_snapshots", None)
     if snap is None:
         return None
-    return measure.median_time(snap, repeats)[0]
+    times = []
+    for _ in range(repeats):
+        next(it)
+        gc.collect(0)
+        t0 = time.perf_counter()
+        snap()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def lane_sweep(

@@ -388,3 +388,42 @@ def test_open_bins_leave_nothing_for_the_garbage_collector_to_scan():
     held = [x for bin_ in carry.lineages for x in bin_] + [x for bin_ in carry.pieces for x in bin_]
     assert held and not any(map(gc.is_tracked, held))
     assert not any(isinstance(x, Element) for x in held)
+
+
+def test_held_lineages_read_as_the_joined_tuple():
+    import pickle
+
+    from zephon_jax.operators.base import HeldLineages, plain_lineages
+
+    groups = ((1, ((2,), 0)), (), (("x",),), (4,))
+    held = HeldLineages(groups)
+    joined = (1, ((2,), 0), ("x",), 4)
+    assert held == joined and joined == held and held == HeldLineages((joined,))
+    assert held != joined[:-1] and held != list(joined)
+    assert len(held) == 4 and list(held) == list(joined) and held[1] == ((2,), 0)
+    assert held[1:3] == joined[1:3] and held.joined() is held.joined()
+    assert plain_lineages(held) == joined and type(plain_lineages(held)) is tuple
+    assert plain_lineages(joined) is joined
+    again = pickle.loads(pickle.dumps(held))
+    assert again == joined and again.groups == groups
+
+
+def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
+    """A lane snapshot keeps each open row's tuple of lineages as it is (one reference
+    per row); only encoding the state joins them, into the same bytes."""
+    from zephon_jax.lane_state import encode_lane_state, plain_snapshot
+    from zephon_jax.operators.base import HeldLineages
+
+    ds = zj.Dataset.source(make_docs(300, 200, seed=2)).shuffle(0).pack(256).batch(4, 2)
+    it = iter(zj.Loader(ds))
+    take(it, 3)
+    for number, lane in it._producer.lanes.items():
+        snapshot = lane.snapshot()
+        held, counts = snapshot.carries[0]
+        assert type(held) is HeldLineages and held._joined is None
+        bins = lane.carries[0].lineages
+        assert all(g is b for g, b in zip(held.groups, bins)) and len(held.groups) == len(bins)
+        assert counts == tuple(map(len, bins)) and sum(counts) == len(held) > 0
+        plain = plain_snapshot(snapshot)
+        assert type(plain[3][0][0]) is tuple and plain[3][0][0] == held
+        assert encode_lane_state(snapshot, number) == encode_lane_state(plain, number)

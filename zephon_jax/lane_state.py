@@ -3,7 +3,9 @@
 A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
 pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
 aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
-as their lineages), ``pending`` the lineages of the finished rows not yet
+as their lineages; in memory, the held lineages may be kept as
+:class:`~zephon_jax.operators.base.HeldLineages` groups, joined when encoded),
+``pending`` the lineages of the finished rows not yet
 batched, ``step`` the global step the lane produces next and ``mixture`` the
 carry of plain ints of a mixture by tokens or with weight stages (else None).
 Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 from zephon_jax import codec
 from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import StateError
+from zephon_jax.operators.base import HeldLineages
 
 LANE_FORMAT = LANE.version  # see zephon_jax.envelope for the versions
 
@@ -41,9 +44,26 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
     return zlib.crc32(body, lane & 0xFFFFFFFF).to_bytes(4, "little")
 
 
+def plain_snapshot(snapshot: tuple) -> tuple:
+    """The snapshot with every carry's held lineages as one plain tuple (a snapshot
+    may keep them as :class:`~zephon_jax.operators.base.HeldLineages` groups)."""
+    snapshot = tuple(snapshot)
+    carries = snapshot[3]
+    if isinstance(carries, tuple) and any(
+        isinstance(saved, tuple) and len(saved) == 2 and type(saved[0]) is HeldLineages
+        for saved in carries
+    ):
+        carries = tuple(
+            (saved[0].joined(), saved[1]) if type(saved[0]) is HeldLineages else saved
+            for saved in carries
+        )
+        snapshot = snapshot[:3] + (carries,) + snapshot[4:]
+    return snapshot
+
+
 def encode_lane_state(snapshot: tuple, lane: int) -> bytes:
     """Lane ``lane``'s snapshot as compact bytes, ending with its checksum."""
-    data = codec.encode(tuple(snapshot))
+    data = codec.encode(plain_snapshot(snapshot))
     return data + lane_checksum(data, lane)
 
 

@@ -19,8 +19,9 @@ Every operator, built-in or user-defined, is a :class:`LineageOperator`:
 * optional ``save_lineages(carry) -> (lineages, aux)``: ``save`` with the held
   elements written as their lineages (what a lane snapshot stores); the
   default (:func:`save_lineages`) maps ``save``'s. An operator defines it to
-  spend less per snapshot (``pack`` reuses the lineages of bins that did not
-  change).
+  spend less per snapshot: ``lineages`` may then be a :class:`HeldLineages`,
+  groups of lineages joined only when a state is encoded (``pack`` keeps one
+  tuple per open row and a snapshot just takes those tuples).
 
 Outputs are :class:`~zephon_jax.lineage.Element` s: either an input element
 passed through unchanged (operators with ``passthrough = True``: reorder, delay
@@ -52,8 +53,19 @@ stores their carry and outputs by value (``zephon_jax.operators.user``).
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
-from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence, runtime_checkable
+from collections import abc
+from typing import (
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    NamedTuple,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 from zephon_jax.lineage import Element
 from zephon_jax.operators.packing import plain
@@ -88,6 +100,52 @@ class StepFailed(Exception):
 
 
 _lineage = operator.attrgetter("lineage")
+
+
+class HeldLineages(abc.Sequence):
+    """The lineages of held elements as groups (tuples), joined into one tuple on first read.
+
+    Equal to the joined tuple. A snapshot that keeps a carry's groups, which the
+    carry replaces rather than changes, costs a reference per group instead of
+    one per element; encoding a state reads the whole.
+    """
+
+    __slots__ = ("groups", "_joined")
+
+    def __init__(self, groups: tuple[tuple, ...]):
+        self.groups = groups
+        self._joined: tuple | None = None
+
+    def joined(self) -> tuple:
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = tuple(itertools.chain.from_iterable(self.groups))
+        return joined
+
+    def __len__(self) -> int:
+        return sum(map(len, self.groups))
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.joined()[index]
+
+    def __iter__(self) -> Iterator:
+        return itertools.chain.from_iterable(self.groups)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HeldLineages):
+            other = other.joined()
+        return isinstance(other, tuple) and self.joined() == other
+
+    def __repr__(self) -> str:
+        return f"HeldLineages({self.joined()!r})"
+
+    def __reduce__(self) -> tuple:
+        return (HeldLineages, (self.groups,))
+
+
+def plain_lineages(lineages: Sequence) -> tuple:
+    """``lineages`` as one plain tuple (a :class:`HeldLineages` joined)."""
+    return lineages.joined() if isinstance(lineages, HeldLineages) else tuple(lineages)
 
 
 def save_lineages(op: Any, carry: Carry) -> tuple[tuple, Any]:

@@ -26,7 +26,7 @@ from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.lineage import Element
-from zephon_jax.operators.base import LineageOperator, Saved, StepFailed
+from zephon_jax.operators.base import HeldLineages, LineageOperator, Saved, StepFailed
 from zephon_jax.operators.packing import PackedRow, PackSpec
 
 DEFAULT_NUM_BINS = 32
@@ -38,10 +38,11 @@ class Bins:
     """The open rows of one lane: the pieces, lineages and fill of each.
 
     ``pieces[i]`` are the ``(arrays, 0, n)`` pieces of the records in bin ``i``
-    and ``lineages[i]`` their lineages, in segment order; ``fill[i]`` is their
-    total length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
-    Bins keep lineages, not elements: plain tuples and ints, which the garbage
-    collector stops tracking, so thousands of open rows cost it nothing.
+    and ``lineages[i]`` their lineages (a tuple, replaced as the bin grows), in
+    segment order; ``fill[i]`` is their total length. ``order`` (best_fit) keeps
+    every bin's :func:`_code` sorted. Bins keep lineages, not elements: plain
+    tuples and ints, which the garbage collector stops tracking, so thousands of
+    open rows cost it nothing; and a snapshot takes the bins' tuples as they are.
     """
 
     __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "_saved", "_form")
@@ -49,13 +50,13 @@ class Bins:
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
         self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
-        self.lineages: list[list[Any]] = [[] for _ in range(num_bins)]
+        self.lineages: list[tuple] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
         self._saved: Saved | None = None  # the saved form, until a bin changes
-        self._form: tuple[tuple, tuple] | None = None  # the same, as lineages
+        self._form: tuple[HeldLineages, tuple] | None = None  # the same, as lineages
 
     @property
     def saved(self) -> Saved | None:
@@ -68,13 +69,13 @@ class Bins:
         self._saved = saved
         self._form = None
 
-    def lineage_form(self) -> tuple[tuple, tuple]:
-        """The lineages of the held records in bin order, and each bin's count
-        (cached until a bin changes)."""
+    def lineage_form(self) -> tuple[HeldLineages, tuple]:
+        """The lineages of the held records in bin order (the bins' tuples, joined when
+        read), and each bin's count; cached until a bin changes."""
         form = self._form
         if form is None:
-            lineages = self.lineages
-            form = self._form = (tuple(chain.from_iterable(lineages)), tuple(map(len, lineages)))
+            bins = tuple(self.lineages)
+            form = self._form = (HeldLineages(bins), tuple(map(len, bins)))
         return form
 
     def held(self, i: int) -> list[Element]:
@@ -87,7 +88,7 @@ class Bins:
 
     def add(self, i: int, piece: tuple, lineage: Any, n: int) -> None:
         self.pieces[i].append(piece)
-        self.lineages[i].append(lineage)
+        self.lineages[i] += (lineage,)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
@@ -98,9 +99,9 @@ class Bins:
         pieces = self.pieces[i]
         row = PackedRow(spec, self.fields or (), pieces)
         # What derive(row, <the records>, lengths) makes.
-        element = Element(row, (tuple(self.lineages[i]), tuple(map(_length, pieces))))
+        element = Element(row, (self.lineages[i], tuple(map(_length, pieces))))
         self.pieces[i] = []
-        self.lineages[i] = []
+        self.lineages[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
@@ -234,7 +235,7 @@ class BinPackOperator(LineageOperator):
                 out.append(emit(i, spec))
             pieces = pieces_of[i]
             pieces.append((arrays, 0, n))
-            lineages_of[i].append(element.lineage)
+            lineages_of[i] += (element.lineage,)
             used = fill[i] = fill[i] + n
             if fill_array is not None:
                 fill_array[i] = used
@@ -280,7 +281,7 @@ class BinPackOperator(LineageOperator):
             carry.saved = Saved(held, tuple(map(len, carry.lineages)))
         return carry.saved
 
-    def save_lineages(self, carry: Bins | None) -> tuple[tuple, tuple | None]:
+    def save_lineages(self, carry: Bins | None) -> tuple[Sequence, tuple | None]:
         """``save`` with the held records as their lineages (see :meth:`Bins.lineage_form`)."""
         if carry is None:
             return (), None
@@ -317,7 +318,7 @@ class BinPackOperator(LineageOperator):
                 pieces.append((arrays, 0, n))
                 lengths.append(n)
             carry.pieces[i] = pieces
-            carry.lineages[i] = [e.lineage for e in elements]
+            carry.lineages[i] = tuple(e.lineage for e in elements)
             carry.fill[i] = sum(lengths)
             if carry.fill_array is not None:
                 carry.fill_array[i] = carry.fill[i]

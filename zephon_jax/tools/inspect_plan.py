@@ -258,9 +258,9 @@ def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]
     batched, then the whole lane state (with its header and checksum).
     """
     from zephon_jax import codec
-    from zephon_jax.lane_state import encode_lane_state
+    from zephon_jax.lane_state import LaneSnapshot, encode_lane_state, plain_snapshot
 
-    snapshots = [lane.snapshot() for lane in producer.lanes.values()]
+    snapshots = [LaneSnapshot(*plain_snapshot(lane.snapshot())) for lane in producer.lanes.values()]
     lane_ids = list(producer.lanes)
     names = [f"{i}. {s.operator.describe()}" for i, s in enumerate(batched.stages, 1)]
     parts = [[len(codec.encode(snap.carries[i])) for snap in snapshots] for i in range(len(names))]
