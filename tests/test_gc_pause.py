@@ -1,9 +1,11 @@
-"""The collector pause around batch production: nesting, threads, errors, the caller's choice."""
+"""The collector pause around batch production: nesting, threads, errors, the caller's choice;
+a long-lived pause (a restore) moves what it built to the oldest generation unwalked."""
 
 from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -93,3 +95,88 @@ def test_loader_errors_leave_the_collector_on():
     with pytest.raises(Exception, match="bad record"):
         next(it)
     assert gc.isenabled()
+
+
+class Node:
+    """A tracked object that can be part of a cycle."""
+
+    def __init__(self):
+        self.other = None
+
+
+def _oldest(objects) -> int:
+    """How many of ``objects`` are in the oldest generation."""
+    ids = {id(o) for o in objects}
+    return sum(id(o) in ids for o in gc.get_objects(generation=2))
+
+
+def test_a_long_lived_pause_moves_what_it_built_to_the_oldest_generation():
+    gc.collect()
+    with paused_gc(long_lived=True):
+        kept = [Node() for _ in range(5000)]
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 1000  # nothing left for a young collection to walk
+    assert _oldest(kept) == len(kept)
+    gc.collect()
+    with paused_gc():  # a plain pause leaves them to the young collections
+        young = [Node() for _ in range(5000)]
+    assert _oldest(young) == 0
+
+
+def test_a_long_lived_pause_nested_in_a_plain_one_moves_them_when_the_last_ends():
+    gc.collect()
+    with paused_gc():
+        with paused_gc(long_lived=True):
+            kept = [Node() for _ in range(2000)]
+        assert _oldest(kept) == 0  # the outer pause still holds
+    assert _oldest(kept) == len(kept)
+    gc.collect()
+    with paused_gc():  # the mark ended with the pause
+        young = [Node() for _ in range(2000)]
+    assert _oldest(young) == 0
+
+
+def test_cycles_built_in_a_long_lived_pause_are_freed_by_a_full_collection():
+    freed = []
+    with paused_gc(long_lived=True):
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        weakref.finalize(a, freed.append, True)
+        del a, b
+    gc.collect()
+    assert freed == [True]
+
+
+def test_a_long_lived_pause_leaves_frozen_objects_and_a_disabled_collector_alone():
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with paused_gc(long_lived=True):
+            young = [Node() for _ in range(2000)]
+        assert gc.get_freeze_count() == frozen  # the program's freeze holds
+        assert _oldest(young) == 0  # and nothing moved
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    with paused_gc(long_lived=True):
+        young = [Node() for _ in range(2000)]
+    assert not gc.isenabled()
+    assert _oldest(young) == 0
+
+
+def test_set_state_leaves_the_restored_lanes_out_of_the_young_generation():
+    ds = _pipeline()
+    it = iter(zj.Loader(ds))
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    expected = next(it)
+    restored = iter(zj.Loader(ds))
+    gc.collect()
+    restored.set_state(state)
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 1000
+    lanes = list(restored._producer.lanes.values())
+    assert _oldest(lanes) == len(lanes)
+    np.testing.assert_array_equal(next(restored)["tokens"], expected["tokens"])

@@ -10,6 +10,8 @@
 * Lanes about to read read ahead together, with the batches of lanes reading alone.
 * The codec rejects tampered dtype text with a StateError; the garbage
   collector is paused only while restoring.
+* An operator's outputs remade in one loop (and roots taken in one pass) are
+  those remade one by one; ``split`` remakes an uncut record as its general path.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pipelines import (
+    add_one,
     assert_batches_equal,
     full_pipeline,
     make_docs,
@@ -28,7 +31,9 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax import codec
 from zephon_jax.lane import Lane, LanePlan
-from zephon_jax.lane_state import encode_lane_state
+from zephon_jax.lane_state import decode_lane_state, encode_lane_state
+from zephon_jax.operators.split import SplitOperator
+from zephon_jax.restore import Rebuilder, _read_roots
 from zephon_jax.rows import stack_rows
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.state import lane_bytes
@@ -144,6 +149,66 @@ def test_a_failed_read_while_restoring_lanes_together_names_them():
     source.broken = True
     with pytest.raises(zj.RecordError, match=r"lanes 0\.\.7: reading records .*the disk is gone"):
         iter(zj.Loader(ds)).set_state(state)
+
+
+def _rebuilder(plan: LanePlan, l: int, snapshot) -> Rebuilder:
+    """A rebuilder of lane ``l`` with the roots ``snapshot`` points to read."""
+    rebuild = Rebuilder(Lane(plan, l))
+    held = [h for h, _ in snapshot.carries]
+    _read_roots([rebuild], [rebuild.positions(held, snapshot.pending, snapshot.next_position)])
+    return rebuild
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        lambda: packed(8),  # split and pack without transforms after them: one loop
+        lambda: (
+            zj.Dataset.source(make_docs(300, 70, seed=5))  # a map after split: one by one
+            .shuffle(seed=1)
+            .split(24)
+            .map(add_one)
+            .pack(24, num_bins=3)
+            .batch(4)
+        ),
+    ],
+)
+def test_outputs_remade_together_equal_outputs_built_one_by_one(pipeline):
+    ds = pipeline()
+    it = iter(zj.Loader(ds))
+    take(it, 5)
+    state = it.get_state()
+    plan = LanePlan(ds)
+    compared = 0
+    for l in range(ds.num_lanes):
+        snapshot = decode_lane_state(l, lane_bytes(state, l), plan.num_operators)
+        stages = [h for h, _ in snapshot.carries] + [snapshot.pending]
+        together, one_by_one = _rebuilder(plan, l, snapshot), _rebuilder(plan, l, snapshot)
+        for stage, lineages in enumerate(stages):
+            for got, want in zip(
+                together.build_all(stage, list(lineages)),
+                [one_by_one.build(stage, lineage) for lineage in lineages],
+                strict=True,
+            ):
+                assert got.lineage == want.lineage
+                np.testing.assert_array_equal(got.data["tokens"], want.data["tokens"])
+                compared += 1
+    assert compared > 20
+
+
+def test_split_remakes_an_uncut_record_as_its_general_path():
+    op = SplitOperator(4)
+    for n in (0, 1, 4, 5, 9):
+        data = {"tokens": np.arange(n, dtype=np.int32), "id": n}
+        pieces = op.pieces(data) or [data]  # an empty record remakes as itself
+        for recipe in range(len(pieces)):
+            for r in (recipe, np.int64(recipe)):
+                got = op.remake(r, [data])
+                assert got.keys() == pieces[recipe].keys()
+                np.testing.assert_array_equal(got["tokens"], pieces[recipe]["tokens"])
+        for bad in (False, -1, len(pieces), "0"):
+            with pytest.raises(zj.StateError, match="the state holds piece"):
+                op.remake(bad, [data])
 
 
 class _CountingDocs(list):

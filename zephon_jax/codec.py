@@ -177,8 +177,28 @@ def _take(data: bytes, pos: int, n: int) -> bytes:
     return chunk
 
 
+def _int(data: bytes, pos: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos`` (one or two bytes inline) and the position after it."""
+    z = data[pos]
+    if z < 0x80:
+        pos += 1
+    else:
+        low = data[pos + 1]
+        if low < 0x80:
+            z = (z & 0x7F) | (low << 7)
+            pos += 2
+        else:
+            z, pos = _uint(data, pos)
+    return (-((z + 1) >> 1) if z & 1 else z >> 1), pos
+
+
+# The start of ``((a,), b)``: an operator output of one parent, e.g. a piece of a record.
+_ONE_PARENT = bytes((_TUPLE, 2, _TUPLE, 1, _INT))
+
+
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
-    """``n`` values from ``pos``; ints and tuples (the bulk of record pointers) inline."""
+    """``n`` values from ``pos``; ints, tuples and ``((int,), int)`` (the bulk of record
+    pointers) inline, with the same result as :func:`_value` of each."""
     items: list = []
     append = items.append
     for _ in range(n):
@@ -191,6 +211,12 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
                 z, pos = _uint(data, pos + 1)
             append(-((z + 1) >> 1) if z & 1 else z >> 1)
         elif tag == _TUPLE and data[pos + 1] < 0x80:
+            if data.startswith(_ONE_PARENT, pos):
+                parent, at = _int(data, pos + 5)
+                if data[at] == _INT:  # else decoded in general below
+                    recipe, pos = _int(data, at + 1)
+                    append(((parent,), recipe))
+                    continue
             inner, pos = _items(data, pos + 2, data[pos + 1])
             append(tuple(inner))
         else:

@@ -8,6 +8,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from zephon_jax.checks import positive_int
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.rows import RowProducer, encode_snapshots
 from zephon_jax.state import check_state, lane_bytes, make_state
 
@@ -374,6 +375,14 @@ class LoaderIterator(Iterator[Any]):
         runs; the iterator is then unchanged.
         """
         check_state(state, self._fingerprint)
+        with paused_gc(long_lived=True):  # one pause for decoding and rebuilding the lanes
+            self._set_state(state)
+        self.step = int(state["step"])
+        self._last_picks = self._before_last = None
+
+    def _set_state(self, state: Mapping[str, Any]) -> None:
+        """Checks every lane of ``state`` this process runs, then restores the producer
+        (batches prefetched are dropped; a failed restore leaves the iterator where it was)."""
         # Every lane this process runs is checked (decoded once) before anything changes.
         producer = self._producer
         if isinstance(producer, RowProducer):
@@ -397,8 +406,6 @@ class LoaderIterator(Iterator[Any]):
             except BaseException:
                 self._producer.restore(delivered)
                 raise
-        self.step = int(state["step"])
-        self._last_picks = self._before_last = None
 
     def close(self) -> None:
         """Stops device prefetch and worker processes; the iterator cannot continue after."""

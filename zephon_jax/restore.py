@@ -14,6 +14,7 @@ operator outputs is done lane by lane (their transforms' random keys name the la
 from __future__ import annotations
 
 import collections
+import operator
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -43,7 +44,7 @@ def restore_lanes(
     as restoring the lanes one by one. Raises :class:`StateError` naming the lane if
     a snapshot does not fit the pipeline; no lane's records and carries change then.
     """
-    with paused_gc():
+    with paused_gc(long_lived=True):
         _restore_lanes(lanes, snapshots, read_ahead)
 
 
@@ -137,7 +138,8 @@ class Rebuilder:
     def __init__(self, lane: Lane):
         self.lane = lane
         self.roots: dict[Any, Any] = {}
-        self.cache: dict = {}
+        # The elements built so far, per stage, by lineage.
+        self.cache: list[dict] = [{} for _ in range(lane.plan.num_operators + 1)]
 
     def _collect(self, stage: int, lineages: list, out: set) -> None:
         """Adds the roots ``lineages`` (entering ``stage``) derive from to ``out``, a stage
@@ -179,18 +181,18 @@ class Rebuilder:
     def build(self, stage: int, lineage) -> Element:
         """The element with ``lineage`` entering ``stage``."""
         # An Opaque hashes by identity: a key holding one only finds the same object.
-        key = (stage, lineage)
+        cache = self.cache[stage]
         try:
-            cached = key in self.cache
+            cached = lineage in cache
         except TypeError:
             raise StateError(
                 f"lane {self.lane.lane}: the state holds {lineage!r} where a record pointer "
                 "belongs (ints and tuples); the state is malformed"
             ) from None
         if cached:
-            return self.cache[key]
+            return cache[lineage]
         element = self._root(lineage) if stage == 0 else self._output(stage - 1, lineage)
-        self.cache[key] = element
+        cache[lineage] = element
         return element
 
     def _root(self, lineage) -> Element:
@@ -238,27 +240,72 @@ class Rebuilder:
         """:meth:`build` of each of ``lineages``, a stage at a time: the parents of all
         the outputs of an operator are built together, then the outputs remade."""
         if stage == 0:
-            return [self.build(0, lineage) for lineage in lineages]
+            return self._roots_all(lineages)
         index = stage - 1
         op = self.lane.plan.operators[index]
-        if op.passthrough or not all(map(is_derived, lineages)):
-            return [self.build(stage, lineage) for lineage in lineages]
-        cache = self.cache
+        cache = self.cache[stage]
         try:
-            keys = [(stage, lineage) for lineage in lineages]
-            todo = [k for k, key in enumerate(keys) if key not in cache]
-        except TypeError:  # an unhashable recipe: one by one, as build() reports it
+            todo = [lineage for lineage in lineages if lineage not in cache]
+        except TypeError:  # an unhashable lineage: one by one, as build() reports it
             return [self.build(stage, lineage) for lineage in lineages]
-        parents = [parent for k in todo for parent in lineages[k][0]]
-        inputs = self.build_all(index, parents)
-        at = 0
-        for k in todo:
-            lineage = lineages[k]
+        if op.passthrough or not _all_derived(todo):
+            for lineage in todo:
+                self.build(stage, lineage)
+        elif todo:
+            inputs = self.build_all(index, [parent for lineage in todo for parent in lineage[0]])
+            self._remake_all(index, op, todo, inputs)
+        return [cache[lineage] for lineage in lineages]
+
+    def _roots_all(self, lineages: Sequence) -> list[Element]:
+        """:meth:`build` of each of ``lineages`` at stage 0: in one pass when all are
+        positions read as elements (the common case), else one by one."""
+        roots = self.roots
+        if (
+            lineages
+            and self.lane.drawer is None
+            and set(map(type, lineages)) == {int}
+            and min(lineages) >= 0
+        ):
+            try:
+                items = list(map(roots.__getitem__, lineages))
+            except KeyError:
+                pass
+            else:
+                if set(map(type, items)) == {Element}:
+                    return items
+        return [self.build(0, lineage) for lineage in lineages]
+
+    def _remake_all(self, index: int, op, lineages: list, inputs: list[Element]) -> None:
+        """Caches the outputs of operator ``index`` with the derived ``lineages`` (not
+        cached yet), made from ``inputs``, the elements of their parents in order.
+
+        Without transforms after the operator, the outputs are remade in one loop;
+        the first that fails is remade again by :meth:`_remade`, which reports it.
+        """
+        cache = self.cache[index + 1]
+        done = at = 0
+        if not self.lane.plan.post_transforms[index]:
+            remake = op.remake
+            try:
+                for lineage in lineages:
+                    parents, recipe = lineage
+                    count = len(parents)
+                    if count == 1:
+                        data = remake(recipe, [inputs[at].data])
+                    else:
+                        data = remake(recipe, [element.data for element in inputs[at : at + count]])
+                    if data is DROP:
+                        break
+                    cache[lineage] = Element(data, lineage)
+                    at += count
+                    done += 1
+            except Exception:  # remade again below, where its error is reported
+                pass
+        for lineage in lineages[done:]:
             count = len(lineage[0])
             datas = [element.data for element in inputs[at : at + count]]
             at += count
-            cache[keys[k]] = self._remade(index, op, lineage, datas)
-        return [cache[key] for key in keys]
+            cache[lineage] = self._remade(index, op, lineage, datas)
 
     def _output(self, index: int, lineage) -> Element:
         """An output of operator ``index``, after the transforms that follow it."""
@@ -316,6 +363,19 @@ class Rebuilder:
                 f"{op.describe()}; the pipeline's functions are not pure or changed"
             )
         return Element(data, lineage)
+
+
+def _all_derived(lineages: list) -> bool:
+    """Whether every one of ``lineages`` has the ``(parents, recipe)`` form (see
+    :func:`~zephon_jax.lineage.is_derived`), checked in passes over all of them."""
+    return not lineages or (
+        set(map(type, lineages)) == {tuple}
+        and set(map(len, lineages)) == {2}
+        and set(map(type, map(_first, lineages))) == {tuple}
+    )
+
+
+_first = operator.itemgetter(0)
 
 
 def _is_mixture_root(lineage) -> bool:

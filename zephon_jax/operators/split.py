@@ -92,6 +92,10 @@ class SplitOperator(stateless):
 
     def remake(self, recipe, inputs):
         data = inputs[0]
+        if recipe == 0 and type(recipe) is int and type(data) is dict:  # a record not cut
+            value = data.get(self.key)
+            if type(value) is np.ndarray and value.ndim == 1 and value.shape[0] <= self.max_len:
+                return data
         n = _length(data, self.key)
         pieces = max(1, -(-n // self.max_len))
         if not (type(recipe) is int or is_int(recipe)) or not 0 <= recipe < pieces:

@@ -1,0 +1,125 @@
+"""The codec's inline decoding of record pointers is its general decoding.
+
+``((a,), b)`` with int ``a`` and ``b`` (an operator output of one parent, e.g. a
+piece of a record) is decoded inline, as are ints of one or two varint bytes.
+Decoding with that path and with it turned off gives the same values, of the
+same types, for any plain data (drawn by hypothesis), for real lane states, and
+for truncated or altered bytes, which both reject with a StateError or both
+decode alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pipelines import make_docs, take
+
+import zephon_jax as zj
+from zephon_jax import codec
+from zephon_jax.errors import StateError
+from zephon_jax.lineage import Opaque
+
+# Around the one- and two-byte varint limits (zigzag: |v| < 64, < 8192), and beyond.
+EDGE_INTS = [0, 1, -1, 63, -64, 64, -65, 8191, -8192, 8192, -8193, 2**20, -(2**40), 2**70]
+
+
+def general(data: bytes):
+    """``codec.decode`` with the inline pointer path turned off."""
+    inline = codec._ONE_PARENT
+    codec._ONE_PARENT = b"\xff\xff"  # never the start of an encoded value
+    try:
+        return codec.decode(data)
+    finally:
+        codec._ONE_PARENT = inline
+
+
+def outcome(decode, data: bytes):
+    """What ``decode`` makes of ``data``: ("ok", value) or ("error", None) for a StateError."""
+    try:
+        return ("ok", decode(data))
+    except StateError:
+        return ("error", None)
+
+
+def same(a, b) -> bool:
+    """Equal values of the same types, all the way down."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, Opaque):
+        return same(a.data, b.data)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    return bool(a == b) or bool(a != a and b != b)  # NaN (from altered bytes) as NaN
+
+
+ints = st.one_of(st.sampled_from(EDGE_INTS), st.integers(-(2**80), 2**80))
+leaves = st.one_of(ints, st.none(), st.booleans(), st.text(max_size=3), st.floats(allow_nan=False))
+pointers = st.tuples(st.tuples(ints), st.one_of(ints, leaves))  # ((a,), b), b not always an int
+values = st.recursive(
+    st.one_of(leaves, pointers),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.tuples(st.lists(inner, max_size=3).map(tuple), inner),  # (parents, recipe)
+        st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values)
+def test_inline_decoding_equals_general_decoding(value):
+    data = codec.encode(value)
+    got, want = codec.decode(data), general(data)
+    assert same(got, want)
+    assert same(got, value)
+
+
+@pytest.mark.parametrize("parent", EDGE_INTS)
+@pytest.mark.parametrize("recipe", EDGE_INTS + ["x", None, (1, 2), 2.5, True])
+def test_pointers_of_one_parent_round_trip(parent, recipe):
+    value = (((parent,), recipe), [((parent,), recipe)], ((parent, parent), recipe))
+    data = codec.encode(value)
+    assert same(codec.decode(data), value)
+    assert same(general(data), value)
+
+
+def lane_state_bodies() -> list[bytes]:
+    ds = (
+        zj.Dataset.source(make_docs(300, 60, seed=7))
+        .shuffle(seed=3)
+        .split(16)
+        .pack(16, num_bins=4)
+        .window_shuffle(3, seed=2)
+        .batch(4)
+    )
+    it = iter(zj.Loader(ds))
+    take(it, 6)
+    return [bytes(v)[:-4] for v in it.get_state()["lanes"].values()]  # without the checksum
+
+
+def test_lane_states_decode_alike_and_tampered_ones_fail_alike():
+    bodies = lane_state_bodies()
+    for body in bodies:
+        assert body.count(codec._ONE_PARENT) > 3  # the inline path is taken
+        assert same(codec.decode(body), general(body))
+    body = bodies[0]
+    rng = np.random.default_rng(0)
+    tampered = [body[:cut] for cut in range(len(body))]  # every truncation
+    for at in rng.integers(0, len(body), size=300).tolist():  # altered bytes
+        for byte in (0x00, 0x01, 0x03, 0x08, 0x7F, 0x80, 0xFF, int(rng.integers(256))):
+            tampered.append(body[:at] + bytes([byte]) + body[at + 1 :])
+    errors = 0
+    for data in tampered:
+        got, want = outcome(codec.decode, data), outcome(general, data)
+        assert got[0] == want[0], data
+        assert same(got[1], want[1])
+        errors += got[0] == "error"
+    assert errors > len(body)  # every truncation, and more, is rejected
