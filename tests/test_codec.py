@@ -123,3 +123,35 @@ def test_lane_states_decode_alike_and_tampered_ones_fail_alike():
         assert same(got[1], want[1])
         errors += got[0] == "error"
     assert errors > len(body)  # every truncation, and more, is rejected
+
+
+def _reference_encoding(value) -> bytes:
+    """The format's definition for ints and tuples: a tag, then zigzag varints."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        return bytes(out)
+
+    if type(value) is int:
+        return bytes([codec._INT]) + varint(value << 1 if value >= 0 else (-value << 1) - 1)
+    assert type(value) is tuple
+    return bytes([codec._TUPLE]) + varint(len(value)) + b"".join(map(_reference_encoding, value))
+
+
+def test_the_quick_encoding_of_ints_and_tuples_is_the_format():
+    rng = np.random.default_rng(5)
+
+    def draw(depth: int = 0):
+        if depth > 3 or rng.random() < 0.4:
+            return int(rng.choice([0, 1, 63, 64, 127, 128, -1, -64, -65, 2**31, -(2**40)]))
+        sizes = [0, 1, 2, 3, 200] if depth == 0 else [0, 1, 2, 3]
+        return tuple(draw(depth + 1) for _ in range(int(rng.choice(sizes))))
+
+    for _ in range(500):
+        value = draw()
+        assert codec.encode(value) == _reference_encoding(value), value
+        assert codec.decode(codec.encode(value)) == value
