@@ -273,6 +273,13 @@ def _snapshot_time(it: Any, repeats: int = 5) -> float | None:
     return statistics.median(times)
 
 
+def _pooled_bytes(it: Any) -> int:
+    """Bytes of the batch arrays an iterator keeps for reuse (part of its RSS)."""
+    pool = getattr(getattr(it, "_producer", None), "pool", None)
+    arrays = getattr(pool, "_arrays", {})
+    return sum(a.nbytes for kept in arrays.values() for a in kept)
+
+
 def lane_sweep(
     docs: list, lane_counts: list[int], batch_size: int, steps: int, timing: measure.Timing
 ) -> dict[str, Any]:
@@ -309,6 +316,7 @@ def lane_sweep(
             "rows_per_lane": batch_size // lanes,
             "first_batch_s": first_batch_s,
             "rss_bytes_per_lane": (rss1 - rss0) / lanes,
+            "pooled_bytes_per_lane": _pooled_bytes(it) / lanes,
             "get_state_s": get_state_s,
             "snapshot_s": _snapshot_time(it),
             "state_bytes_per_lane": sum(lane_sizes) / len(lane_sizes),

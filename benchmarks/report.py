@@ -44,16 +44,23 @@ def packing_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pooled(row: dict[str, Any]) -> str:
+    pooled = row.get("pooled_bytes_per_lane")  # measured since the batch arrays are reused
+    return "" if pooled is None else f" ({pooled / 1024:.0f} KiB)"
+
+
 def lanes_table(results: dict[str, Any]) -> str:
     lines = [
-        "| lanes | real tokens/s | vs 8 lanes | RSS per lane | state per lane | `get_state` "
+        "| lanes | real tokens/s | vs 8 lanes | RSS per lane (of it, batch arrays kept for "
+        "reuse) | state per lane | `get_state` "
         "| `set_state` + 1st batch | exact |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results["lanes"]["rows"]:
         lines.append(
             f"| {r['num_lanes']} | {_m(r['tokens_per_s'])} | {r['speed_vs_fewest_lanes']:.2f}x | "
-            f"{r['rss_bytes_per_lane'] / 1024:.0f} KiB | {r['state_bytes_per_lane']:.0f} B | "
+            f"{r['rss_bytes_per_lane'] / 1024:.0f} KiB{_pooled(r)} | "
+            f"{r['state_bytes_per_lane']:.0f} B | "
             f"{r['get_state_s'] * 1e3:.1f} ms | {r['restore_first_batch_s']:.2f} s | "
             f"{'yes' if r['restore_exact'] else 'NO'} |"
         )
