@@ -395,12 +395,7 @@ def workers_case(
             measure.count_records,
         ),
         "heavy map + pack": (
-            zj.Dataset.source(docs)
-            .shuffle(0)
-            .map(heavy.heavy_document_map)
-            .split(SEQ_LEN)
-            .pack(SEQ_LEN)
-            .batch(batch_size),
+            zephon_side.heavy_map_pack(docs, SEQ_LEN, batch_size),
             measure.count_packed,
         ),
     }

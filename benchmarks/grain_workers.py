@@ -29,9 +29,9 @@ if _HERE not in sys.path:
 
 import corpus as corpus_mod  # noqa: E402
 import grain  # noqa: E402
-import heavy  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
+import zephon_side  # noqa: E402
 from grain_baselines import flags_parsed  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
@@ -123,14 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     timing = measure.QUICK if args.quick else measure.FULL
     docs = corpus_mod.make_lognormal_corpus(5000 if args.quick else 20_000)
-    ds = (
-        zj.Dataset.source(docs)
-        .shuffle(0)
-        .map(heavy.heavy_document_map)
-        .split(2048)
-        .pack(2048)
-        .batch(64)
-    )
+    ds = zephon_side.heavy_map_pack(docs)
     reference = iter(zj.Loader(ds))
     expected = [next(reference) for _ in range(4)]
     ours = iter(zj.Loader(ds, num_workers=2))

@@ -32,8 +32,8 @@ if _HERE not in sys.path:
 
 import corpus as corpus_mod  # noqa: E402
 import heavy  # noqa: E402
+import zephon_side  # noqa: E402
 
-import zephon_jax as zj  # noqa: E402
 from zephon_jax.rows import RowProducer, stack_rows  # noqa: E402
 
 MESSAGES = 200
@@ -80,14 +80,7 @@ def latency() -> dict[str, float]:
 def depth(batches: int, depths=(1, 2, 3, 4, 6, 8)) -> dict[str, object]:
     """Per-batch costs of two workers' shares of heavy map + pack, replayed per depth."""
     docs = corpus_mod.make_lognormal_corpus(20000, seed=0)
-    ds = (
-        zj.Dataset.source(docs)
-        .shuffle(0)
-        .map(heavy.heavy_document_map)
-        .split(2048)
-        .pack(2048)
-        .batch(64)
-    )
+    ds = zephon_side.heavy_map_pack(docs)
     halves = [RowProducer(ds, list(range(32 * k, 32 * k + 32))) for k in range(2)]
     costs = np.zeros((2, batches))
     for i in range(batches):

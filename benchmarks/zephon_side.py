@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import heavy
 import numpy as np
 
 import zephon_jax as zj
@@ -24,6 +25,20 @@ def packing(
     if split:
         ds = ds.split(seq_len)
     return ds.pack(seq_len, method=method, num_bins=num_bins).batch(batch_size, num_lanes)
+
+
+def heavy_map_pack(
+    corpus: list[dict[str, np.ndarray]], seq_len: int = 2048, batch_size: int = 64
+) -> zj.BatchedDataset:
+    """shuffle -> map(heavy_document_map) -> split -> pack -> batch: the workers' pipeline."""
+    return (
+        zj.Dataset.source(corpus)
+        .shuffle(0)
+        .map(heavy.heavy_document_map)
+        .split(seq_len)
+        .pack(seq_len)
+        .batch(batch_size)
+    )
 
 
 def _identity(x: Any) -> Any:

@@ -239,3 +239,16 @@ def test_lanes_that_would_read_on_their_own_read_ahead_together_with_the_same_ba
     alone = take(iter(zj.Loader(ds)), 30)
     assert_batches_equal(together, alone)
     assert joint_calls <= 30 < _CountingDocs.calls  # at most one read per step, for 32 lanes
+
+
+def test_split_remake_rejects_a_recipe_that_is_not_a_piece_number():
+    """The quick path for an uncut record looks at the recipe's type first: an array
+    recipe from a tampered state raises StateError, not numpy's truth-value error."""
+    from zephon_jax.operators.split import SplitOperator
+
+    op = SplitOperator(4)
+    record = {"tokens": np.arange(3)}
+    assert op.remake(0, [record]) is record
+    for recipe in (np.array([0, 1]), 5, -1, "0"):
+        with pytest.raises(zj.StateError, match="piece"):
+            op.remake(recipe, [record])

@@ -143,11 +143,6 @@ class HeldLineages(abc.Sequence):
         return (HeldLineages, (self.groups,))
 
 
-def plain_lineages(lineages: Sequence) -> tuple:
-    """``lineages`` as one plain tuple (a :class:`HeldLineages` joined)."""
-    return lineages.joined() if isinstance(lineages, HeldLineages) else tuple(lineages)
-
-
 def save_lineages(op: Any, carry: Carry) -> tuple[tuple, Any]:
     """``op.save(carry)`` with its held elements as lineages: ``(lineages, aux)``.
 

@@ -92,7 +92,7 @@ class SplitOperator(stateless):
 
     def remake(self, recipe, inputs):
         data = inputs[0]
-        if recipe == 0 and type(recipe) is int and type(data) is dict:  # a record not cut
+        if type(recipe) is int and recipe == 0 and type(data) is dict:  # a record not cut
             value = data.get(self.key)
             if type(value) is np.ndarray and value.ndim == 1 and value.shape[0] <= self.max_len:
                 return data
