@@ -34,6 +34,7 @@ import pickle
 import secrets
 import select
 import signal
+import struct
 import threading
 import traceback
 import weakref
@@ -55,6 +56,7 @@ from zephon_jax.rows import (
 )
 from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
 from zephon_jax.state import lane_bytes
+from zephon_jax.worker_pipes import FrameReader, write_frame
 
 DEFAULT_START_METHOD = "spawn"
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
@@ -117,13 +119,35 @@ class Parcel(NamedTuple):
             segment.unlink()
 
 
-def _send(conn, message) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+# The messages of every batch (a worker's Batch of a known layout, the loader's Free) are
+# packed by hand: a kind byte and fixed fields. Any other message is pickled.
+_BATCH = struct.Struct("<cqqq?")
+_FREE = struct.Struct("<cqqq")
 
 
-def _recv(conn) -> Any:
-    message = pickle.loads(conn.recv_bytes())
+def _encode(message) -> bytes:
+    if type(message) is Batch and message.layout is None:
+        m = message
+        return _BATCH.pack(b"B", m.generation, m.index, m.slot, m.rows)
+    if type(message) is Free:
+        return _FREE.pack(b"F", *message)
+    return b"P" + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(frame: bytes) -> Any:
+    kind = frame[:1]
+    if kind == b"B":
+        _, generation, index, slot, rows = _BATCH.unpack(frame)
+        return Batch(generation, index, slot, rows, None)
+    if kind == b"F":
+        return Free(*_FREE.unpack(frame)[1:])
+    message = pickle.loads(memoryview(frame)[1:])
     return message.open() if isinstance(message, Parcel) else message
+
+
+def _send(conn, message) -> None:
+    """Writes ``message`` into pipe end ``conn`` (one system call for a small one)."""
+    write_frame(conn.fileno(), _encode(message))
 
 
 class _Readable:
@@ -235,21 +259,28 @@ class _Inbox:
 
     def __init__(self, commands):
         self.commands = commands
+        self.reader = FrameReader(commands.fileno())
         self.readable = _Readable(commands)
         self.parent = mp.parent_process()
 
-    def next(self, block: bool):
-        """The next loader command; ``None`` if none is waiting and ``block`` is False."""
+    def next(self, block: bool, read: bool = True):
+        """The next loader command; ``None`` if none is waiting and ``block`` is False.
+
+        Commands sent together are read together (one system call); ``read`` False
+        looks only at those already read, unless it must block.
+        """
         while True:
             try:
-                if self.readable.wait(_PARENT_POLL_S if block else 0):
-                    return _recv(self.commands)
+                frame = self.reader.next(read or block)
             except (EOFError, OSError):  # the loader closed its end
                 return Stop()
+            if frame is not None:
+                return _decode(frame)
             if not block:
                 return None
-            if self.parent is not None and not self.parent.is_alive():
-                return Stop()
+            if not self.readable.wait(_PARENT_POLL_S):
+                if self.parent is not None and not self.parent.is_alive():
+                    return Stop()
 
 
 def _load_dataset(command) -> Any:
@@ -326,8 +357,10 @@ class _WorkerLoop:
 
     def run(self, inbox: _Inbox) -> None:
         _send(self.results, Ready(self.snapshots[0]))
+        read = True  # once per batch: the commands that came while it was made
         while True:
-            command = inbox.next(block=self.idle or not self.free)
+            command = inbox.next(block=self.idle or not self.free, read=read)
+            read = command is None
             if command is None:
                 self.make_batch()
             elif not self.handle(command):
@@ -395,6 +428,7 @@ class _Worker:
             commands_in.close()
             results_out.close()
         self.pid = process.pid
+        self._reader = FrameReader(self.results.fileno())
         self._readable = _Readable(self.results, process.sentinel)
         self.send(LoadDataset(payload))
 
@@ -403,17 +437,18 @@ class _Worker:
 
         A dead worker's end is closed; its death is reported by the next :meth:`receive`.
         """
-        blob = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = _encode(command)
         if len(blob) > _INLINE_BYTES:
+            pickled = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
             name = f"{self.prefix}p{next(self._parcel_ids)}"
-            segment = shared_memory.SharedMemory(name=name, create=True, size=len(blob))
+            segment = shared_memory.SharedMemory(name=name, create=True, size=len(pickled))
             assert segment.buf is not None  # an open segment has a buffer
-            segment.buf[: len(blob)] = blob
+            segment.buf[: len(pickled)] = pickled
             segment.close()
             self.parcels.append(name)
-            blob = pickle.dumps(Parcel(name, len(blob)), protocol=pickle.HIGHEST_PROTOCOL)
+            blob = _encode(Parcel(name, len(pickled)))
         try:
-            self.commands.send_bytes(blob)
+            write_frame(self.commands.fileno(), blob)
         except OSError:  # BrokenPipeError: the worker died
             pass
 
@@ -422,19 +457,21 @@ class _Worker:
 
     def receive(self):
         """The worker's next message; raises :class:`WorkerError` if it died first."""
-        results, process = self.results, self.process
+        process = self.process
         while True:
-            ready = self._readable.wait()  # a message, or the worker's exit
-            if ready and ready[0] == 0:
-                try:
-                    message = _recv(results)
-                except EOFError:  # the worker exited; what it sent before was read
-                    process.join(_STOP_S)
-                    raise WorkerError(self._death_message()) from None
+            try:
+                frame = self._reader.next()
+            except EOFError:  # the worker exited; what it sent before was read
+                process.join(_STOP_S)
+                raise WorkerError(self._death_message()) from None
+            if frame is not None:
+                message = _decode(frame)
                 if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
                     self.parcels.clear()
                 return message
-            if not process.is_alive():  # exited, its pipe kept open by a process it started
+            ready = self._readable.wait()  # a message, or the worker's exit
+            if ready and ready[0] != 0 and not process.is_alive():
+                # exited, its pipe kept open by a process it started
                 raise WorkerError(self._death_message())
 
     def _death_message(self) -> str:

@@ -1,0 +1,76 @@
+"""Framed messages over one pipe, written in one system call and read in bulk.
+
+The loader and its workers exchange a few small messages per batch. Sent through
+``multiprocessing.Connection``, each costs a ``poll`` and two reads on the
+receiving side; here a frame (a 4-byte length, then the payload) goes out in one
+``write``, and the reader takes everything waiting in the pipe in one ``read``
+and splits it into frames itself: messages that queued while the reader was busy
+cost one system call together. The reading end is non-blocking, so a reader
+that finds nothing learns it without waiting and decides itself how to wait
+(for the pipe, and the other side's death).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+_HEADER = struct.Struct("<I")
+_CHUNK = 1 << 16  # bytes read at once (a pipe's usual capacity)
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    """Writes ``payload`` as one frame (all of it, even past the pipe's capacity).
+
+    Raises ``BrokenPipeError`` if the reading end is closed.
+    """
+    data = memoryview(_HEADER.pack(len(payload)) + payload)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class FrameReader:
+    """The reading end of a pipe of frames (made non-blocking)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._buffer = bytearray()
+        self._start = 0  # where the first unread frame begins in the buffer
+
+    def next(self, read: bool = True) -> bytes | None:
+        """The next frame's payload; ``None`` if no whole frame is waiting (``read``
+        False: none among the bytes read before).
+
+        Raises ``EOFError`` once the writer closed its end and every whole frame was read.
+        """
+        frame = self._take()
+        while frame is None and read:
+            try:
+                chunk = os.read(self.fd, _CHUNK)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                raise EOFError("the writing end of the pipe is closed")
+            if self._start:
+                del self._buffer[: self._start]
+                self._start = 0
+            self._buffer += chunk
+            frame = self._take()
+        return frame
+
+    def _take(self) -> bytes | None:
+        buffer, start = self._buffer, self._start
+        if len(buffer) - start < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + size
+        if len(buffer) < end:
+            return None
+        frame = bytes(buffer[start + _HEADER.size : end])
+        if end == len(buffer):
+            buffer.clear()
+            self._start = 0
+        else:
+            self._start = end
+        return frame
