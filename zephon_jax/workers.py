@@ -45,6 +45,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError, WorkerError, add_note
+from zephon_jax.gc_pause import paused_gc
 from zephon_jax.operators.packing import OutputPool
 from zephon_jax.rows import (
     RowProducer,
@@ -312,6 +313,12 @@ class _WorkerLoop:
         self.snapshots: dict[int, Snapshots] = {0: producer.lane_snapshots()}
 
     def make_batch(self) -> None:
+        # One pause of the collector for the rows, their stacking and the snapshots (as
+        # RowProducer.next_batch): it then runs once between batches, not within them.
+        with paused_gc():
+            self._make_batch()
+
+    def _make_batch(self) -> None:
         try:
             data = self.producer.next_rows()
             if data is None:

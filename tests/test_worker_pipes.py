@@ -1,0 +1,102 @@
+"""Framed messages over a pipe: whole frames in order, however the bytes arrive."""
+
+import os
+import select
+import threading
+
+import pytest
+
+from zephon_jax import workers
+from zephon_jax.worker_pipes import FrameReader, write_frame
+
+
+@pytest.fixture
+def pipe():
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_frames_sent_together_are_read_in_order_then_none(pipe):
+    r, w = pipe
+    reader = FrameReader(r)
+    assert reader.next() is None  # nothing written: no wait
+    payloads = [b"", b"a", bytes(range(256)) * 3, b"last"]
+    for p in payloads:
+        write_frame(w, p)
+    assert [reader.next() for _ in payloads] == payloads
+    assert reader.next() is None
+
+
+def test_a_frame_split_across_writes_is_returned_only_when_whole(pipe):
+    r, w = pipe
+    reader = FrameReader(r)
+    frame = len(b"hello").to_bytes(4, "little") + b"hello"
+    for i in range(len(frame)):
+        os.write(w, frame[i : i + 1])
+        expected = b"hello" if i == len(frame) - 1 else None
+        assert reader.next() == expected
+
+
+def test_read_false_looks_only_at_bytes_already_read(pipe):
+    r, w = pipe
+    reader = FrameReader(r)
+    write_frame(w, b"one")
+    write_frame(w, b"two")
+    assert reader.next() == b"one"  # reads both frames at once
+    write_frame(w, b"three")
+    assert reader.next(read=False) == b"two"
+    assert reader.next(read=False) is None  # "three" is still in the pipe
+    assert reader.next() == b"three"
+
+
+def test_frames_larger_than_the_pipe_arrive_whole(pipe):
+    r, w = pipe
+    reader = FrameReader(r)
+    big = [os.urandom(300_000), b"small", os.urandom(70_000)]
+
+    def send():
+        for p in big:
+            write_frame(w, p)  # blocks until the reader makes room
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got = []
+    while len(got) < len(big):
+        frame = reader.next()
+        if frame is None:  # nothing whole yet: wait for more bytes
+            select.select([r], [], [], 1.0)
+            continue
+        got.append(frame)
+    sender.join()
+    assert got == big
+
+
+def test_end_of_pipe_after_the_last_whole_frame(pipe):
+    r, w = pipe
+    reader = FrameReader(r)
+    write_frame(w, b"x")
+    os.write(w, b"\x05\x00")  # half a header: the writer died mid-frame
+    os.close(w)
+    assert reader.next() == b"x"
+    with pytest.raises(EOFError):
+        reader.next()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        workers.Batch(3, 17, 2, True, None),
+        workers.Batch(0, 1, 0, False, None),
+        workers.Free(2, 3, 15),
+        workers.AskStates(1, 9),
+        workers.End(4, {0: ("snapshot",)}),
+        workers.Batch(1, 2, 0, True, workers.Layout((), {}, "segment_1")),
+    ],
+)
+def test_messages_round_trip(message):
+    assert workers._decode(workers._encode(message)) == message
