@@ -59,7 +59,7 @@ class Loader:
         process_index: int | None = None,
         process_count: int | None = None,
         num_workers: int = 0,
-        worker_prefetch: int = 4,
+        worker_prefetch: int = 8,
         sharding: Any = None,
         device_prefetch: int = 2,
     ):

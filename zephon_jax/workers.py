@@ -16,7 +16,10 @@ i.e. ``get_state``): batches carry no state.
 Parent and workers talk in the named messages below, one per class, through
 one pipe each way per worker. Both sides write their messages themselves (no
 feeder threads: a worker busy in Python would delay them by the interpreter's
-switch interval). The loader's writes are small and never block: it sends the
+switch interval), each in one system call, and read everything waiting at once
+(:mod:`zephon_jax.worker_pipes`); the two messages of every batch (:class:`Batch`,
+:class:`Free`) are packed by hand rather than pickled, and a worker reads its
+commands once per batch. The loader's writes are small and never block: it sends the
 dataset and restore states, which may be large, as a :class:`Parcel` in shared
 memory. A worker's death is seen at once through its process sentinel.
 """
@@ -617,7 +620,7 @@ class WorkerRowProducer:
         batched,
         rows: Sequence[int] | RowsOfSize,
         num_workers: int,
-        prefetch: int = 4,
+        prefetch: int = 8,
         start_method: str = DEFAULT_START_METHOD,
         agree_on_end: bool = True,
     ):
