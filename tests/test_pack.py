@@ -84,7 +84,7 @@ def test_open_bins_hold_pointers_to_the_records_not_copies():
     op = BinPackOperator(2048, "best_fit", num_bins=4)
     carry, rows = _run(op, records)
     assert not rows
-    held = [arrays[0] for bin_ in carry.pieces for arrays, _, _ in bin_]
+    held = [array for bin_ in carry.pieces for array in bin_]
     assert all(any(a is r["tokens"] for r in records.values()) for a in held)
     assert _bins(carry) == ((0, 1, 2), (), (), ())
 
@@ -119,7 +119,7 @@ def test_assembled_batch_matches_rows_read_one_by_one():
     rows = [e.data for e in rows + left]
     batch = assemble_rows(rows)
     for r, row in enumerate(rows):
-        fresh = PackedRow(row.spec, row.fields, row.pieces)
+        fresh = PackedRow(row.spec, row.fields, row.pieces, row.lengths)
         assert set(fresh) == set(batch)
         for k in batch:
             assert batch[k].shape == (len(rows), 16) and batch[k].dtype == np.int32
@@ -362,14 +362,15 @@ def test_lineage_form_is_cached_until_a_bin_changes():
     from zephon_jax.operators.pack import Bins
 
     bins = Bins(2)
-    bins.add(0, ((np.arange(1),), 0, 1), "a", 1)
+    bins.fields = ("tokens",)
+    bins.add(0, np.arange(1), "a", 1)
     form = bins.lineage_form()
     assert form == (("a",), (1, 0)) and bins.lineage_form() is form
     bins.emit(0, PackSpec(4, "pack"))
     assert bins.lineage_form() == ((), (0, 0))
-    bins.add(0, ((np.arange(1),), 0, 1), "b", 1)
-    bins.add(0, ((np.arange(1),), 0, 1), "c", 1)
-    bins.add(1, ((np.arange(1),), 0, 1), "d", 1)
+    bins.add(0, np.arange(1), "b", 1)
+    bins.add(0, np.arange(1), "c", 1)
+    bins.add(1, np.arange(1), "d", 1)
     assert bins.lineage_form() == (("b", "c", "d"), (2, 1))
 
 
