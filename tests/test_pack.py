@@ -427,3 +427,14 @@ def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
         plain = plain_snapshot(snapshot)
         assert type(plain[3][0][0]) is tuple and plain[3][0][0] == held
         assert encode_lane_state(snapshot, number) == encode_lane_state(plain, number)
+
+
+def test_an_emitted_row_keeps_its_records_when_the_bin_fills_again():
+    """A bin reuses its list after emitting a row; the row holds its own records."""
+    records = _records([10, 6, 16, 3, 5])
+    op = BinPackOperator(16, "best_fit", num_bins=1)
+    carry, rows = _run(op, records)
+    assert [e.lineage for e in rows] == [((0, 1), (10, 6)), ((2,), (16,))]
+    first = rows[0].data
+    assert [len(a) for a in first.pieces] == [10, 6] and _bins(carry) == ((3, 4),)
+    assert first["tokens"].tolist() == records[0]["tokens"].tolist() + records[1]["tokens"].tolist()

@@ -131,8 +131,15 @@ class Bins:
         lengths = tuple(map(len, records) if len(fields) == 1 else (len(r[0]) for r in records))
         row = PackedRow(spec, fields, records, lengths)
         # What derive(row, <the records>, lengths) makes.
-        element = Element(row, (tuple(map(held_lineage, self.lineages[i])), lengths))
-        self.pieces[i] = []
+        bits, mask = _PIECE_BITS, _PIECE_MASK  # held_lineage, inlined
+        parents = tuple(
+            [
+                ((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h
+                for h in self.lineages[i]
+            ]
+        )
+        element = Element(row, (parents, lengths))
+        records.clear()  # the row has a copy; the bin keeps its list (no new one for the collector)
         self.lineages[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
