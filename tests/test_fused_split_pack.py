@@ -11,8 +11,10 @@ from pipelines import assert_batches_equal, take
 
 import zephon_jax as zj
 from zephon_jax import lane as lane_module
+from zephon_jax import lineage as lineage_module
+from zephon_jax.lineage import held_lineage, piece_code
 from zephon_jax.operators import pack as pack_module
-from zephon_jax.operators.pack import BinPackOperator, held_lineage
+from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.state import lane_bytes
 
 
@@ -48,13 +50,13 @@ def _pipeline(docs, method: str, max_len: int, num_lanes: int, max_segments=None
 
 
 def _run_with_states(ds, steps: int) -> tuple[list, list, object]:
-    """Batches, and the bytes of every lane's state after each."""
+    """Batches, and the bytes of every lane's state and the provenance after each."""
     it = iter(zj.Loader(ds))
     batches, states = [], []
     for _ in range(steps):
         batches.append(next(it))
         state = it.get_state()
-        states.append([lane_bytes(state, lane) for lane in range(ds.num_lanes)])
+        states.append(([lane_bytes(state, lane) for lane in range(ds.num_lanes)], it.provenance()))
     return batches, states, it
 
 
@@ -81,7 +83,7 @@ def test_fused_rows_and_states_equal_the_two_operators(
         assert not any(lane_module.LanePlan(ds).fused)
         batches, states, _ = _run_with_states(ds, 25)
     assert_batches_equal(fused_batches, batches)
-    assert fused_states == states  # byte for byte: open rows keep the same lineages
+    assert fused_states == states  # byte for byte, and the same provenance
 
     # A state taken while fused restores to the same batches, fused or not.
     want = batches[12:]
@@ -99,8 +101,9 @@ def test_pieces_beyond_the_compact_form_keep_their_tuples(monkeypatch):
     lineages as tuples, with the same rows and states."""
     docs = [{"tokens": np.arange(1, n + 1, dtype=np.int32)} for n in (5, 90, 3, 61, 8)]
     ds = _pipeline(docs * 3, "best_fit", 7, 1, shuffle=False)
-    monkeypatch.setattr(pack_module, "_PIECE_BITS", 2)
-    monkeypatch.setattr(pack_module, "_PIECE_MASK", 3)  # at most 2 pieces coded
+    for module in (pack_module, lineage_module):
+        monkeypatch.setattr(module, "PIECE_BITS", 2)
+        monkeypatch.setattr(module, "PIECE_MASK", 3)  # at most 2 pieces coded
     fused_batches, fused_states, _ = _run_with_states(ds, 6)
     with monkeypatch.context() as m:
         _unfused(m)
@@ -111,7 +114,7 @@ def test_pieces_beyond_the_compact_form_keep_their_tuples(monkeypatch):
 
 def test_compact_piece_lineages_decode_exactly():
     for position, piece in [(0, 0), (1, 0), (0, 1), (2**40 + 3, 2**24 - 2), (123456789, 77)]:
-        code = pack_module._piece_code(position, piece)
+        code = piece_code(position, piece)
         assert type(code) is int and code < 0
         assert held_lineage(code) == ((position,), piece)
     for lineage in (0, 7, ((3,), 1), (((1,), 0), (4,)), "x"):
@@ -143,3 +146,13 @@ def test_a_bad_record_fails_as_with_the_two_operators(monkeypatch):
                 next(iter(zj.Loader(ds)))
             errors.append(str(raised.value))
     assert errors[0] == errors[1] and "1-D numpy array" in errors[0]
+
+
+def test_plain_lineage_writes_compact_parents_in_full():
+    compact = ((piece_code(4, 0), 7, piece_code(9, 2), ((3,), 1)), (5, 6, 7, 8))
+    assert lineage_module.plain_lineage(compact) == (
+        (((4,), 0), 7, ((9,), 2), ((3,), 1)),
+        (5, 6, 7, 8),
+    )
+    for lineage in (3, ((3,), 1), ((1, 2), (-1,)), (((2,), 0),), "x"):  # any other lineage
+        assert lineage_module.plain_lineage(lineage) is lineage

@@ -98,9 +98,10 @@ class LanePlan:
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
-    """``(pack, max_len, key)`` where operator ``stage`` is a ``split`` that feeds a
-    first_fit/best_fit ``pack`` directly (the two then run fused, see
-    :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`); else None."""
+    """``(pack, max_len, key, compact)`` where operator ``stage`` is a ``split`` that
+    feeds a first_fit/best_fit ``pack`` directly (the two then run fused, see
+    :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`; ``compact``: pack
+    is the last operator); else None."""
     ops = plan.operators
     if stage + 1 >= len(ops) or plan.post_transforms[stage]:
         return None
@@ -109,7 +110,8 @@ def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
         return None
     if split.max_len > pack.seq_len:
         return None
-    return pack, split.max_len, split.key
+    # Rows of the last operator go straight to the batch: they keep compact lineages.
+    return pack, split.max_len, split.key, stage + 2 == len(ops)
 
 
 class Lane:
@@ -306,8 +308,9 @@ class Lane:
             return
         fused = plan.fused[stage]
         if fused is not None:  # split, then pack, in one loop for the elements it takes
-            pack, cut, key = fused
-            rows, taken, empty = pack.place_split(self.carries[stage + 1], elements, cut, key)
+            pack, cut, key, compact = fused
+            carry = self.carries[stage + 1]
+            rows, taken, empty = pack.place_split(carry, elements, cut, key, compact)
             if taken > empty and stage + 1 > self._deepest:
                 self._deepest = stage + 1
             if rows:

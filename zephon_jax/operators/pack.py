@@ -28,30 +28,13 @@ import numpy as np
 from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Element
+from zephon_jax.lineage import PIECE_BITS, PIECE_MASK, Element, held_lineage
 from zephon_jax.operators.base import HeldLineages, LineageOperator, Saved, StepFailed
 from zephon_jax.operators.packing import PackedRow, PackSpec
 
 DEFAULT_NUM_BINS = 32
 METHODS = ("first_fit", "best_fit")
 _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
-# A piece of a record as an open row keeps its lineage ``((position,), piece)``: one
-# negative int (see _piece_code), which the collector never tracks, instead of two tuples.
-_PIECE_BITS = 24
-_PIECE_MASK = (1 << _PIECE_BITS) - 1
-
-
-def _piece_code(position: int, piece: int) -> int:
-    """The lineage ``((position,), piece)`` (a position >= 0, a piece < 2**24) as one int < 0."""
-    return ~((position << _PIECE_BITS) | piece)
-
-
-def held_lineage(held: Any) -> Any:
-    """The lineage an open row keeps as ``held`` (a :func:`_piece_code` or the lineage)."""
-    if type(held) is int and held < 0:
-        code = ~held
-        return ((code >> _PIECE_BITS,), code & _PIECE_MASK)
-    return held
 
 
 class Bins:
@@ -124,20 +107,23 @@ class Bins:
             self.fill_array[i] = self.fill[i]
         self.saved = None
 
-    def emit(self, i: int, spec: PackSpec) -> Element:
-        """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
+    def emit(self, i: int, spec: PackSpec, compact: bool = False) -> Element:
+        """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
+
+        ``compact``: the row's lineage keeps the bin's compact piece lineages (see
+        :func:`plain_lineage`), for rows that go straight to the batch.
+        """
         records = self.pieces[i]
         fields = self.fields or ()
         lengths = tuple(map(len, records) if len(fields) == 1 else (len(r[0]) for r in records))
         row = PackedRow(spec, fields, records, lengths)
         # What derive(row, <the records>, lengths) makes.
-        bits, mask = _PIECE_BITS, _PIECE_MASK  # held_lineage, inlined
-        parents = tuple(
-            [
-                ((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h
-                for h in self.lineages[i]
-            ]
-        )
+        parents = self.lineages[i]
+        if not compact:
+            bits, mask = PIECE_BITS, PIECE_MASK  # held_lineage, inlined
+            parents = tuple(
+                [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
+            )
         element = Element(row, (parents, lengths))
         records.clear()  # the row has a copy; the bin keeps its list (no new one for the collector)
         self.lineages[i] = ()
@@ -214,7 +200,14 @@ class BinPackOperator(LineageOperator):
                 return carry, out
         return carry, self._place(carry, elements, start, out)
 
-    def place_split(self, carry: Bins | None, elements: Sequence[Element], cut: int, key: str):
+    def place_split(
+        self,
+        carry: Bins | None,
+        elements: Sequence[Element],
+        cut: int,
+        key: str,
+        compact: bool = False,
+    ):
         """``split(cut, key)`` then this ``pack`` over ``elements``, in one loop.
 
         Exactly what ``step_block`` over ``split``'s outputs does, for the leading
@@ -222,14 +215,21 @@ class BinPackOperator(LineageOperator):
         ``seq_len``); returns ``(rows, count, empty)``: the rows, how many elements
         it took (the caller sends the rest through ``split``, then ``pack``) and how
         many of those were empty (split emits nothing for them). Takes none until
-        the carry has records with field ``key``.
+        the carry has records with field ``key``. ``compact``: the rows go straight
+        to the batch and keep compact lineages (see :func:`plain_lineage`).
         """
         if carry is None or carry.fields != (key,) or not 0 < cut <= self.spec.seq_len:
             return [], 0, 0
-        return self._place(carry, elements, 0, [], cut)
+        return self._place(carry, elements, 0, [], cut, compact)
 
     def _place(
-        self, carry: Bins, elements: Sequence[Element], start: int, out: list[Element], cut: int = 0
+        self,
+        carry: Bins,
+        elements: Sequence[Element],
+        start: int,
+        out: list[Element],
+        cut: int = 0,
+        compact: bool = False,
     ):
         """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows.
 
@@ -278,9 +278,9 @@ class BinPackOperator(LineageOperator):
                 value = record
                 count = 1 if n <= cut else -(-n // cut)
                 # The lineage of piece j, ((lineage,), j), kept as one int where it can be.
-                coded = type(lineage) is int and lineage >= 0 and count <= _PIECE_MASK
+                coded = type(lineage) is int and lineage >= 0 and count <= PIECE_MASK
                 if coded:
-                    lineage = lineage << _PIECE_BITS
+                    lineage = lineage << PIECE_BITS
             elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)
@@ -312,7 +312,7 @@ class BinPackOperator(LineageOperator):
                     fits = fill_array <= room
                     i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
                 if fill[i] > room:  # fits no bin: the fullest one goes out
-                    out.append(emit(i, spec))
+                    out.append(emit(i, spec, compact))
                 pieces = pieces_of[i]
                 pieces.append(record)
                 lineages_of[i] += (held,)
@@ -320,7 +320,7 @@ class BinPackOperator(LineageOperator):
                 if fill_array is not None:
                     fill_array[i] = used
                 if used == seq_len or len(pieces) == max_segments:
-                    out.append(emit(i, spec))
+                    out.append(emit(i, spec, compact))
                     used = 0
                 if order is not None:
                     insort(order, used * width + top - i)  # _code(used, i, width)
