@@ -44,8 +44,8 @@ class Bins:
     have one field, else its tuple of arrays) and ``lineages[i]`` their
     lineages (a tuple, replaced as the bin grows; a piece of a split record as
     one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
-    total length. ``order`` (best_fit) keeps every bin's :func:`_code` sorted.
-    Bins keep arrays and lineages, not elements: arrays, ints and tuples of
+    total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit, and
+    first_fit over up to 64 bins). Bins keep arrays and lineages, not elements: arrays, ints and tuples of
     them, which the garbage collector does not track (or stops tracking), so
     thousands of open rows cost it nothing; and a snapshot takes the bins'
     tuples as they are.
@@ -60,7 +60,7 @@ class Bins:
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
-        self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
+        self.order: list[int] | None = None  # the sorted codes of the bins (see above)
         self._saved: Saved | None = None  # the saved form, until a bin changes
         self._form: tuple[HeldLineages, tuple] | None = None  # the same, as lineages
 
@@ -105,6 +105,7 @@ class Bins:
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
+        self.order = None  # rebuilt when next needed
         self.saved = None
 
     def emit(self, i: int, spec: PackSpec, compact: bool = False) -> Element:
@@ -250,8 +251,9 @@ class BinPackOperator(LineageOperator):
             carry.fill_array,
         )
         emit = carry.emit
+        best = self.method == "best_fit"
         order = None
-        if self.method == "best_fit":
+        if best or fill_array is None:  # first_fit over many bins scans fill_array instead
             order = carry.order
             if order is None:  # kept sorted from here on; rebuilt after a restore or flush
                 order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
@@ -299,15 +301,17 @@ class BinPackOperator(LineageOperator):
                 else:
                     held = lineage
                 room = seq_len - n
-                if order is not None:  # best_fit
+                if best:
                     k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
                     i = top - order.pop(k if k >= 0 else -1) % width
-                elif fill_array is None:  # first_fit, a scan in Python
-                    for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
-                        if u <= room:
-                            break
+                elif order is not None:  # first_fit, a scan in Python
+                    if order[0] > room * width + top:  # no bin fits: the fullest (lowest of equals)
+                        i = top - order.pop() % width
                     else:
-                        i = fill.index(max(fill))
+                        for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
+                            if u <= room:
+                                break
+                        order.pop(bisect_right(order, fill[i] * width + top - i) - 1)
                 else:  # first_fit over many bins
                     fits = fill_array <= room
                     i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
