@@ -39,12 +39,14 @@ def _unfused(monkeypatch) -> None:
     monkeypatch.setattr(lane_module, "_fused_with_next", lambda plan, stage: None)
 
 
-def _pipeline(docs, method: str, max_len: int, num_lanes: int, max_segments=None, shuffle=True):
+def _pipeline(
+    docs, method: str, max_len: int, num_lanes: int, max_segments=None, shuffle=True, num_bins=5
+):
     ds = zj.Dataset.source(docs)
     if shuffle:
         ds = ds.shuffle(seed=4)
     ds = ds.split(max_len)
-    return ds.pack(48, method=method, num_bins=5, max_segments=max_segments).batch(
+    return ds.pack(48, method=method, num_bins=num_bins, max_segments=max_segments).batch(
         8, num_lanes=num_lanes
     )
 
@@ -61,20 +63,22 @@ def _run_with_states(ds, steps: int) -> tuple[list, list, object]:
 
 
 CASES = [
-    ("best_fit", 48, 2, None),
-    ("first_fit", 48, 4, None),
-    ("best_fit", 20, 8, 3),  # pieces shorter than a row, at most 3 segments a row
-    ("first_fit", 7, 1, None),
+    ("best_fit", 48, 2, None, 5),
+    ("first_fit", 48, 4, None, 5),
+    ("best_fit", 20, 8, 3, 5),  # pieces shorter than a row, at most 3 segments a row
+    ("first_fit", 7, 1, None, 5),
+    ("first_fit", 30, 2, None, 70),  # many bins: a vectorized first-fit scan
+    ("best_fit", 48, 1, None, 70),
 ]
 
 
-@pytest.mark.parametrize("method,max_len,num_lanes,max_segments", CASES)
+@pytest.mark.parametrize("method,max_len,num_lanes,max_segments,num_bins", CASES)
 @pytest.mark.parametrize("odd", [False, True])
 def test_fused_rows_and_states_equal_the_two_operators(
-    monkeypatch, method, max_len, num_lanes, max_segments, odd
+    monkeypatch, method, max_len, num_lanes, max_segments, num_bins, odd
 ):
     docs = _corpus(len(method) + max_len, odd)
-    ds = _pipeline(docs, method, max_len, num_lanes, max_segments)
+    ds = _pipeline(docs, method, max_len, num_lanes, max_segments, num_bins=num_bins)
     assert any(lane_module.LanePlan(ds).fused), "split -> pack runs fused"
     fused_batches, fused_states, _ = _run_with_states(ds, 25)
     saved = _run_with_states(ds, 12)[2].get_state()
