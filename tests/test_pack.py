@@ -407,6 +407,14 @@ def test_held_lineages_read_as_the_joined_tuple():
     again = pickle.loads(pickle.dumps(held))
     assert again == joined and again.groups == groups
 
+    from zephon_jax.lineage import held_lineage, piece_code
+
+    compact = HeldLineages(((piece_code(2, 0), 1), (), (piece_code(5, 3),)), held_lineage)
+    full = (((2,), 0), 1, ((5,), 3))
+    assert compact == full and list(compact) == list(full) and compact[2] == ((5,), 3)
+    again = pickle.loads(pickle.dumps(compact))
+    assert again == full and again.decode is held_lineage
+
 
 def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
     """A lane snapshot keeps each open row's tuple of lineages as it is (one reference
