@@ -510,7 +510,9 @@ class Lane:
         """This lane's position, saved carries and unbatched rows as immutable plain data.
 
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
-        only when a state is asked for.
+        only when a state is asked for. Lineages may still be in a carry's compact
+        form here (see :func:`~zephon_jax.lane_state.plain_snapshot`); encoding writes
+        them in full.
         """
         carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         pending = tuple(map(_lineage, self.pending))

@@ -48,7 +48,7 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
 def plain_snapshot(snapshot: tuple) -> tuple:
     """The snapshot with every carry's held lineages as one plain tuple (a snapshot
     may keep them as :class:`~zephon_jax.operators.base.HeldLineages` groups), and
-    its unbatched rows' lineages in full (see :func:`~zephon_jax.operators.pack.plain_lineage`)."""
+    its unbatched rows' lineages in full (see :func:`~zephon_jax.lineage.plain_lineage`)."""
     snapshot = tuple(snapshot)
     carries = snapshot[3]
     if isinstance(carries, tuple) and any(

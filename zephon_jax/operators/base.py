@@ -122,7 +122,7 @@ class HeldLineages(abc.Sequence):
     def joined(self) -> tuple:
         joined = self._joined
         if joined is None:
-            joined = self._joined = tuple(self)
+            joined = self._joined = tuple(iter(self))
         return joined
 
     def __len__(self) -> int:
