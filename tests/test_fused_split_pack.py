@@ -160,3 +160,38 @@ def test_plain_lineage_writes_compact_parents_in_full():
     )
     for lineage in (3, ((3,), 1), ((1, 2), (-1,)), (((2,), 0),), "x"):  # any other lineage
         assert lineage_module.plain_lineage(lineage) is lineage
+
+
+@pytest.mark.parametrize("after", ["window_shuffle", "finite"])
+def test_rows_going_on_to_another_operator_or_flushed_have_full_lineages(monkeypatch, after):
+    """Rows that pack sends to another operator, and rows flushed when a finite input
+    ends, carry their lineages in full: same batches and states as unfused."""
+    docs = _corpus(5, odd=False)
+    ds = zj.Dataset.source(docs)
+    if after == "finite":
+        ds = ds.repeat(1)
+    ds = ds.shuffle(seed=2).split(30).pack(48, num_bins=4)
+    if after == "window_shuffle":
+        ds = ds.window_shuffle(3, seed=1)
+    ds = ds.batch(4, num_lanes=2)
+    # Compact row lineages only where pack is the last operator.
+    assert lane_module.LanePlan(ds).fused[0][3] is (after == "finite")
+
+    def run():
+        it = iter(zj.Loader(ds))
+        out = []
+        for batch in it:
+            state = it.get_state()
+            out.append((batch, [lane_bytes(state, lane) for lane in range(2)], it.provenance()))
+            if len(out) == 60:
+                break
+        return out
+
+    fused = run()
+    with monkeypatch.context() as m:
+        _unfused(m)
+        want = run()
+    assert len(fused) == len(want) > 10
+    assert_batches_equal([b for b, _, _ in fused], [b for b, _, _ in want])
+    assert [s for _, s, _ in fused] == [s for _, s, _ in want]
+    assert [p for _, _, p in fused] == [p for _, _, p in want]

@@ -51,7 +51,17 @@ class Bins:
     tuples as they are.
     """
 
-    __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "_saved", "_form")
+    __slots__ = (
+        "fields",
+        "pieces",
+        "lineages",
+        "fill",
+        "fill_array",
+        "order",
+        "compact",
+        "_saved",
+        "_form",
+    )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
@@ -61,6 +71,7 @@ class Bins:
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
         self.order: list[int] | None = None  # the sorted codes of the bins (see above)
+        self.compact = False  # whether a bin has held a lineage in compact form
         self._saved: Saved | None = None  # the saved form, until a bin changes
         self._form: tuple[HeldLineages, tuple] | None = None  # the same, as lineages
 
@@ -120,7 +131,7 @@ class Bins:
         row = PackedRow(spec, fields, records, lengths)
         # What derive(row, <the records>, lengths) makes.
         parents = self.lineages[i]
-        if not compact:
+        if self.compact and not compact:
             bits, mask = PIECE_BITS, PIECE_MASK  # held_lineage, inlined
             parents = tuple(
                 [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
@@ -131,7 +142,7 @@ class Bins:
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
-        self.saved = None
+        self._saved = self._form = None  # as ``saved = None``, without the setter's call
         return element
 
 
@@ -283,6 +294,7 @@ class BinPackOperator(LineageOperator):
                 coded = type(lineage) is int and lineage >= 0 and count <= PIECE_MASK
                 if coded:
                     lineage = lineage << PIECE_BITS
+                    carry.compact = True
             elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)
