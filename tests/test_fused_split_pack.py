@@ -195,3 +195,24 @@ def test_rows_going_on_to_another_operator_or_flushed_have_full_lineages(monkeyp
     assert_batches_equal([b for b, _, _ in fused], [b for b, _, _ in want])
     assert [s for _, s, _ in fused] == [s for _, s, _ in want]
     assert [p for _, _, p in fused] == [p for _, _, p in want]
+
+
+def _halves(record):
+    """Two records from each: the first and second half of its tokens."""
+    tokens = record["tokens"]
+    return [{"tokens": tokens[: len(tokens) // 2]}, {"tokens": tokens[len(tokens) // 2 :]}]
+
+
+def test_pieces_of_derived_records_keep_their_tuples(monkeypatch):
+    """Records made by an operator before split have derived lineages, which the fused
+    loop keeps as the tuples split makes: same batches, states and provenance."""
+    docs = _corpus(11, odd=False)
+    ds = zj.Dataset.source(docs).shuffle(seed=1).flat_map(_halves).split(20).pack(48, num_bins=4)
+    ds = ds.batch(4, num_lanes=2)
+    assert lane_module.LanePlan(ds).fused[1] is not None
+    fused_batches, fused_states, _ = _run_with_states(ds, 30)
+    with monkeypatch.context() as m:
+        _unfused(m)
+        batches, states, _ = _run_with_states(ds, 30)
+    assert_batches_equal(fused_batches, batches)
+    assert fused_states == states
