@@ -65,7 +65,7 @@ class Bins:
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
-        self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.pieces: list[list[Any]] = [[] for _ in range(num_bins)]
         self.lineages: list[tuple] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
@@ -263,16 +263,19 @@ class BinPackOperator(LineageOperator):
         )
         emit = carry.emit
         best = self.method == "best_fit"
-        order = None
-        if best or fill_array is None:  # first_fit over many bins scans fill_array instead
+        # The bins' codes, sorted (first_fit over many bins scans fill_array instead).
+        keep_order = best or fill_array is None
+        order: list[int] = []
+        if keep_order:
+            if carry.order is None:  # kept sorted from here on; rebuilt after a restore or flush
+                carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
             order = carry.order
-            if order is None:  # kept sorted from here on; rebuilt after a restore or flush
-                order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
         carry.saved = None  # the block changes it (no save runs until it returns)
         fields = carry.fields
         single = fields[0] if fields is not None and len(fields) == 1 else None
         count = 1  # pieces of the element (more only with ``cut``)
         empty = 0
+        record: Any = None
         for index in range(start, len(elements)):
             element = elements[index]
             data = element.data
@@ -316,7 +319,7 @@ class BinPackOperator(LineageOperator):
                 if best:
                     k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
                     i = top - order.pop(k if k >= 0 else -1) % width
-                elif order is not None:  # first_fit, a scan in Python
+                elif fill_array is None:  # first_fit, a scan in Python
                     if order[0] > room * width + top:  # no bin fits: the fullest (lowest of equals)
                         i = top - order.pop() % width
                     else:
@@ -338,7 +341,7 @@ class BinPackOperator(LineageOperator):
                 if used == seq_len or len(pieces) == max_segments:
                     out.append(emit(i, spec, compact))
                     used = 0
-                if order is not None:
+                if keep_order:
                     insort(order, used * width + top - i)  # _code(used, i, width)
                 j += 1
                 if j >= count:
