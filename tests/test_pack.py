@@ -84,7 +84,7 @@ def test_open_bins_hold_pointers_to_the_records_not_copies():
     op = BinPackOperator(2048, "best_fit", num_bins=4)
     carry, rows = _run(op, records)
     assert not rows
-    held = [arrays[0] for bin_ in carry.pieces for arrays, _, _ in bin_]
+    held = [array for bin_ in carry.pieces for array in bin_]
     assert all(any(a is r["tokens"] for r in records.values()) for a in held)
     assert _bins(carry) == ((0, 1, 2), (), (), ())
 
@@ -119,7 +119,7 @@ def test_assembled_batch_matches_rows_read_one_by_one():
     rows = [e.data for e in rows + left]
     batch = assemble_rows(rows)
     for r, row in enumerate(rows):
-        fresh = PackedRow(row.spec, row.fields, row.pieces)
+        fresh = PackedRow(row.spec, row.fields, row.pieces, row.lengths)
         assert set(fresh) == set(batch)
         for k in batch:
             assert batch[k].shape == (len(rows), 16) and batch[k].dtype == np.int32
@@ -362,14 +362,15 @@ def test_lineage_form_is_cached_until_a_bin_changes():
     from zephon_jax.operators.pack import Bins
 
     bins = Bins(2)
-    bins.add(0, ((np.arange(1),), 0, 1), "a", 1)
+    bins.fields = ("tokens",)
+    bins.add(0, np.arange(1), "a", 1)
     form = bins.lineage_form()
     assert form == (("a",), (1, 0)) and bins.lineage_form() is form
     bins.emit(0, PackSpec(4, "pack"))
     assert bins.lineage_form() == ((), (0, 0))
-    bins.add(0, ((np.arange(1),), 0, 1), "b", 1)
-    bins.add(0, ((np.arange(1),), 0, 1), "c", 1)
-    bins.add(1, ((np.arange(1),), 0, 1), "d", 1)
+    bins.add(0, np.arange(1), "b", 1)
+    bins.add(0, np.arange(1), "c", 1)
+    bins.add(1, np.arange(1), "d", 1)
     assert bins.lineage_form() == (("b", "c", "d"), (2, 1))
 
 
@@ -406,6 +407,14 @@ def test_held_lineages_read_as_the_joined_tuple():
     again = pickle.loads(pickle.dumps(held))
     assert again == joined and again.groups == groups
 
+    from zephon_jax.lineage import held_lineage, piece_code
+
+    compact = HeldLineages(((piece_code(2, 0), 1), (), (piece_code(5, 3),)), held_lineage)
+    full = (((2,), 0), 1, ((5,), 3))
+    assert compact == full and list(compact) == list(full) and compact[2] == ((5,), 3)
+    again = pickle.loads(pickle.dumps(compact))
+    assert again == full and again.decode is held_lineage
+
 
 def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
     """A lane snapshot keeps each open row's tuple of lineages as it is (one reference
@@ -426,3 +435,14 @@ def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
         plain = plain_snapshot(snapshot)
         assert type(plain[3][0][0]) is tuple and plain[3][0][0] == held
         assert encode_lane_state(snapshot, number) == encode_lane_state(plain, number)
+
+
+def test_an_emitted_row_keeps_its_records_when_the_bin_fills_again():
+    """A bin reuses its list after emitting a row; the row holds its own records."""
+    records = _records([10, 6, 16, 3, 5])
+    op = BinPackOperator(16, "best_fit", num_bins=1)
+    carry, rows = _run(op, records)
+    assert [e.lineage for e in rows] == [((0, 1), (10, 6)), ((2,), (16,))]
+    first = rows[0].data
+    assert [len(a) for a in first.pieces] == [10, 6] and _bins(carry) == ((3, 4),)
+    assert first["tokens"].tolist() == records[0]["tokens"].tolist() + records[1]["tokens"].tolist()

@@ -37,6 +37,8 @@ from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
+from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.split import SplitOperator
 from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import (
@@ -83,6 +85,7 @@ class LanePlan:
         self.post_transforms = [stage.transforms for stage in batched.stages]
         self.step_blocks = [step_block_of(op) for op in self.operators]
         self.num_operators = len(self.operators)
+        self.fused = [_fused_with_next(self, k) for k in range(self.num_operators)]
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
         # A lane that reads this many records without a row reaching the batch (all of
         # them dropped, by a filter or an operator that emits nothing) would likely wait
@@ -92,6 +95,23 @@ class LanePlan:
             + 100_000
             + sum(int(getattr(op, "max_held", 0) or 0) for op in self.operators)
         )
+
+
+def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
+    """``(pack, max_len, key, compact)`` where operator ``stage`` is a ``split`` that
+    feeds a first_fit/best_fit ``pack`` directly (the two then run fused, see
+    :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`; ``compact``: pack
+    is the last operator); else None."""
+    ops = plan.operators
+    if stage + 1 >= len(ops) or plan.post_transforms[stage]:
+        return None
+    split, pack = ops[stage], ops[stage + 1]
+    if type(split) is not SplitOperator or type(pack) is not BinPackOperator:
+        return None
+    if split.max_len > pack.seq_len:
+        return None
+    # Rows of the last operator go straight to the batch: they keep compact lineages.
+    return pack, split.max_len, split.key, stage + 2 == len(ops)
 
 
 class Lane:
@@ -286,6 +306,19 @@ class Lane:
         if stage == plan.num_operators:
             self._row_reached(elements)
             return
+        fused = plan.fused[stage]
+        if fused is not None:  # split, then pack, in one loop for the elements it takes
+            pack, cut, key, compact = fused
+            carry = self.carries[stage + 1]
+            rows, taken, empty = pack.place_split(carry, elements, cut, key, compact)
+            if taken > empty and stage + 1 > self._deepest:
+                self._deepest = stage + 1
+            if rows:
+                self._push_outputs(stage + 1, plan.post_transforms[stage + 1], rows)
+            if taken:
+                elements = elements[taken:]
+                if not elements:
+                    return
         post = plan.post_transforms[stage]
         failed = None
         try:
@@ -477,7 +510,9 @@ class Lane:
         """This lane's position, saved carries and unbatched rows as immutable plain data.
 
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
-        only when a state is asked for.
+        only when a state is asked for. Lineages may still be in a carry's compact
+        form here (see :func:`~zephon_jax.lane_state.plain_snapshot`); encoding writes
+        them in full.
         """
         carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         pending = tuple(map(_lineage, self.pending))

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from zephon_jax import codec
 from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import StateError
+from zephon_jax.lineage import plain_lineage
 from zephon_jax.operators.base import HeldLineages
 
 LANE_FORMAT = LANE.version  # see zephon_jax.envelope for the versions
@@ -46,7 +47,8 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
 
 def plain_snapshot(snapshot: tuple) -> tuple:
     """The snapshot with every carry's held lineages as one plain tuple (a snapshot
-    may keep them as :class:`~zephon_jax.operators.base.HeldLineages` groups)."""
+    may keep them as :class:`~zephon_jax.operators.base.HeldLineages` groups), and
+    its unbatched rows' lineages in full (see :func:`~zephon_jax.lineage.plain_lineage`)."""
     snapshot = tuple(snapshot)
     carries = snapshot[3]
     if isinstance(carries, tuple) and any(
@@ -58,6 +60,9 @@ def plain_snapshot(snapshot: tuple) -> tuple:
             for saved in carries
         )
         snapshot = snapshot[:3] + (carries,) + snapshot[4:]
+    pending = snapshot[4]
+    if isinstance(pending, tuple):  # rows from pack keep compact lineages until here
+        snapshot = snapshot[:4] + (tuple(map(plain_lineage, pending)),) + snapshot[5:]
     return snapshot
 
 

@@ -13,6 +13,11 @@ A lineage is plain data, one of:
   fallback for record-level user operators).
 
 States store lineages, never tokens, wherever the operators allow it.
+
+Inside ``pack`` (and in the rows it sends straight to the batch) a piece that
+``split`` cut from record ``position`` may be written as one negative int,
+:func:`piece_code`; :func:`plain_lineage` writes it in full, and states and
+provenance only ever see lineages in full.
 """
 
 from __future__ import annotations
@@ -61,3 +66,39 @@ def root_position(lineage: Any) -> int | None:
     while isinstance(lineage, tuple) and lineage:
         lineage = lineage[0]
     return lineage if isinstance(lineage, int) else None
+
+
+# An open row of ``pack`` keeps the lineage ``((position,), piece)`` of a piece that
+# ``split`` cut from a record as one negative int (see piece_code), which the collector
+# never tracks, instead of two tuples.
+PIECE_BITS = 24
+PIECE_MASK = (1 << PIECE_BITS) - 1
+
+
+def piece_code(position: int, piece: int) -> int:
+    """The lineage ``((position,), piece)`` (a position >= 0, a piece < 2**24) as one int < 0."""
+    return ~((position << PIECE_BITS) | piece)
+
+
+def held_lineage(held: Any) -> Any:
+    """The lineage an open row keeps as ``held`` (a :func:`piece_code` or the lineage)."""
+    if type(held) is int and held < 0:
+        code = ~held
+        return ((code >> PIECE_BITS,), code & PIECE_MASK)
+    return held
+
+
+def plain_lineage(lineage: Any) -> Any:
+    """``lineage`` with its parents in full.
+
+    A row that ``pack``, the last operator, sends to the batch keeps its records'
+    lineages as its open row held them (pieces of split records as one int each,
+    see :func:`held_lineage`): a lane's unbatched rows and the last batch's rows
+    are written in full only when a state is encoded or provenance asked for. No
+    lineage has a negative int for a parent, so any other lineage is returned as is.
+    """
+    if type(lineage) is tuple and len(lineage) == 2 and type(lineage[0]) is tuple:
+        parents = lineage[0]
+        if any(type(h) is int and h < 0 for h in parents):
+            return (tuple(map(held_lineage, parents)), lineage[1])
+    return lineage

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import Opaque
+from zephon_jax.lineage import Opaque, plain_lineage
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import source_label
@@ -81,7 +81,7 @@ def lane_provenance(
     ``locate(positions)`` gives (leaf, record, epoch) of sorted lane-local
     positions (default: the sampler, a pure function); nothing is read.
     """
-    rows = [row_pieces(plan.operators, lineage) for lineage in lineages]
+    rows = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in lineages]
     positions = sorted(
         {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
     )

@@ -255,10 +255,13 @@ class RowProducer:
             if rows is None:
                 return None
             try:
-                return stack_rows(rows, self.pool)
+                batch = stack_rows(rows, self.pool)
             except BaseException as e:
                 self._failure = e
                 raise
+            # Freed inside the pause: the collection its end may start would walk them.
+            del rows
+            return batch
 
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""

@@ -105,21 +105,24 @@ _lineage = operator.attrgetter("lineage")
 class HeldLineages(abc.Sequence):
     """The lineages of held elements as groups (tuples), joined into one tuple on first read.
 
-    Equal to the joined tuple. A snapshot that keeps a carry's groups, which the
+    ``decode`` (a module-level function, so that it pickles) turns each held item
+    into its lineage where a carry keeps lineages in a compact form. Equal to the
+    joined tuple. A snapshot that keeps a carry's groups, which the
     carry replaces rather than changes, costs a reference per group instead of
     one per element; encoding a state reads the whole.
     """
 
-    __slots__ = ("groups", "_joined")
+    __slots__ = ("groups", "decode", "_joined")
 
-    def __init__(self, groups: tuple[tuple, ...]):
+    def __init__(self, groups: tuple[tuple, ...], decode: Callable[[Any], Any] | None = None):
         self.groups = groups
+        self.decode = decode  # a carry's compact form of a lineage -> the lineage
         self._joined: tuple | None = None
 
     def joined(self) -> tuple:
         joined = self._joined
         if joined is None:
-            joined = self._joined = tuple(itertools.chain.from_iterable(self.groups))
+            joined = self._joined = tuple(iter(self))
         return joined
 
     def __len__(self) -> int:
@@ -129,7 +132,8 @@ class HeldLineages(abc.Sequence):
         return self.joined()[index]
 
     def __iter__(self) -> Iterator:
-        return itertools.chain.from_iterable(self.groups)
+        held = itertools.chain.from_iterable(self.groups)
+        return held if self.decode is None else map(self.decode, held)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, HeldLineages):
@@ -140,7 +144,7 @@ class HeldLineages(abc.Sequence):
         return f"HeldLineages({self.joined()!r})"
 
     def __reduce__(self) -> tuple:
-        return (HeldLineages, (self.groups,))
+        return (HeldLineages, (self.groups, self.decode))
 
 
 def save_lineages(op: Any, carry: Carry) -> tuple[tuple, Any]:

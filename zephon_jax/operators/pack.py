@@ -8,15 +8,18 @@ new one there. A row is emitted as soon as it is full or holds
 ``seq_len`` raises (put ``split(seq_len)`` before ``pack``); empty records are
 dropped.
 
-Open rows hold pointers only: the ``(arrays, start, stop)`` pieces of their
-records and the records' lineages. Rows are assembled once, straight into the
+Open rows hold pointers only: the arrays of their records (views, never
+copies) and the records' lineages. Rows are assembled once, straight into the
 batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
+
+``pack`` right after ``split`` runs fused with it (:meth:`BinPackOperator.place_split`):
+one loop cuts and places each record, with exactly the rows and carries of the
+two operators one after the other.
 """
 
 from __future__ import annotations
 
 import bisect
-import operator
 from itertools import chain
 from typing import Any, Mapping, Sequence
 
@@ -25,7 +28,7 @@ import numpy as np
 from zephon_jax.checks import positive_int
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Element
+from zephon_jax.lineage import PIECE_BITS, PIECE_MASK, Element, held_lineage
 from zephon_jax.operators.base import HeldLineages, LineageOperator, Saved, StepFailed
 from zephon_jax.operators.packing import PackedRow, PackSpec
 
@@ -35,26 +38,40 @@ _SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call o
 
 
 class Bins:
-    """The open rows of one lane: the pieces, lineages and fill of each.
+    """The open rows of one lane: the records, lineages and fill of each.
 
-    ``pieces[i]`` are the ``(arrays, 0, n)`` pieces of the records in bin ``i``
-    and ``lineages[i]`` their lineages (a tuple, replaced as the bin grows), in
-    segment order; ``fill[i]`` is their total length. ``order`` (best_fit) keeps
-    every bin's :func:`_code` sorted. Bins keep lineages, not elements: plain
-    tuples and ints, which the garbage collector stops tracking, so thousands of
-    open rows cost it nothing; and a snapshot takes the bins' tuples as they are.
+    ``pieces[i]`` are the records in bin ``i`` (each one's array when records
+    have one field, else its tuple of arrays) and ``lineages[i]`` their
+    lineages (a tuple, replaced as the bin grows; a piece of a split record as
+    one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
+    total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit, and
+    first_fit over up to 64 bins). Bins keep arrays and lineages, not elements: arrays, ints and tuples of
+    them, which the garbage collector does not track (or stops tracking), so
+    thousands of open rows cost it nothing; and a snapshot takes the bins'
+    tuples as they are.
     """
 
-    __slots__ = ("fields", "pieces", "lineages", "fill", "fill_array", "order", "_saved", "_form")
+    __slots__ = (
+        "fields",
+        "pieces",
+        "lineages",
+        "fill",
+        "fill_array",
+        "order",
+        "compact",
+        "_saved",
+        "_form",
+    )
 
     def __init__(self, num_bins: int):
         self.fields: tuple[str, ...] | None = None
-        self.pieces: list[list[tuple]] = [[] for _ in range(num_bins)]
+        self.pieces: list[list[Any]] = [[] for _ in range(num_bins)]
         self.lineages: list[tuple] = [()] * num_bins
         self.fill = [0] * num_bins
         # The same fills, for a vectorized first-fit scan over many bins.
         self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
-        self.order: list[int] | None = None  # best_fit: the sorted codes of the bins
+        self.order: list[int] | None = None  # the sorted codes of the bins (see above)
+        self.compact = False  # whether a bin has held a lineage in compact form
         self._saved: Saved | None = None  # the saved form, until a bin changes
         self._form: tuple[HeldLineages, tuple] | None = None  # the same, as lineages
 
@@ -75,37 +92,57 @@ class Bins:
         form = self._form
         if form is None:
             bins = tuple(self.lineages)
-            form = self._form = (HeldLineages(bins), tuple(map(len, bins)))
+            form = self._form = (HeldLineages(bins, held_lineage), tuple(map(len, bins)))
         return form
 
     def held(self, i: int) -> list[Element]:
-        """The records of bin ``i`` as elements (their data rebuilt from the pieces)."""
+        """The records of bin ``i`` as elements (their data rebuilt from the arrays)."""
         fields = self.fields or ()
+        if len(fields) == 1:
+            (field,) = fields
+            return [
+                Element({field: array}, held_lineage(lineage))
+                for array, lineage in zip(self.pieces[i], self.lineages[i])
+            ]
         return [
-            Element(dict(zip(fields, arrays)), lineage)
-            for (arrays, _, _), lineage in zip(self.pieces[i], self.lineages[i])
+            Element(dict(zip(fields, arrays)), held_lineage(lineage))
+            for arrays, lineage in zip(self.pieces[i], self.lineages[i])
         ]
 
-    def add(self, i: int, piece: tuple, lineage: Any, n: int) -> None:
-        self.pieces[i].append(piece)
+    def add(self, i: int, record: Any, lineage: Any, n: int) -> None:
+        """Puts a record (its array, or tuple of arrays) of length ``n`` into bin ``i``."""
+        self.pieces[i].append(record)
         self.lineages[i] += (lineage,)
         self.fill[i] += n
         if self.fill_array is not None:
             self.fill_array[i] = self.fill[i]
+        self.order = None  # rebuilt when next needed
         self.saved = None
 
-    def emit(self, i: int, spec: PackSpec) -> Element:
-        """Bin ``i`` as a packed row derived from its records (recipe: their lengths)."""
-        pieces = self.pieces[i]
-        row = PackedRow(spec, self.fields or (), pieces)
+    def emit(self, i: int, spec: PackSpec, compact: bool = False) -> Element:
+        """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
+
+        ``compact``: the row's lineage keeps the bin's compact piece lineages (see
+        :func:`plain_lineage`), for rows that go straight to the batch.
+        """
+        records = self.pieces[i]
+        fields = self.fields or ()
+        lengths = tuple(map(len, records) if len(fields) == 1 else (len(r[0]) for r in records))
+        row = PackedRow(spec, fields, records, lengths)
         # What derive(row, <the records>, lengths) makes.
-        element = Element(row, (self.lineages[i], tuple(map(_length, pieces))))
-        self.pieces[i] = []
+        parents = self.lineages[i]
+        if self.compact and not compact:
+            bits, mask = PIECE_BITS, PIECE_MASK  # held_lineage, inlined
+            parents = tuple(
+                [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
+            )
+        element = Element(row, (parents, lengths))
+        records.clear()  # the row has a copy; the bin keeps its list (no new one for the collector)
         self.lineages[i] = ()
         self.fill[i] = 0
         if self.fill_array is not None:
             self.fill_array[i] = 0
-        self.saved = None
+        self._saved = self._form = None  # as ``saved = None``, without the setter's call
         return element
 
 
@@ -113,9 +150,6 @@ def _code(fill: int, i: int, num_bins: int) -> int:
     """Sorts bins by fill, then by index downwards: ``(fill, -i)`` as one int
     (inlined in :meth:`BinPackOperator.step_block`)."""
     return fill * num_bins + num_bins - 1 - i
-
-
-_length = operator.itemgetter(2)  # of a piece ``(arrays, start, stop)`` with start 0
 
 
 class BinPackOperator(LineageOperator):
@@ -178,8 +212,42 @@ class BinPackOperator(LineageOperator):
                 return carry, out
         return carry, self._place(carry, elements, start, out)
 
-    def _place(self, carry: Bins, elements: Sequence[Element], start: int, out: list[Element]):
-        """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows."""
+    def place_split(
+        self,
+        carry: Bins | None,
+        elements: Sequence[Element],
+        cut: int,
+        key: str,
+        compact: bool = False,
+    ):
+        """``split(cut, key)`` then this ``pack`` over ``elements``, in one loop.
+
+        Exactly what ``step_block`` over ``split``'s outputs does, for the leading
+        elements that are one-field records ``{key: 1-D array}`` (``cut`` at most
+        ``seq_len``); returns ``(rows, count, empty)``: the rows, how many elements
+        it took (the caller sends the rest through ``split``, then ``pack``) and how
+        many of those were empty (split emits nothing for them). Takes none until
+        the carry has records with field ``key``. ``compact``: the rows go straight
+        to the batch and keep compact lineages (see :func:`plain_lineage`).
+        """
+        if carry is None or carry.fields != (key,) or not 0 < cut <= self.spec.seq_len:
+            return [], 0, 0
+        return self._place(carry, elements, 0, [], cut, compact)
+
+    def _place(
+        self,
+        carry: Bins,
+        elements: Sequence[Element],
+        start: int,
+        out: list[Element],
+        cut: int = 0,
+        compact: bool = False,
+    ):
+        """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows.
+
+        With ``cut`` (see :meth:`place_split`), returns ``(out, count, empty)``
+        instead: it cuts each element into pieces first and stops at one it cannot take.
+        """
         spec = self.spec
         seq_len = spec.seq_len
         max_segments = spec.max_segments or -1
@@ -194,57 +262,91 @@ class BinPackOperator(LineageOperator):
             carry.fill_array,
         )
         emit = carry.emit
-        order = None
-        if self.method == "best_fit":
+        best = self.method == "best_fit"
+        # The bins' codes, sorted (first_fit over many bins scans fill_array instead).
+        keep_order = best or fill_array is None
+        order: list[int] = []
+        if keep_order:
+            if carry.order is None:  # kept sorted from here on; rebuilt after a restore or flush
+                carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
             order = carry.order
-            if order is None:  # kept sorted from here on; rebuilt after a restore or flush
-                order = carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
         carry.saved = None  # the block changes it (no save runs until it returns)
         fields = carry.fields
         single = fields[0] if fields is not None and len(fields) == 1 else None
+        count = 1  # pieces of the element (more only with ``cut``)
+        empty = 0
+        record: Any = None
         for index in range(start, len(elements)):
             element = elements[index]
             data = element.data
             n = -1
             if single is not None and type(data) is dict and len(data) == 1:
-                value = data.get(single)
-                if type(value) is ndarray and value.ndim == 1:
-                    n = value.shape[0]
-                    arrays = (value,)
-            if not 0 < n <= seq_len:  # the checks of any other record, with their errors
+                record = data.get(single)
+                if type(record) is ndarray and record.ndim == 1:
+                    n = record.shape[0]
+            lineage = element.lineage
+            if cut:
+                if n <= 0:
+                    if n == 0:  # split emits no piece of an empty record
+                        empty += 1
+                        continue
+                    return out, index, empty
+                value = record
+                count = 1 if n <= cut else -(-n // cut)
+                # The lineage of piece j, ((lineage,), j), kept as one int where it can be.
+                coded = type(lineage) is int and lineage >= 0 and count <= PIECE_MASK
+                if coded:
+                    lineage = lineage << PIECE_BITS
+                    carry.compact = True
+            elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)
                 except Exception as e:
                     raise StepFailed(index, e, out, carry) from e
                 if n == 0:
                     continue
-            room = seq_len - n
-            if order is not None:  # best_fit
-                k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
-                i = top - order.pop(k if k >= 0 else -1) % width
-            elif fill_array is None:  # first_fit, a scan in Python
-                for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
-                    if u <= room:
-                        break
+                record = arrays[0] if len(arrays) == 1 else arrays
+            j = 0
+            while True:  # over the element's pieces (one, without ``cut``)
+                if cut:
+                    held = ~(lineage | j) if coded else ((element.lineage,), j)
+                    if count > 1:
+                        record = value[j * cut : (j + 1) * cut]
+                        n = record.shape[0]
                 else:
-                    i = fill.index(max(fill))
-            else:  # first_fit over many bins
-                fits = fill_array <= room
-                i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
-            if fill[i] > room:  # fits no bin: the fullest one goes out
-                out.append(emit(i, spec))
-            pieces = pieces_of[i]
-            pieces.append((arrays, 0, n))
-            lineages_of[i] += (element.lineage,)
-            used = fill[i] = fill[i] + n
-            if fill_array is not None:
-                fill_array[i] = used
-            if used == seq_len or len(pieces) == max_segments:
-                out.append(emit(i, spec))
-                used = 0
-            if order is not None:
-                insort(order, used * width + top - i)  # _code(used, i, width)
-        return out
+                    held = lineage
+                room = seq_len - n
+                if best:
+                    k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
+                    i = top - order.pop(k if k >= 0 else -1) % width
+                elif fill_array is None:  # first_fit, a scan in Python
+                    if order[0] > room * width + top:  # no bin fits: the fullest (lowest of equals)
+                        i = top - order.pop() % width
+                    else:
+                        for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
+                            if u <= room:
+                                break
+                        order.pop(bisect_right(order, fill[i] * width + top - i) - 1)
+                else:  # first_fit over many bins
+                    fits = fill_array <= room
+                    i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
+                if fill[i] > room:  # fits no bin: the fullest one goes out
+                    out.append(emit(i, spec, compact))
+                pieces = pieces_of[i]
+                pieces.append(record)
+                lineages_of[i] += (held,)
+                used = fill[i] = fill[i] + n
+                if fill_array is not None:
+                    fill_array[i] = used
+                if used == seq_len or len(pieces) == max_segments:
+                    out.append(emit(i, spec, compact))
+                    used = 0
+                if keep_order:
+                    insort(order, used * width + top - i)  # _code(used, i, width)
+                j += 1
+                if j >= count:
+                    break
+        return (out, len(elements), empty) if cut else out
 
     def _admit(self, carry: Bins | None, element: Element) -> tuple[Bins | None, tuple, int]:
         """Checks a record; returns the carry (made at the first record), its arrays and
@@ -315,7 +417,7 @@ class BinPackOperator(LineageOperator):
                 fields, arrays, n = record(element.data, element.lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                pieces.append((arrays, 0, n))
+                pieces.append(arrays[0] if len(arrays) == 1 else arrays)
                 lengths.append(n)
             carry.pieces[i] = pieces
             carry.lineages[i] = tuple(e.lineage for e in elements)
@@ -327,7 +429,8 @@ class BinPackOperator(LineageOperator):
 
     def remake(self, recipe, inputs):
         fields: tuple[str, ...] = ()
-        pieces: list = []
+        records: list = []
+        lengths: list[int] = []
         for data, length in zip(inputs, recipe):
             fields, arrays, n = self.spec.record(data, None)
             if n != length:
@@ -335,10 +438,11 @@ class BinPackOperator(LineageOperator):
                     f"a record packed with {length} items now has {n}; the sources or the "
                     "functions before pack changed since the state was taken"
                 )
-            pieces.append((arrays, 0, n))
-        if not pieces:
+            records.append(arrays[0] if len(arrays) == 1 else arrays)
+            lengths.append(n)
+        if not records:
             raise StateError("the state holds a packed row made of no records; it was altered")
-        return PackedRow(self.spec, fields, pieces)
+        return PackedRow(self.spec, fields, records, tuple(lengths))
 
     def trace(self, recipe, parents, start, stop):
         """A row is its records, whole, in segment order."""

@@ -4,8 +4,9 @@ A packed row is a :class:`PackedRow`: a cheap description, the ``(arrays,
 start, stop)`` pieces of the records it holds. Nothing is copied while rows
 are open. Rows are assembled once, straight into the output arrays, by
 :func:`assemble_rows`: one ``np.concatenate`` per field over the pieces of every
-row of a batch (with slices of a zero row as padding), and one ``np.repeat``
-each for segment ids and positions. A row read on its own (by a map after
+row of a batch (with slices of a zero row as padding), one ``np.repeat`` for
+segment ids and one ``np.concatenate`` of slices of ``0, 1, 2, ...`` for
+positions. A row read on its own (by a map after
 ``pack``, say) is assembled the same way as a batch of one. Given an
 :class:`OutputPool`, a batch is written into arrays of an earlier batch that
 nothing references any more, instead of fresh ones (see the pool).
@@ -44,7 +45,7 @@ Piece = tuple  # (arrays: tuple[np.ndarray, ...], start: int, stop: int)
 class PackSpec:
     """What every row of one ``pack`` shares: row length, output dtypes, the name for errors."""
 
-    __slots__ = ("seq_len", "op", "dtypes", "max_segments", "_zeros", "_checked")
+    __slots__ = ("seq_len", "op", "dtypes", "max_segments", "_zeros", "_counting", "_checked")
 
     def __init__(
         self,
@@ -60,6 +61,7 @@ class PackSpec:
         )
         self.dtypes = _check_dtypes(dtypes)
         self._zeros: dict[np.dtype, np.ndarray] = {}
+        self._counting: np.ndarray | None = None
         self._checked: set[tuple] = set()
 
     def dtype(self, field: str) -> np.dtype:
@@ -70,6 +72,13 @@ class PackSpec:
         if zeros is None:
             zeros = self._zeros[dtype] = np.zeros(self.seq_len, dtype)
         return zeros
+
+    def counting(self) -> np.ndarray:
+        """``0, 1, ..., seq_len - 1`` in the segment dtype (positions are its slices)."""
+        counting = self._counting
+        if counting is None:
+            counting = self._counting = np.arange(self.seq_len, dtype=np.int32)
+        return counting
 
     def same_rows(self, other: PackSpec) -> bool:
         """Whether rows of both specs batch together (same length and output dtypes)."""
@@ -227,18 +236,28 @@ class OutputPool:
 
 
 class PackedRow(Mapping):
-    """One packed row, held as pointers to the record pieces in it until it is assembled.
+    """One packed row, held as pointers to the records in it until it is assembled.
 
-    Reads like a read-only dict of the output fields (assembled on first access);
-    :func:`assemble_rows` builds a whole batch of them straight into the batch arrays.
+    ``pieces``: the ``(arrays, start, stop)`` pieces of the records in it; or,
+    given ``lengths``, whole records: each one's array (records of one field) or
+    tuple of arrays, of those lengths. Reads like a read-only dict of the output
+    fields (assembled on first access); :func:`assemble_rows` builds a whole
+    batch of them straight into the batch arrays.
     """
 
-    __slots__ = ("spec", "fields", "pieces", "_data")
+    __slots__ = ("spec", "fields", "pieces", "lengths", "_data")
 
-    def __init__(self, spec: PackSpec, fields: tuple[str, ...], pieces: Sequence[Piece]):
+    def __init__(
+        self,
+        spec: PackSpec,
+        fields: tuple[str, ...],
+        pieces: Sequence[Any],
+        lengths: tuple[int, ...] | None = None,
+    ):
         self.spec = spec
         self.fields = fields
         self.pieces = tuple(pieces)
+        self.lengths = lengths
         self._data: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, np.ndarray]:
@@ -261,7 +280,10 @@ class PackedRow(Mapping):
         return 3 * len(self.fields)
 
     def __repr__(self) -> str:
-        used = sum(stop - start for _, start, stop in self.pieces)
+        lengths = self.lengths
+        used = (
+            sum(stop - start for _, start, stop in self.pieces) if lengths is None else sum(lengths)
+        )
         return f"PackedRow({len(self.pieces)} pieces, {used}/{self.spec.seq_len} items)"
 
 
@@ -289,28 +311,40 @@ def assemble_rows(
             _raise_mixed(rows)
     out_dtypes = [spec.dtype(f) for f in fields]
     zeros = [spec.zeros(d) for d in out_dtypes]
+    counting, no_positions = spec.counting(), spec.zeros(SEGMENT_DTYPE)
     parts: list[list[np.ndarray]] = [[] for _ in fields]
+    positions_parts: list[np.ndarray] = []  # 0, 1, ... within each piece; zeros on padding
     lengths: list[int] = []  # of every piece, padding included
     segments: list[int] = []  # segment id of every piece (0: padding)
     single = len(fields) == 1
     values0 = parts[0]
     for row in rows:
-        used = 0
-        for k, (arrays, start, stop) in enumerate(row.pieces, 1):
-            if single:  # a whole record (as pack holds them) needs no slice
-                array = arrays[0]
-                values0.append(array if start == 0 and stop == len(array) else array[start:stop])
+        whole = row.lengths
+        if whole is not None:  # whole records, as pack holds them: no slices
+            if single:
+                values0 += row.pieces
             else:
+                for values, column in zip(parts, zip(*row.pieces)):
+                    values += column
+            lengths += whole
+            segments += range(1, len(whole) + 1)
+            used = sum(whole)
+            positions_parts += [counting[:n] for n in whole]
+        else:
+            used = 0
+            for k, (arrays, start, stop) in enumerate(row.pieces, 1):
                 for values, array in zip(parts, arrays):
                     values.append(array if start == 0 and stop == len(array) else array[start:stop])
-            lengths.append(stop - start)
-            segments.append(k)
-            used += stop - start
+                lengths.append(stop - start)
+                segments.append(k)
+                positions_parts.append(counting[: stop - start])
+                used += stop - start
         if used < seq_len:
             for values, zero in zip(parts, zeros):
                 values.append(zero[: seq_len - used])
             lengths.append(seq_len - used)
             segments.append(0)
+            positions_parts.append(no_positions[: seq_len - used])
     shape = (len(rows), seq_len)
 
     def empty(name: str, dtype: np.dtype) -> np.ndarray:
@@ -319,9 +353,9 @@ def assemble_rows(
     f0 = fields[0]
     segment_ids = empty(f0 + SEGMENT_IDS, SEGMENT_DTYPE)
     positions = empty(f0 + POSITIONS, SEGMENT_DTYPE)
-    _write_segments(
-        np.asarray(segments, np.int32), np.asarray(lengths, np.intp), segment_ids, positions
-    )
+    # Segment ids: each piece's id repeated over its length; positions: slices of 0, 1, ...
+    np.copyto(segment_ids.reshape(-1), np.repeat(np.asarray(segments, SEGMENT_DTYPE), lengths))
+    np.concatenate(positions_parts, out=positions.reshape(-1))
     batch = {}
     for f, values, dtype in zip(fields, parts, out_dtypes):
         batch[f] = _concatenate(values, dtype, f, spec, empty(f, dtype))
@@ -339,32 +373,6 @@ SEGMENT_DTYPE = np.dtype(np.int32)
 def _copy(source: np.ndarray, out: np.ndarray) -> np.ndarray:
     np.copyto(out, source)
     return out
-
-
-def _write_segments(
-    segment: np.ndarray, count: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray
-) -> None:
-    """Writes ``np.repeat(segment, count)`` into ``segment_ids``, and 0, 1, ... within
-    every piece (0 on padding) into ``positions``, with no temporary of their size.
-
-    Both are cumulative sums of increments: 0 inside a piece (segment ids) or 1
-    (positions), and at the start of each piece the jump that takes the running
-    sum to the piece's segment id (or back to 0). Padding positions are then zeroed.
-    """
-    ids, pos = segment_ids.reshape(-1), positions.reshape(-1)
-    if not count.all():  # empty pieces hold no items (and would share a start)
-        keep = count > 0
-        segment, count = segment[keep], count[keep]
-    starts = np.cumsum(count) - count
-    ids.fill(0)
-    ids[starts] = np.diff(segment, prepend=np.int32(0))
-    np.cumsum(ids, out=ids, dtype=SEGMENT_DTYPE)
-    pos.fill(1)
-    pos[starts[1:]] = 1 - count[:-1]
-    pos[0] = 0
-    np.cumsum(pos, out=pos, dtype=SEGMENT_DTYPE)
-    for k in np.flatnonzero(segment == 0).tolist():
-        pos[starts[k] : starts[k] + count[k]] = 0
 
 
 def _concatenate(
