@@ -62,6 +62,16 @@ def _run_with_states(ds, steps: int) -> tuple[list, list, object]:
     return batches, states, it
 
 
+def _assert_fused_equals_unfused(monkeypatch, ds, steps: int) -> None:
+    """Batches, lane states and provenance of ``steps`` steps are the same fused or not."""
+    fused_batches, fused_states, _ = _run_with_states(ds, steps)
+    with monkeypatch.context() as m:
+        _unfused(m)
+        batches, states, _ = _run_with_states(ds, steps)
+    assert_batches_equal(fused_batches, batches)
+    assert fused_states == states
+
+
 CASES = [
     ("best_fit", 48, 2, None, 5),
     ("first_fit", 48, 4, None, 5),
@@ -108,12 +118,7 @@ def test_pieces_beyond_the_compact_form_keep_their_tuples(monkeypatch):
     for module in (pack_module, lineage_module):
         monkeypatch.setattr(module, "PIECE_BITS", 2)
         monkeypatch.setattr(module, "PIECE_MASK", 3)  # at most 2 pieces coded
-    fused_batches, fused_states, _ = _run_with_states(ds, 6)
-    with monkeypatch.context() as m:
-        _unfused(m)
-        batches, states, _ = _run_with_states(ds, 6)
-    assert_batches_equal(fused_batches, batches)
-    assert fused_states == states
+    _assert_fused_equals_unfused(monkeypatch, ds, 6)
 
 
 def test_compact_piece_lineages_decode_exactly():
@@ -210,9 +215,4 @@ def test_pieces_of_derived_records_keep_their_tuples(monkeypatch):
     ds = zj.Dataset.source(docs).shuffle(seed=1).flat_map(_halves).split(20).pack(48, num_bins=4)
     ds = ds.batch(4, num_lanes=2)
     assert lane_module.LanePlan(ds).fused[1] is not None
-    fused_batches, fused_states, _ = _run_with_states(ds, 30)
-    with monkeypatch.context() as m:
-        _unfused(m)
-        batches, states, _ = _run_with_states(ds, 30)
-    assert_batches_equal(fused_batches, batches)
-    assert fused_states == states
+    _assert_fused_equals_unfused(monkeypatch, ds, 30)
