@@ -45,10 +45,10 @@ class Bins:
     lineages (a tuple, replaced as the bin grows; a piece of a split record as
     one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
     total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit, and
-    first_fit over up to 64 bins). Bins keep arrays and lineages, not elements: arrays, ints and tuples of
-    them, which the garbage collector does not track (or stops tracking), so
-    thousands of open rows cost it nothing; and a snapshot takes the bins'
-    tuples as they are.
+    first_fit over up to 64 bins). Bins keep arrays and lineages, not elements:
+    arrays, ints and tuples of them, which the garbage collector does not track
+    (or stops tracking), so thousands of open rows cost it nothing; and a
+    snapshot takes the bins' tuples as they are.
     """
 
     __slots__ = (
@@ -123,7 +123,7 @@ class Bins:
         """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
 
         ``compact``: the row's lineage keeps the bin's compact piece lineages (see
-        :func:`plain_lineage`), for rows that go straight to the batch.
+        :func:`~zephon_jax.lineage.plain_lineage`), for rows that go straight to the batch.
         """
         records = self.pieces[i]
         fields = self.fields or ()

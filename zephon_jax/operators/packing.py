@@ -1,7 +1,8 @@
 """The packing core shared by ``pack(method=...)``: pointer rows, output dtypes, assembly.
 
 A packed row is a :class:`PackedRow`: a cheap description, the ``(arrays,
-start, stop)`` pieces of the records it holds. Nothing is copied while rows
+start, stop)`` pieces of the records it holds (or, for whole records, their
+arrays and lengths). Nothing is copied while rows
 are open. Rows are assembled once, straight into the output arrays, by
 :func:`assemble_rows`: one ``np.concatenate`` per field over the pieces of every
 row of a batch (with slices of a zero row as padding), one ``np.repeat`` for
@@ -39,7 +40,7 @@ DEFAULT_DTYPE = np.dtype(np.int32)
 SEGMENT_IDS = "_segment_ids"
 POSITIONS = "_positions"
 
-Piece = tuple  # (arrays: tuple[np.ndarray, ...], start: int, stop: int)
+Piece = tuple  # (arrays: tuple[np.ndarray, ...], start: int, stop: int), see PackedRow
 
 
 class PackSpec:
