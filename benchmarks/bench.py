@@ -1,4 +1,4 @@
-"""zephon_jax against Grain and against the memory-copy floor, side by side in one process.
+"""zephon_jax against Grain and against two floors (Python, memory copy), side by side in one process.
 
     python benchmarks/bench.py --json bench.json --plots docs/_static   # full run, a few minutes
     python benchmarks/bench.py --quick                                  # under a minute
@@ -9,10 +9,12 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   documents longer than ``seq_len``), ``shuffle -> split(S) -> pack(S) ->
   batch(B)`` at ``S=2048``, ``B=64`` and ``B=256``. zephon_jax with its defaults
   (best fit, 32 open rows per lane, one lane per row) against Grain's first fit
-  and best fit with one bin per batch row and ``read_threads=0``, and against
-  the copy floor: fresh arrays of the batch's shapes filled by ``np.copyto``.
+  and best fit with one bin per batch row and ``read_threads=0``, against
+  the Python floor (``python_floor.py``: the same packing with the least Python
+  per record, no lineage, state or checks) and against the copy floor: fresh
+  arrays of the batch's shapes filled by ``np.copyto``.
 * ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit with 32
-  bins on both sides, ``B=32``.
+  bins on all three sides, ``B=32``.
 * ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
 * ``lanes``: ``B=1024`` rows made by 8, 64, 256 or 1024 lanes: tokens/s, resident
   memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
@@ -58,6 +60,7 @@ import grain_workers  # noqa: E402
 import heavy  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
+import python_floor  # noqa: E402
 import tokenize_bench  # noqa: E402
 import zephon_side  # noqa: E402
 
@@ -76,6 +79,17 @@ def log(msg: str) -> None:
 def _floor_side(sample: dict[str, np.ndarray], source: np.ndarray) -> measure.Side:
     floor = measure.CopyFloor(measure.batch_layout(sample), source)
     return measure.Side("copy floor", floor, measure.count_batches)
+
+
+PYTHON_FLOOR = (
+    "python_floor.PythonFloor: shuffled reads, pieces as views, placement over plain ints, "
+    "batch assembled as zephon_jax's; no lineage, state or checks"
+)
+
+
+def _shares(result: dict[str, Any], key: str, reference: float) -> dict[str, float]:
+    """Each side's ``key`` over ``reference`` (sides without ``key`` left out)."""
+    return {name: r[key] / reference for name, r in result.items() if key in r}
 
 
 def _with_batches_per_s(result: dict[str, Any], batch_size: int, seq_len: int) -> None:
@@ -104,6 +118,11 @@ def packing_case(
             iter(grain_side.packing(docs, SEQ_LEN, batch_size, "best_fit")),
             measure.count_packed,
         ),
+        measure.Side(
+            "python floor",
+            python_floor.PythonFloor(docs, SEQ_LEN, batch_size),
+            measure.count_packed,
+        ),
         _floor_side(sample, source),
     ]
     result = measure.interleave(sides, timing)
@@ -117,13 +136,15 @@ def packing_case(
             "zephon_jax": repr(zds) + f", {zds.num_lanes} lanes, best_fit, 32 bins per lane",
             "grain": f"read_threads=0, num_packing_bins={batch_size}, split by FlatMapTransform",
             "floor": "np.empty + np.copyto of the batch's three int32 fields, cold source",
+            "python_floor": PYTHON_FLOOR + ", best_fit over 32 bins",
         },
         "sides": result,
         "ratio_to_grain_first_fit": measure.ratio(z, result["grain first_fit"]),
         "ratio_to_grain_best_fit": measure.ratio(z, result["grain best_fit"]),
-        "share_of_floor": {
-            name: r["batches_per_s"] / floor for name, r in result.items() if "batches_per_s" in r
-        },
+        "share_of_floor": _shares(result, "batches_per_s", floor),
+        "share_of_python_floor": _shares(
+            result, "rate_median", result["python floor"]["rate_median"]
+        ),
     }
     for it in (s.iterator for s in sides):
         measure.close(it)
@@ -141,6 +162,11 @@ def uniform_case(
     sides = [
         measure.Side("zephon_jax first_fit", z_it, measure.count_packed),
         measure.Side("grain first_fit", iter(g_ds), measure.count_packed),
+        measure.Side(
+            "python floor",
+            python_floor.PythonFloor(docs, SEQ_LEN, batch_size, "first_fit", bins, split=False),
+            measure.count_packed,
+        ),
         _floor_side(sample, source),
     ]
     result = measure.interleave(sides, timing)
@@ -153,14 +179,16 @@ def uniform_case(
             "bins": bins,
             "zephon_jax": f"first_fit, {bins} bins per lane, {zds.num_lanes} lanes",
             "grain": f"first_fit, num_packing_bins={bins}, read_threads=0",
+            "python_floor": PYTHON_FLOOR + f", first_fit over {bins} bins",
         },
         "sides": result,
         "ratio_to_grain_first_fit": measure.ratio(
             result["zephon_jax first_fit"], result["grain first_fit"]
         ),
-        "share_of_floor": {
-            name: r["batches_per_s"] / floor for name, r in result.items() if "batches_per_s" in r
-        },
+        "share_of_floor": _shares(result, "batches_per_s", floor),
+        "share_of_python_floor": _shares(
+            result, "rate_median", result["python floor"]["rate_median"]
+        ),
     }
 
 
@@ -469,6 +497,17 @@ def _source_buffer(docs: list) -> np.ndarray:
     return np.asarray(base)
 
 
+def _python_floor_line(case: dict[str, Any], side: str) -> str:
+    floor = case["sides"].get("python floor")
+    if floor is None:
+        return ""
+    share = case["share_of_python_floor"]
+    return (
+        f"; python floor {floor['rate_median'] / 1e6:.1f} M, zephon_jax at "
+        f"{share[side]:.2f} of it (grain first_fit {share['grain first_fit']:.3f})"
+    )
+
+
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """The headline figures, one line each."""
     lines = []
@@ -482,6 +521,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"{case['ratio_to_grain_first_fit']:.1f}x / {case['ratio_to_grain_best_fit']:.1f}x; "
             f"share of copy floor {case['share_of_floor']['zephon_jax best_fit']:.3f} "
             f"(grain first_fit {case['share_of_floor']['grain first_fit']:.4f})"
+            + _python_floor_line(case, "zephon_jax best_fit")
         )
     if "uniform" in results:
         case = results["uniform"]
@@ -492,6 +532,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"{s['zephon_jax first_fit']['fill']:.3f}), grain "
             f"{s['grain first_fit']['rate_median'] / 1e6:.2f} M (fill "
             f"{s['grain first_fit']['fill']:.3f}); ratio {case['ratio_to_grain_first_fit']:.1f}x"
+            + _python_floor_line(case, "zephon_jax first_fit")
         )
     if "map_batch" in results:
         case = results["map_batch"]

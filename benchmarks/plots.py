@@ -38,11 +38,13 @@ def _label_bars(ax, bars, fmt: str) -> None:
 
 
 def throughput_plot(results: dict[str, Any], path: str) -> str:
-    """Real tokens/s per case: zephon_jax and Grain side by side, ratio on top."""
+    """Real tokens/s per case: zephon_jax and Grain side by side, ratio on top, and the
+    Python floor (see ``python_floor.py``) as a dashed line over each case."""
     plt = _pyplot()
-    labels, z, gf, gb, ratios = [], [], [], [], []
+    labels, z, gf, gb, ratios, floors = [], [], [], [], [], []
     for key, case in results["packing"].items():
         s = case["sides"]
+        floors.append(s.get("python floor", {}).get("rate_median", float("nan")) / 1e6)
         labels.append(f"log-normal, split\nbest fit, {key}")
         z.append(s["zephon_jax best_fit"]["rate_median"] / 1e6)
         gf.append(s["grain first_fit"]["rate_median"] / 1e6)
@@ -51,6 +53,7 @@ def throughput_plot(results: dict[str, Any], path: str) -> str:
     if "uniform" in results:
         s = results["uniform"]["sides"]
         bins = results["uniform"]["settings"]["bins"]
+        floors.append(s.get("python floor", {}).get("rate_median", float("nan")) / 1e6)
         labels.append(f"uniform 1..2048\nfirst fit, {bins} bins")
         z.append(s["zephon_jax first_fit"]["rate_median"] / 1e6)
         gf.append(s["grain first_fit"]["rate_median"] / 1e6)
@@ -62,6 +65,14 @@ def throughput_plot(results: dict[str, Any], path: str) -> str:
     b1 = ax.bar([i - w for i in x], z, w, label="zephon_jax", color=ZEPHON)
     ax.bar(list(x), gf, w, label="Grain first fit", color=GRAIN)
     ax.bar([i + w for i in x], gb, w, label="Grain best fit", color=GRAIN, alpha=0.55)
+    ax.hlines(
+        floors,
+        [i - 1.5 * w for i in x],
+        [i + 1.5 * w for i in x],
+        colors=FLOOR,
+        linestyles="dashed",
+        label="Python floor (no lineage, state or checks)",
+    )
     for bar, r in zip(b1, ratios, strict=True):
         ax.annotate(
             f"{r:.1f}x",
