@@ -16,7 +16,9 @@ def _m(v: float) -> str:
 
 def _python_floor(case: dict[str, Any], side: str) -> str:
     """The Python floor's rate (and ratio to Grain's first fit), then the shares of it."""
-    floor = case["sides"]["python floor"]
+    floor = case["sides"].get("python floor")
+    if floor is None:  # a results file from before the Python floor was measured
+        return " | | "
     share = case["share_of_python_floor"]
     grain = floor["rate_median"] / case["sides"]["grain first_fit"]["rate_median"]
     return (
