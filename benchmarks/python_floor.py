@@ -1,4 +1,4 @@
-"""The Python floor of packing: the least per-record Python a packing loader can run.
+"""The Python floor of packing: about the least per-record Python a packing loader runs.
 
 ``PythonFloor`` makes the batches of ``shuffle -> [split] -> pack -> batch`` with
 nothing but the work itself: a shuffled order of the records, each record's
@@ -6,8 +6,8 @@ length read from its array, pieces cut as views, first or best fit over plain
 integers, open rows as lists of views, and each batch assembled like
 zephon_jax's (one concatenation per field, one ``np.repeat`` for segment ids,
 one concatenation of slices of ``0, 1, ...`` for positions) into arrays it
-reuses. It keeps no lineage, no state and checks nothing, so no loader that
-runs Python per record and can resume exactly is faster; the benchmark runs it
+reuses. It keeps no lineage, no state and checks nothing: a loader that runs
+Python per record and can resume exactly does at least this work. The benchmark runs it
 beside zephon_jax and Grain, and a loader's speed over it is its share of the
 Python floor (the copy floor, ``measure.CopyFloor``, bounds the memory traffic
 instead).
