@@ -15,10 +15,16 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   arrays of the batch's shapes filled by ``np.copyto``.
 * ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit with 32
   bins on all three sides, ``B=32``.
+
+  In both, zephon_jax runs twice: over the documents as a Python list (what Grain
+  reads) and over the same documents as one ``TokenArray`` (flat tokens and
+  offsets), which lanes read column-wise and pack with compiled kernels when
+  numba is installed (the ``fast`` extra).
 * ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
 * ``lanes``: ``B=1024`` rows made by 8, 64, 256 or 1024 lanes: tokens/s, resident
   memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
-  the first batch after ``--steps`` batches (checked equal to the uninterrupted run).
+  the first batch after ``--steps`` batches (checked equal to the uninterrupted run);
+  twice, the documents as a list and as a ``TokenArray``.
 * ``workers``: a Python-heavy map, alone and before packing, with 0, 1 and 2
   loader worker processes (records/s, tokens/s; the batches are the same for
   every worker count), with the CPU time per batch of every process, and the
@@ -65,8 +71,19 @@ import tokenize_bench  # noqa: E402
 import zephon_side  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
+from zephon_jax.sources import TokenArray  # noqa: E402
 
 SEQ_LEN = 2048
+# The same pipeline over the documents as one TokenArray: read column-wise, packed by the
+# compiled kernels when numba is installed (see zephon_jax.lane_columns).
+TOKEN_ARRAY_SIDE = "zephon_jax %s, TokenArray"
+
+
+def _token_array_settings(ds: zj.BatchedDataset) -> str:
+    from zephon_jax.lane import LanePlan
+
+    path = "compiled kernels" if LanePlan(ds).columnar is not None else "general path (no numba)"
+    return f"the same pipeline over a TokenArray of the documents, {ds.num_lanes} lanes, {path}"
 
 
 def log(msg: str) -> None:
@@ -100,14 +117,19 @@ def _with_batches_per_s(result: dict[str, Any], batch_size: int, seq_len: int) -
 
 
 def packing_case(
-    docs: list, source: np.ndarray, batch_size: int, timing: measure.Timing
+    docs: list, tokens: Any, source: np.ndarray, batch_size: int, timing: measure.Timing
 ) -> dict[str, Any]:
-    """zephon_jax defaults vs Grain first/best fit (one bin per row) vs the copy floor."""
+    """zephon_jax defaults (documents as a list, and as a TokenArray) vs Grain first/best
+    fit (one bin per row) vs the Python and copy floors."""
     zds = zephon_side.packing(docs, SEQ_LEN, batch_size)
     z_it = iter(zj.Loader(zds))
     sample = next(z_it)
+    t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size)
+    t_it = iter(zj.Loader(t_ds))
+    next(t_it)
     sides = [
         measure.Side("zephon_jax best_fit", z_it, measure.count_packed),
+        measure.Side(TOKEN_ARRAY_SIDE % "best_fit", t_it, measure.count_packed),
         measure.Side(
             "grain first_fit",
             iter(grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit")),
@@ -129,11 +151,13 @@ def packing_case(
     _with_batches_per_s(result, batch_size, SEQ_LEN)
     floor = result["copy floor"]["rate_median"]
     z = result["zephon_jax best_fit"]
+    t = result[TOKEN_ARRAY_SIDE % "best_fit"]
     out = {
         "settings": {
             "seq_len": SEQ_LEN,
             "batch_size": batch_size,
             "zephon_jax": repr(zds) + f", {zds.num_lanes} lanes, best_fit, 32 bins per lane",
+            "zephon_jax_token_array": _token_array_settings(t_ds),
             "grain": f"read_threads=0, num_packing_bins={batch_size}, split by FlatMapTransform",
             "floor": "np.empty + np.copyto of the batch's three int32 fields, cold source",
             "python_floor": PYTHON_FLOOR + ", best_fit over 32 bins",
@@ -141,6 +165,8 @@ def packing_case(
         "sides": result,
         "ratio_to_grain_first_fit": measure.ratio(z, result["grain first_fit"]),
         "ratio_to_grain_best_fit": measure.ratio(z, result["grain best_fit"]),
+        "token_array_ratio_to_grain_first_fit": measure.ratio(t, result["grain first_fit"]),
+        "token_array_ratio_to_grain_best_fit": measure.ratio(t, result["grain best_fit"]),
         "share_of_floor": _shares(result, "batches_per_s", floor),
         "share_of_python_floor": _shares(
             result, "rate_median", result["python floor"]["rate_median"]
@@ -158,9 +184,14 @@ def uniform_case(
     zds = zephon_side.packing(docs, SEQ_LEN, batch_size, "first_fit", num_bins=bins, split=False)
     z_it = iter(zj.Loader(zds))
     sample = next(z_it)
+    tokens = TokenArray.from_documents(docs)
+    t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size, "first_fit", bins, split=False)
+    t_it = iter(zj.Loader(t_ds))
+    next(t_it)
     g_ds = grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit", bins, split=False)
     sides = [
         measure.Side("zephon_jax first_fit", z_it, measure.count_packed),
+        measure.Side(TOKEN_ARRAY_SIDE % "first_fit", t_it, measure.count_packed),
         measure.Side("grain first_fit", iter(g_ds), measure.count_packed),
         measure.Side(
             "python floor",
@@ -178,12 +209,16 @@ def uniform_case(
             "batch_size": batch_size,
             "bins": bins,
             "zephon_jax": f"first_fit, {bins} bins per lane, {zds.num_lanes} lanes",
+            "zephon_jax_token_array": _token_array_settings(t_ds),
             "grain": f"first_fit, num_packing_bins={bins}, read_threads=0",
             "python_floor": PYTHON_FLOOR + f", first_fit over {bins} bins",
         },
         "sides": result,
         "ratio_to_grain_first_fit": measure.ratio(
             result["zephon_jax first_fit"], result["grain first_fit"]
+        ),
+        "token_array_ratio_to_grain_first_fit": measure.ratio(
+            result[TOKEN_ARRAY_SIDE % "first_fit"], result["grain first_fit"]
         ),
         "share_of_floor": _shares(result, "batches_per_s", floor),
         "share_of_python_floor": _shares(
@@ -309,9 +344,10 @@ def _pooled_bytes(it: Any) -> int:
 
 
 def lane_sweep(
-    docs: list, lane_counts: list[int], batch_size: int, steps: int, timing: measure.Timing
+    docs: Any, lane_counts: list[int], batch_size: int, steps: int, timing: measure.Timing
 ) -> dict[str, Any]:
-    """The same batches made by different lane counts: speed, memory, state, restore."""
+    """The same batches made by different lane counts: speed, memory, state, restore
+    (``docs``: the documents as a list or as a TokenArray)."""
     rows: dict[int, dict[str, Any]] = {}
     sides = []
     for lanes in lane_counts:
@@ -373,6 +409,7 @@ def lane_sweep(
             "batch_size": batch_size,
             "steps_before_restore": steps,
             "pipeline": "shuffle -> split(2048) -> pack(2048, best_fit, 32 bins) -> batch",
+            "source": type(docs).__name__,
         },
         "rows": [rows[n] for n in lane_counts],
     }
@@ -523,6 +560,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"(grain first_fit {case['share_of_floor']['grain first_fit']:.4f})"
             + _python_floor_line(case, "zephon_jax best_fit")
         )
+        t = s.get(TOKEN_ARRAY_SIDE % "best_fit")
+        if t is not None:
+            lines.append(
+                f"packing {key}, TokenArray: zephon_jax {t['rate_median'] / 1e6:.1f} M tok/s "
+                f"(fill {t['fill']:.3f}); ratio {case['token_array_ratio_to_grain_first_fit']:.1f}x"
+                f" / {case['token_array_ratio_to_grain_best_fit']:.1f}x"
+                + _python_floor_line(case, TOKEN_ARRAY_SIDE % "best_fit")
+            )
     if "uniform" in results:
         case = results["uniform"]
         s = case["sides"]
@@ -534,6 +579,13 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"{s['grain first_fit']['fill']:.3f}); ratio {case['ratio_to_grain_first_fit']:.1f}x"
             + _python_floor_line(case, "zephon_jax first_fit")
         )
+        t = s.get(TOKEN_ARRAY_SIDE % "first_fit")
+        if t is not None:
+            lines.append(
+                f"uniform first_fit 32 bins, TokenArray: zephon_jax {t['rate_median'] / 1e6:.1f} M"
+                f" (fill {t['fill']:.3f}); ratio {case['token_array_ratio_to_grain_first_fit']:.1f}x"
+                + _python_floor_line(case, TOKEN_ARRAY_SIDE % "first_fit")
+            )
     if "map_batch" in results:
         case = results["map_batch"]
         lines.append(
@@ -541,9 +593,12 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"records/s, grain {case['sides']['grain']['rate_median'] / 1e3:.0f} k; ratio "
             f"{case['ratio_to_grain']:.1f}x"
         )
-    for r in results.get("lanes", {}).get("rows", []):
+    sweeps = [
+        (w, r) for w in ("lanes", "lanes_token_array") for r in results.get(w, {}).get("rows", [])
+    ]
+    for which, r in sweeps:
         lines.append(
-            f"lanes {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s "
+            f"{which} {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s "
             f"({r['speed_vs_fewest_lanes']:.2f}x), RSS {r['rss_bytes_per_lane'] / 1024:7.1f} "
             f"KiB/lane, state {r['state_bytes_per_lane']:.0f} B/lane, get_state "
             f"{r['get_state_s'] * 1e3:.1f} ms, set_state+1st batch "
@@ -629,12 +684,13 @@ def main(argv: list[str] | None = None) -> int:
         "uniform_corpus": corpus_mod.describe(uniform, SEQ_LEN),
     }
     source = _source_buffer(docs)
+    tokens = TokenArray.from_documents(docs)
     t_start = time.perf_counter()
     if "packing" in cases:
         results["packing"] = {}
         for b in (64, 256):
             log(f"packing B={b}")
-            results["packing"][f"B={b}"] = packing_case(docs, source, b, timing)
+            results["packing"][f"B={b}"] = packing_case(docs, tokens, source, b, timing)
     if "uniform" in cases:
         log("uniform first_fit 32 bins")
         results["uniform"] = uniform_case(uniform, source, 32, 32, timing)
@@ -644,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     if "lanes" in cases:
         log("lane sweep")
         results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
+        log("lane sweep, TokenArray")
+        results["lanes_token_array"] = lane_sweep(tokens, lane_counts, lane_batch, steps, timing)
     if "workers" in cases:
         log("workers")
         counts = (0, 2) if args.quick else (0, 1, 2)

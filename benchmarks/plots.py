@@ -41,34 +41,36 @@ def throughput_plot(results: dict[str, Any], path: str) -> str:
     """Real tokens/s per case: zephon_jax and Grain side by side, ratio on top, and the
     Python floor (see ``python_floor.py``) as a dashed line over each case."""
     plt = _pyplot()
-    labels, z, gf, gb, ratios, floors = [], [], [], [], [], []
-    for key, case in results["packing"].items():
-        s = case["sides"]
-        floors.append(s.get("python floor", {}).get("rate_median", float("nan")) / 1e6)
-        labels.append(f"log-normal, split\nbest fit, {key}")
-        z.append(s["zephon_jax best_fit"]["rate_median"] / 1e6)
-        gf.append(s["grain first_fit"]["rate_median"] / 1e6)
-        gb.append(s["grain best_fit"]["rate_median"] / 1e6)
-        ratios.append(case["ratio_to_grain_first_fit"])
+    labels, z, t, gf, gb, ratios, floors = [], [], [], [], [], [], []
+    nan = {"rate_median": float("nan")}
+    cases = [
+        (f"log-normal, split\nbest fit, {k}", c, "best_fit") for k, c in results["packing"].items()
+    ]
     if "uniform" in results:
-        s = results["uniform"]["sides"]
         bins = results["uniform"]["settings"]["bins"]
-        floors.append(s.get("python floor", {}).get("rate_median", float("nan")) / 1e6)
-        labels.append(f"uniform 1..2048\nfirst fit, {bins} bins")
-        z.append(s["zephon_jax first_fit"]["rate_median"] / 1e6)
+        cases.append((f"uniform 1..2048\nfirst fit, {bins} bins", results["uniform"], "first_fit"))
+    for label, case, method in cases:
+        s = case["sides"]
+        labels.append(label)
+        floors.append(s.get("python floor", nan)["rate_median"] / 1e6)
+        z.append(s[f"zephon_jax {method}"]["rate_median"] / 1e6)
+        t.append(s.get(f"zephon_jax {method}, TokenArray", nan)["rate_median"] / 1e6)
         gf.append(s["grain first_fit"]["rate_median"] / 1e6)
-        gb.append(float("nan"))
-        ratios.append(results["uniform"]["ratio_to_grain_first_fit"])
-    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=120)
+        gb.append(s.get("grain best_fit", nan)["rate_median"] / 1e6)
+        ratios.append(
+            case.get("token_array_ratio_to_grain_first_fit", case["ratio_to_grain_first_fit"])
+        )
+    fig, ax = plt.subplots(figsize=(7.5, 3.8), dpi=120)
     x = range(len(labels))
-    w = 0.27
-    b1 = ax.bar([i - w for i in x], z, w, label="zephon_jax", color=ZEPHON)
-    ax.bar(list(x), gf, w, label="Grain first fit", color=GRAIN)
-    ax.bar([i + w for i in x], gb, w, label="Grain best fit", color=GRAIN, alpha=0.55)
+    w = 0.21
+    ax.bar([i - 1.5 * w for i in x], z, w, label="zephon_jax, list", color=ZEPHON, alpha=0.55)
+    b1 = ax.bar([i - 0.5 * w for i in x], t, w, label="zephon_jax, TokenArray", color=ZEPHON)
+    ax.bar([i + 0.5 * w for i in x], gf, w, label="Grain first fit", color=GRAIN)
+    ax.bar([i + 1.5 * w for i in x], gb, w, label="Grain best fit", color=GRAIN, alpha=0.55)
     ax.hlines(
         floors,
-        [i - 1.5 * w for i in x],
-        [i + 1.5 * w for i in x],
+        [i - 2 * w for i in x],
+        [i + 2 * w for i in x],
         colors=FLOOR,
         linestyles="dashed",
         label="Python floor (no lineage, state or checks)",
@@ -86,7 +88,10 @@ def throughput_plot(results: dict[str, Any], path: str) -> str:
         )
     ax.set_xticks(list(x), labels, fontsize=8)
     ax.set_ylabel("real tokens/s (millions)")
-    ax.set_title("Packing into rows of 2048 (ratio: zephon_jax / Grain first fit)", fontsize=10)
+    ax.set_title(
+        "Packing into rows of 2048 (ratio: zephon_jax over a TokenArray / Grain first fit)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8, frameon=False)
     ax.margins(y=0.15)
     fig.tight_layout()
@@ -98,23 +103,33 @@ def throughput_plot(results: dict[str, Any], path: str) -> str:
 def floor_plot(results: dict[str, Any], path: str) -> str:
     """Share of the memory-copy floor (batches/s over copy-only batches/s), log scale."""
     plt = _pyplot()
-    labels, z, g = [], [], []
-    for key, case in results["packing"].items():
-        labels.append(f"log-normal {key}")
-        z.append(case["share_of_floor"]["zephon_jax best_fit"])
-        g.append(case["share_of_floor"]["grain first_fit"])
+    labels, z, t, g = [], [], [], []
+    cases = [(f"log-normal {k}", c, "best_fit") for k, c in results["packing"].items()]
     if "uniform" in results:
-        case = results["uniform"]
-        labels.append("uniform, 32 bins")
-        z.append(case["share_of_floor"]["zephon_jax first_fit"])
-        g.append(case["share_of_floor"]["grain first_fit"])
+        cases.append(("uniform, 32 bins", results["uniform"], "first_fit"))
+    for label, case, method in cases:
+        shares = case["share_of_floor"]
+        labels.append(label)
+        z.append(shares[f"zephon_jax {method}"])
+        t.append(shares.get(f"zephon_jax {method}, TokenArray", float("nan")))
+        g.append(shares["grain first_fit"])
     fig, ax = plt.subplots(figsize=(7.5, 3.2), dpi=120)
     x = range(len(labels))
-    w = 0.38
-    b1 = ax.bar([i - w / 2 for i in x], [100 * v for v in z], w, label="zephon_jax", color=ZEPHON)
-    b2 = ax.bar([i + w / 2 for i in x], [100 * v for v in g], w, label="Grain", color=GRAIN)
-    _label_bars(ax, b1, "{:.2g} %")
-    _label_bars(ax, b2, "{:.2g} %")
+    w = 0.27
+    bars = [
+        ax.bar(
+            [i - w for i in x],
+            [100 * v for v in z],
+            w,
+            label="zephon_jax, list",
+            color=ZEPHON,
+            alpha=0.55,
+        ),
+        ax.bar(list(x), [100 * v for v in t], w, label="zephon_jax, TokenArray", color=ZEPHON),
+        ax.bar([i + w for i in x], [100 * v for v in g], w, label="Grain", color=GRAIN),
+    ]
+    for b in bars:
+        _label_bars(ax, b, "{:.2g} %")
     ax.axhline(100, color=FLOOR, linestyle="--", linewidth=1)
     ax.text(len(labels) - 0.5, 100, "copy floor", ha="right", va="bottom", fontsize=8)
     ax.set_yscale("log")
@@ -132,26 +147,30 @@ def floor_plot(results: dict[str, Any], path: str) -> str:
 def lanes_plot(results: dict[str, Any], path: str) -> str:
     """Lane sweep: tokens/s, memory per lane and restore time against the lane count."""
     plt = _pyplot()
-    rows = results["lanes"]["rows"]
-    lanes = [r["num_lanes"] for r in rows]
-    labels = [str(n) for n in lanes]
+    sweeps = [("list", results["lanes"]["rows"])]
+    if "lanes_token_array" in results:
+        sweeps.append(("TokenArray", results["lanes_token_array"]["rows"]))
+    labels = [str(r["num_lanes"]) for r in sweeps[0][1]]
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.0), dpi=120)
     panels = [
-        ("real tokens/s (millions)", [r["tokens_per_s"] / 1e6 for r in rows], "{:.1f}"),
-        (
-            "resident memory per lane (KiB)",
-            [r["rss_bytes_per_lane"] / 1024 for r in rows],
-            "{:.0f}",
-        ),
-        ("set_state + first batch (s)", [r["restore_first_batch_s"] for r in rows], "{:.2f}"),
+        ("real tokens/s (millions)", lambda r: r["tokens_per_s"] / 1e6, "{:.0f}"),
+        ("resident memory per lane (KiB)", lambda r: r["rss_bytes_per_lane"] / 1024, "{:.0f}"),
+        ("set_state + first batch (s)", lambda r: r["restore_first_batch_s"], "{:.2f}"),
     ]
-    for ax, (title, values, fmt) in zip(axes, panels, strict=True):
-        bars = ax.bar(labels, values, color=ZEPHON)
-        _label_bars(ax, bars, fmt)
+    w = 0.8 / len(sweeps)
+    for ax, (title, value, fmt) in zip(axes, panels, strict=True):
+        for k, (source, rows) in enumerate(sweeps):
+            x = [i + (k - (len(sweeps) - 1) / 2) * w for i in range(len(rows))]
+            alpha = 0.55 if source == "list" and len(sweeps) > 1 else 1.0
+            bars = ax.bar(x, [value(r) for r in rows], w, color=ZEPHON, alpha=alpha, label=source)
+            _label_bars(ax, bars, fmt)
+        ax.set_xticks(range(len(labels)), labels)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("lanes", fontsize=8)
         ax.margins(y=0.18)
         ax.tick_params(labelsize=8)
+    if len(sweeps) > 1:
+        axes[0].legend(fontsize=7, frameon=False, loc="lower left")
     b = results["lanes"]["settings"]["batch_size"]
     steps = results["lanes"]["settings"]["steps_before_restore"]
     fig.suptitle(

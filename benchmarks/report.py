@@ -27,6 +27,9 @@ def _python_floor(case: dict[str, Any], side: str) -> str:
     )
 
 
+TOKEN_ARRAY_SIDE = "zephon_jax %s, TokenArray"  # as bench.py names it
+
+
 def packing_table(results: dict[str, Any]) -> str:
     lines = [
         "| case | zephon_jax | Grain first fit | Grain best fit | ratio | Python floor "
@@ -35,27 +38,41 @@ def packing_table(results: dict[str, Any]) -> str:
     ]
     for key, case in results["packing"].items():
         s = case["sides"]
-        z, gf, gb = s["zephon_jax best_fit"], s["grain first_fit"], s["grain best_fit"]
+        gf, gb = s["grain first_fit"], s["grain best_fit"]
         floor = case["share_of_floor"]
-        lines.append(
-            f"| log-normal, split, {key} | {_m(z['rate_median'])} (fill {z['fill']:.3f}) | "
-            f"{_m(gf['rate_median'])} ({gf['fill']:.3f}) | {_m(gb['rate_median'])} "
-            f"({gb['fill']:.3f}) | {case['ratio_to_grain_first_fit']:.1f}x / "
-            f"{case['ratio_to_grain_best_fit']:.1f}x | {_python_floor(case, 'zephon_jax best_fit')}"
-            f"{100 * floor['zephon_jax best_fit']:.2f} % "
-            f"(Grain {100 * floor['grain first_fit']:.2f} %) |"
-        )
+        for name, label, prefix in (
+            ("zephon_jax best_fit", "", ""),
+            (TOKEN_ARRAY_SIDE % "best_fit", ", TokenArray", "token_array_"),
+        ):
+            if name not in s:  # a results file from before the TokenArray side
+                continue
+            z = s[name]
+            lines.append(
+                f"| log-normal, split, {key}{label} | {_m(z['rate_median'])} (fill "
+                f"{z['fill']:.3f}) | {_m(gf['rate_median'])} ({gf['fill']:.3f}) | "
+                f"{_m(gb['rate_median'])} ({gb['fill']:.3f}) | "
+                f"{case[prefix + 'ratio_to_grain_first_fit']:.1f}x / "
+                f"{case[prefix + 'ratio_to_grain_best_fit']:.1f}x | {_python_floor(case, name)}"
+                f"{100 * floor[name]:.2f} % (Grain {100 * floor['grain first_fit']:.2f} %) |"
+            )
     if "uniform" in results:
         case = results["uniform"]
         s = case["sides"]
-        z, g = s["zephon_jax first_fit"], s["grain first_fit"]
+        g = s["grain first_fit"]
         floor = case["share_of_floor"]
-        lines.append(
-            f"| uniform 1..2048, first fit, 32 bins, B=32 | {_m(z['rate_median'])} (fill "
-            f"{z['fill']:.3f}) | {_m(g['rate_median'])} ({g['fill']:.3f}) | | "
-            f"{case['ratio_to_grain_first_fit']:.1f}x | {_python_floor(case, 'zephon_jax first_fit')}"
-            f"{100 * floor['zephon_jax first_fit']:.2f} % (Grain {100 * floor['grain first_fit']:.2f} %) |"
-        )
+        for name, label, prefix in (
+            ("zephon_jax first_fit", "", ""),
+            (TOKEN_ARRAY_SIDE % "first_fit", ", TokenArray", "token_array_"),
+        ):
+            if name not in s:
+                continue
+            z = s[name]
+            lines.append(
+                f"| uniform 1..2048, first fit, 32 bins, B=32{label} | {_m(z['rate_median'])} "
+                f"(fill {z['fill']:.3f}) | {_m(g['rate_median'])} ({g['fill']:.3f}) | | "
+                f"{case[prefix + 'ratio_to_grain_first_fit']:.1f}x | {_python_floor(case, name)}"
+                f"{100 * floor[name]:.2f} % (Grain {100 * floor['grain first_fit']:.2f} %) |"
+            )
     return "\n".join(lines)
 
 
@@ -64,14 +81,14 @@ def _pooled(row: dict[str, Any]) -> str:
     return "" if pooled is None else f" ({pooled / 1024:.0f} KiB)"
 
 
-def lanes_table(results: dict[str, Any]) -> str:
+def lanes_table(results: dict[str, Any], which: str = "lanes") -> str:
     lines = [
         "| lanes | real tokens/s | vs 8 lanes | RSS per lane (of it, batch arrays kept for "
         "reuse) | state per lane | `get_state` "
         "| `set_state` + 1st batch | exact |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in results["lanes"]["rows"]:
+    for r in results[which]["rows"]:
         lines.append(
             f"| {r['num_lanes']} | {_m(r['tokens_per_s'])} | {r['speed_vs_fewest_lanes']:.2f}x | "
             f"{r['rss_bytes_per_lane'] / 1024:.0f} KiB{_pooled(r)} | "
@@ -142,9 +159,12 @@ def main() -> None:
         f"{m['load_average_at_start']} -> {m.get('load_average_at_end')}; corpus "
         f"{results['corpus']}\n"
     )
-    for name, fn in (("packing", packing_table), ("lanes", lanes_table)):
-        if name in results:
-            print(fn(results) + "\n")
+    if "packing" in results:
+        print(packing_table(results) + "\n")
+    for which in ("lanes", "lanes_token_array"):
+        if which in results:
+            source = results[which]["settings"].get("source", "list")
+            print(f"lane sweep, documents as a {source}:\n{lanes_table(results, which)}\n")
     if "tokenize" in results:
         print(tokenize_table(results) + "\n")
     if "workers" in results:

@@ -34,6 +34,7 @@ import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
+from zephon_jax.lane_columns import columnar_plan, take_columns
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -95,6 +96,8 @@ class LanePlan:
             + 100_000
             + sum(int(getattr(op, "max_held", 0) or 0) for op in self.operators)
         )
+        # Set where lanes read a token array column-wise (see zephon_jax.lane_columns).
+        self.columnar = columnar_plan(self)
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
@@ -137,6 +140,7 @@ class Lane:
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 8
+        self._documents_ahead: tuple[int, np.ndarray] | None = None  # column-wise lanes
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
@@ -408,6 +412,8 @@ class Lane:
         return rows
 
     def _take(self, n: int) -> list[Element] | None:
+        if self.plan.columnar is not None:
+            return take_columns(self, n, _BLOCK_PER_ROW, _MAX_BLOCK)
         pending = self.pending
         if len(pending) >= n:  # made ahead by the last block
             return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
@@ -558,6 +564,7 @@ class Lane:
         self.pending = pending
         self._ahead.clear()
         self._ahead_size = 8
+        self._documents_ahead = None
         self._without_row = 0
         self._deepest = -1
 
@@ -599,6 +606,8 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
     caches the records of the next positions: no row and no state depends on it. If
     the joint read fails, nothing is read ahead: each lane then reads on its own and
     the first that fails raises the error naming its lane and positions."""
+    if not lanes or lanes[0].plan.columnar is not None:
+        return  # column-wise lanes read document ids only, in their own blocks
     short = [
         lane
         for lane in lanes
@@ -620,7 +629,7 @@ def read_ahead_together(lanes: Sequence[Lane]) -> None:
     """Has each of ``lanes`` (sampler-drawn, input not done, nothing read ahead) read
     its next block ahead, all together (see :func:`read_roots_of_lanes`): what each
     would read first on its own, with one resolve and one read per source."""
-    if lanes:
+    if lanes and lanes[0].plan.columnar is None:
         blocks = [lane._ahead_block() for lane in lanes]
         for lane, items in zip(lanes, read_roots_of_lanes(lanes, blocks)):
             lane._ahead.extend(items)

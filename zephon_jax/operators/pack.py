@@ -368,16 +368,20 @@ class BinPackOperator(LineageOperator):
             )
         return carry, arrays, n
 
-    def flush(self, carry: Bins | None):
+    def flush(self, carry: Any):  # Bins, a lane's TokenBins, or None
         if carry is None:
             return carry, []
+        if type(carry) is not Bins:  # a lane's TokenBins (see operators.token_bins)
+            carry = carry.to_bins()
         out = [carry.emit(i, self.spec) for i, u in enumerate(carry.fill) if u]
         carry.order = None
         return carry, out
 
-    def save(self, carry: Bins | None) -> Saved:
+    def save(self, carry: Any) -> Saved:  # Bins, a lane's TokenBins, or None
         if carry is None:
             return Saved()
+        if type(carry) is not Bins:  # a lane's TokenBins (see operators.token_bins)
+            return self.save(carry.to_bins())
         if carry.saved is None:
             held = tuple(chain.from_iterable(map(carry.held, range(self.num_bins))))
             carry.saved = Saved(held, tuple(map(len, carry.lineages)))

@@ -305,6 +305,11 @@ def assemble_rows(
     With a ``pool``, the arrays are ones of earlier batches that nothing else
     references any more (see :class:`OutputPool`); without, fresh ones.
     """
+    assemble = getattr(type(rows[0]), "assemble_batch", None)  # rows with their own way
+    if assemble is not None:
+        batch = assemble(rows, pool)
+        if batch is not None:
+            return batch
     spec, fields = rows[0].spec, rows[0].fields
     seq_len = spec.seq_len
     for row in rows:

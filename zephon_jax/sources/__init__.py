@@ -1,4 +1,4 @@
-"""Random-access data sources: TokenStore, ArrayRecord, JSON Lines and Parquet files.
+"""Random-access data sources: TokenArray, TokenStore, ArrayRecord, JSON Lines and Parquet files.
 
 Every source takes local paths or ``s3://`` / ``gs://`` URLs (see
 :mod:`zephon_jax.sources.storage`). Hugging Face ``datasets.Dataset`` objects need no
@@ -9,6 +9,7 @@ from zephon_jax.sources.array_record import ArrayRecordTokens
 from zephon_jax.sources.jsonl import JsonlSource
 from zephon_jax.sources.parquet import ParquetSource
 from zephon_jax.sources.storage import StorageError
+from zephon_jax.sources.token_array import TokenArray
 from zephon_jax.sources.token_store import (
     TokenStore,
     TokenStoreError,
@@ -21,6 +22,7 @@ __all__ = [
     "JsonlSource",
     "ParquetSource",
     "StorageError",
+    "TokenArray",
     "TokenStore",
     "TokenStoreError",
     "TokenStoreWriter",

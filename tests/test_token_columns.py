@@ -1,0 +1,267 @@
+"""``TokenArray`` sources read column-wise and packed by compiled kernels: the same batches,
+lane states and provenance as the general path, on every topology, worker count and resume."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from pipelines import assert_batch_equal, assert_batches_equal, resume_across, run_topology, take
+
+import zephon_jax as zj
+from zephon_jax import kernels as kernels_module
+from zephon_jax.lane import LanePlan
+from zephon_jax.operators import token_bins
+from zephon_jax.sampler import permutation
+from zephon_jax.sources import TokenArray
+from zephon_jax.state import lane_bytes
+
+
+def _documents(seed: int, num: int = 300, sigma: float = 1.2, longest: int = 400) -> list:
+    """Lognormal lengths, some several rows long, some empty."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(num):
+        n = 0 if i % 31 == 0 else int(min(rng.lognormal(3.2, sigma), longest))
+        docs.append(rng.integers(1, 30_000, n).astype(np.uint16))
+    return docs
+
+
+TOKENS = TokenArray.from_documents(_documents(0))
+
+
+def _pipeline(
+    source=TOKENS,
+    method="best_fit",
+    cut: int | None = 48,
+    seq_len: int = 48,
+    num_bins: int | None = 5,
+    max_segments=None,
+    batch: int = 8,
+    num_lanes: int | None = None,
+    epochs: int | None = None,
+) -> zj.BatchedDataset:
+    ds = zj.Dataset.source(source).shuffle(seed=3)
+    if epochs is not None:
+        ds = ds.repeat(epochs)
+    if cut is not None:
+        ds = ds.split(cut)
+    ds = ds.pack(seq_len, method=method, num_bins=num_bins, max_segments=max_segments)
+    return ds.batch(batch, num_lanes=num_lanes)
+
+
+COMPILED = kernels_module.kernels()
+
+
+@pytest.fixture
+def general(monkeypatch):
+    """``general()``: no compiled kernels from then on (every lane takes the general
+    path), ``general(False)``: the kernels again; the test's end restores them."""
+
+    def switch(off: bool = True):
+        monkeypatch.setattr(kernels_module, "_KERNELS", None if off else COMPILED)
+
+    return switch
+
+
+def _run(ds, steps: int, state=None) -> list:
+    """Batches, each lane's state bytes and the provenance after each step."""
+    it = iter(zj.Loader(ds))
+    if state is not None:
+        it.set_state(state)
+    out = []
+    for batch in it:
+        state = it.get_state()
+        lanes = [lane_bytes(state, lane) for lane in range(ds.num_lanes)]
+        out.append((batch, lanes, it.provenance(), state))
+        if len(out) == steps:
+            break
+    return out
+
+
+def _assert_same_runs(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    assert_batches_equal([g[0] for g in got], [w[0] for w in want])
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert g[1] == w[1], f"step {step}: lane states differ"
+        assert g[2] == w[2], f"step {step}: provenance differs"
+
+
+def test_the_tests_have_the_compiled_kernels():
+    """The ``test`` extra installs numba: the column-wise path is what these tests run."""
+    assert COMPILED is not None and kernels_module.kernels() is COMPILED
+    assert LanePlan(_pipeline()).columnar is not None
+
+
+CASES = {
+    "best_fit": {},
+    "first_fit": {"method": "first_fit"},
+    "short pieces, 3 segments": {"cut": 20, "max_segments": 3, "num_lanes": 2},
+    "cut 7, one lane": {"cut": 7, "method": "first_fit", "num_lanes": 1},
+    "many rows per lane": {"num_bins": 70, "method": "first_fit", "num_lanes": 4},
+    "many rows, best_fit": {"num_bins": 70, "num_lanes": 1},
+    "one row": {"num_bins": 1, "max_segments": 2},
+    "default rows": {"num_bins": None, "seq_len": 256, "cut": 256},
+    "finite": {"epochs": 1, "num_lanes": 2, "batch": 4},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_batches_states_and_provenance_equal_the_general_path(general, case):
+    ds = _pipeline(**CASES[case])
+    compiled = _run(ds, 40)
+    saved = compiled[11][3]
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 40)
+    _assert_same_runs(compiled, want)
+    assert len(want) > 12
+    # A state from the general path restores on the column-wise path and back.
+    from_general = want[17][3]
+    general(False)
+    assert LanePlan(ds).columnar is not None
+    _assert_same_runs(_run(ds, len(want) - 18, from_general), want[18:])
+    general()
+    _assert_same_runs(_run(ds, len(want) - 12, saved), want[12:])
+
+
+def test_whole_documents_without_split(general):
+    docs = [d[:48] for d in _documents(1)]
+    ds = _pipeline(TokenArray.from_documents(docs), cut=None, num_bins=3, epochs=2, num_lanes=2)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 500)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 500)
+    _assert_same_runs(compiled, want)
+    assert 10 < len(want) < 500  # the input ended, and the open rows were flushed
+
+
+def test_rows_of_many_pieces_and_calls_emitting_many_rows(general):
+    """Documents of one token fill rows of 64 pieces (the piece arrays grow); documents of
+    hundreds of pieces emit dozens of rows in one kernel call (the output grows)."""
+    docs = [np.arange(1, 2, dtype=np.int32)] * 200 + [np.arange(1, 900, dtype=np.int32)] * 5
+    source = TokenArray.from_documents(docs)
+    for cut, seq_len in ((64, 64), (4, 64)):
+        ds = _pipeline(source, cut=cut, seq_len=seq_len, num_bins=4, num_lanes=1, batch=4)
+        general(False)
+        compiled = _run(ds, 60)
+        general()
+        want = _run(ds, 60)
+        _assert_same_runs(compiled, want)
+    assert max(compiled[0][0]["tokens_segment_ids"].max(axis=1)) > 8
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_processes_and_resumes_on_other_topologies(general, process_count):
+    ds = _pipeline(batch=16)
+    single = take(iter(zj.Loader(ds)), 14)
+    assert_batches_equal(run_topology(ds, process_count, 14), single)
+    assert_batches_equal(resume_across(ds, 14, 6, process_count, 1), single[6:])
+    general()
+    assert_batches_equal(take(iter(zj.Loader(ds)), 14), single)
+
+
+def test_workers_give_the_same_batches_and_states(general):
+    ds = _pipeline(batch=8)
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        got = [(next(it), it.get_state()) for _ in range(12)]
+    finally:
+        it.close()
+    general()
+    want = _run(ds, 12)
+    assert_batches_equal([b for b, _ in got], [w[0] for w in want])
+    for (_, state), w in zip(got, want):
+        assert [lane_bytes(state, lane) for lane in range(ds.num_lanes)] == w[1]
+
+
+def test_device_arrays_with_prefetch(sharding):
+    ds = _pipeline(batch=8)
+    want = take(iter(zj.Loader(ds)), 10)
+    it = iter(zj.Loader(ds, sharding=sharding, device_prefetch=2))
+    for step in range(10):
+        assert_batch_equal(next(it), want[step])
+
+
+def test_pipelines_it_does_not_take_run_the_general_path():
+    wide = TokenArray(TOKENS.tokens.astype(np.uint32), TOKENS.offsets)
+    assert LanePlan(_pipeline(wide)).columnar is None  # uint32 does not fit int32 exactly
+    wide_out = zj.Dataset.source(wide).split(48).pack(48, dtypes={"tokens": np.int64}).batch(8)
+    assert LanePlan(wide_out).columnar is not None
+    mapped = zj.Dataset.source(TOKENS).map(lambda r: r).split(48).pack(48).batch(8)
+    assert LanePlan(mapped).columnar is None
+    mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(TOKENS)], [1, 1])
+    assert LanePlan(mixed.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(_pipeline(cut=None)).columnar is None  # documents longer than rows
+    with pytest.raises(zj.PipelineError, match="add .split"):
+        next(iter(zj.Loader(_pipeline(cut=None))))
+    windowed = zj.Dataset.source(TOKENS).split(48).pack(48).window_shuffle(2, seed=0).batch(8)
+    assert LanePlan(windowed).columnar is None
+
+
+def test_packed_row_read_alone_equals_its_batch_row():
+    it = iter(zj.Loader(_pipeline()))
+    next(it)
+    lane = it._producer.lanes[0]
+    row = lane.pending[0].data if lane.pending else lane.take(1)[0].data
+    assert isinstance(row, token_bins.TokenRow)
+    alone = dict(row)
+    general = token_bins.PackedRow(row.spec, row.fields, row.pieces, row.lengths).to_dict()
+    assert list(alone) == list(general)
+    for key in general:
+        assert alone[key].dtype == general[key].dtype
+        assert alone[key].tobytes() == general[key].tobytes()
+
+
+def test_compiled_permutation_equals_numpy(monkeypatch):
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 17, 1000, 123_457, 2**40 + 7):
+        for key in (0, 1, 2**63 + 5, 987_654_321):
+            x = rng.integers(0, min(n, 2**40), 2000)
+            compiled = permutation.permute(x, n, key)
+            with monkeypatch.context() as m:
+                m.setattr(kernels_module, "_KERNELS", None)
+                want = permutation.permute(x, n, key)
+            assert compiled.dtype == want.dtype == np.int64
+            assert np.array_equal(compiled, want), (n, key)
+    grid = np.arange(12).reshape(3, 4) % 10
+    assert permutation.permute(grid, 10, 3).shape == (3, 4)
+    assert sorted(permutation.permute(np.arange(1000), 1000, 9)) == list(range(1000))
+
+
+def test_environment_turns_the_kernels_off():
+    code = "from zephon_jax.kernels import kernels; print(kernels() is None)"
+    env = dict(os.environ, ZEPHON_JAX_COMPILED="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_token_array_records_and_checks():
+    docs = [np.arange(n, dtype=np.int32) for n in (3, 0, 5)]
+    source = TokenArray.from_documents(docs)
+    assert len(source) == 3 and source.longest == 5
+    assert [len(r["tokens"]) for r in source.__getitems__([2, 1, 0])] == [5, 0, 3]
+    record = source[2]["tokens"]
+    assert np.shares_memory(record, source.tokens) and not record.flags.writeable
+    assert np.array_equal(record, np.arange(5))
+    with pytest.raises(IndexError):
+        source[3]
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy.fingerprint() == source.fingerprint() and np.array_equal(copy.tokens, source.tokens)
+    assert TokenArray(source.tokens, [0, 8, 8]).fingerprint() != source.fingerprint()
+    tokens = np.arange(8, dtype=np.int32)
+    for offsets, match in (
+        ([1, 3, 8], "start at 0"),
+        ([0, 3, 7], "end at len"),
+        ([0, 5, 3, 8], "must not decrease"),
+        ([[0, 8]], "1-D integer"),
+    ):
+        with pytest.raises(zj.PipelineError, match=match):
+            TokenArray(tokens, offsets)
+    with pytest.raises(zj.PipelineError, match="1-D array of numbers"):
+        TokenArray(tokens.reshape(2, 4), [0, 1])

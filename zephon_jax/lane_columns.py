@@ -1,0 +1,193 @@
+"""Lanes that read a token array column-wise and pack with compiled kernels.
+
+A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``
+(one source, no transforms, ``pack`` last, ``c <= S``, tokens that the output
+dtype holds exactly) needs no element per document: a lane resolves its next
+positions to document ids, and one kernel call per block cuts the documents
+into pieces and places them into the lane's :class:`~zephon_jax.operators.token_bins.TokenBins`,
+returning the finished rows as :class:`~zephon_jax.operators.token_bins.TokenRow`.
+
+It is the general path's exact twin: the blocks have the same sizes, the
+pieces go into the same rows in the same order, rows and held records have the
+same lineages, so every batch, state and provenance record is the same
+byte for byte (``tests/test_token_columns.py`` checks this against
+``ZEPHON_JAX_COMPILED=0``). Without numba, or for any other pipeline, lanes take
+the general path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import numpy as np
+
+from zephon_jax.errors import ZephonError
+from zephon_jax.kernels import DONE, OUT_FULL, kernels
+from zephon_jax.lineage import PIECE_MASK, Element
+from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.token_bins import TokenBins, TokenRow
+from zephon_jax.sampler.resolve import resolve
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnarPlan:
+    """What a column-wise lane needs: the pack stage, the cut and the token array."""
+
+    stage: int  # the index of pack among the operators
+    pack: BinPackOperator
+    cut: int  # split's max_len, 0 without split
+    field: str
+    tokens: np.ndarray
+    offsets: np.ndarray
+    compiled: Any
+
+
+def columnar_plan(plan: Any) -> ColumnarPlan | None:
+    """The column-wise plan for a lane plan, or None where the general path runs."""
+    if plan.mixture is not None or len(plan.leaves) != 1 or plan.leaf_transforms[0]:
+        return None
+    source = plan.leaves[0].source
+    # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
+    # source means its module is loaded.
+    token_array = sys.modules.get("zephon_jax.sources.token_array")
+    if token_array is None or type(source) is not token_array.TokenArray:
+        return None
+    ops = plan.operators
+    if len(ops) == 1 and type(ops[0]) is BinPackOperator and not plan.post_transforms[0]:
+        stage, cut, key = 0, 0, source.field
+    elif len(ops) == 2 and plan.fused[0] is not None and not plan.post_transforms[1]:
+        stage, cut, key = 1, plan.fused[0][1], plan.fused[0][2]
+    else:
+        return None
+    pack = ops[stage]
+    spec = pack.spec
+    field = source.field
+    if key != field or set(spec.dtypes) - {field}:
+        return None
+    if not np.can_cast(source.tokens.dtype, spec.dtype(field), "safe"):
+        return None  # the general path checks every value
+    longest = source.longest
+    if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
+        return None  # the general path raises or writes long lineages
+    compiled = kernels()
+    if compiled is None:
+        return None
+    return ColumnarPlan(stage, pack, cut, field, source.tokens, source.offsets, compiled)
+
+
+def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list | None:
+    """:meth:`Lane._take <zephon_jax.lane.Lane._take>` for a column-wise lane: the same
+    blocks, read as document ids and placed by the kernel."""
+    pending = lane.pending
+    if len(pending) < n:
+        plan = lane.plan
+        columns = plan.columnar
+        limit = plan.max_records_without_row
+        size = 0
+        had = -1
+        while len(pending) < n:
+            if lane.input_done:
+                return None
+            need = block_per_row * (n - len(pending))
+            size = min(max_block, max(2 * size, need) if len(pending) == had else need)
+            had = len(pending)
+            block = _next_documents(lane, min(size, limit + 1 - lane._without_row))
+            if block is None:
+                lane._finish_input()
+                continue
+            first, records = block
+            lane._without_row += len(records)  # reset when a row reaches ``pending``
+            _place(lane, columns, first, records)
+            if lane._without_row > limit:
+                lane._raise_no_progress()
+    return [pending.popleft() for _ in range(n)]
+
+
+def _next_documents(lane: Any, size: int) -> tuple[int, np.ndarray] | None:
+    """The first position and the document ids of the lane's next ``size`` positions
+    (fewer at the end of the input; None past it); the lane moves past them."""
+    start = lane.next_position
+    end = lane.end_position
+    if end is not None:
+        if start >= end:
+            return None
+        size = min(size, end - start)
+    ahead = lane._documents_ahead
+    if ahead is None or not ahead[0] <= start <= start + size <= ahead[0] + len(ahead[1]):
+        plan = lane.plan
+        stop = start + max(size, plan.max_ahead)
+        if end is not None:
+            stop = min(stop, end)
+        positions = np.arange(start, stop, dtype=np.int64)
+        res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
+        if not res.valid.all():  # one source: every position before the end is valid
+            raise ZephonError(f"lane {lane.lane}: positions before the end of input are invalid")
+        lane._remember(positions, res)
+        ahead = lane._documents_ahead = (start, res.record)
+    at = start - ahead[0]
+    lane.next_position = start + size
+    return start, ahead[1][at : at + size]
+
+
+def _place(lane: Any, columns: ColumnarPlan, first: int, records: np.ndarray) -> None:
+    """Places the documents ``records`` (at positions ``first, first + 1, ...``) into the
+    lane's open rows; finished rows go to ``pending``."""
+    stage = columns.stage
+    pack = columns.pack
+    carry = lane.carries[stage]
+    if type(carry) is not TokenBins:
+        carry = lane.carries[stage] = TokenBins.adopt(
+            carry, pack.num_bins, columns, lane.lane, lambda p: _records_of(lane, p)
+        )
+    carry.changed()
+    spec = pack.spec
+    seq_len = spec.seq_len
+    max_segments = spec.max_segments or -1
+    best = pack.method == "best_fit"
+    place = columns.compiled.place
+    field, tokens, offsets, cut = columns.field, columns.tokens, columns.offsets, columns.cut
+    rows: list[Element] = []
+    k = j = 0
+    while True:
+        k, j, n_out, n_rows, stop = place(
+            carry.fill,
+            carry.count,
+            carry.pieces,
+            offsets,
+            records,
+            first,
+            k,
+            j,
+            cut,
+            seq_len,
+            max_segments,
+            best,
+            carry.out,
+            carry.row_end,
+        )
+        if n_rows:
+            codes, starts, lengths = carry.out[:, :n_out].tolist()
+            begin = 0
+            for end in carry.row_end[:n_rows].tolist():
+                held = tuple(lengths[begin:end])
+                row = TokenRow(spec, field, tokens, starts[begin:end], held)
+                rows.append(Element(row, (tuple(codes[begin:end]), held)))
+                begin = end
+        if stop == DONE:
+            break
+        if stop == OUT_FULL:
+            carry.grow_out()
+        else:
+            carry.grow_rows()
+    if rows:
+        lane._row_reached(rows)
+    elif len(records):  # the stage the records reached, for the no-progress error
+        placed = bool((offsets[records + 1] > offsets[records]).any())
+        lane._deepest = max(lane._deepest, stage if placed else 0)
+
+
+def _records_of(lane: Any, positions: np.ndarray) -> np.ndarray:
+    plan = lane.plan
+    return resolve(plan.sampler, lane.lane, positions, plan.num_lanes).record

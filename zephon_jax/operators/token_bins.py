@@ -1,0 +1,208 @@
+"""``pack``'s open rows over a :class:`~zephon_jax.sources.TokenArray`, as arrays.
+
+A lane that reads a token array column-wise (see :mod:`zephon_jax.lane_columns`)
+keeps its open rows as :class:`TokenBins`: per row its fill and piece count, per
+piece its lineage code, token start and length, in int64 arrays that compiled
+kernels (:mod:`zephon_jax.kernels`) update. It saves exactly what
+:class:`~zephon_jax.operators.pack.Bins` saves (the same lineages, the same
+counts), so states do not tell the two apart; a restored lane's ``Bins`` is
+adopted as ``TokenBins`` on its first block, and ``flush`` or ``save`` read it
+back as ``Bins``. Rows are :class:`TokenRow`: starts and lengths in the token
+array, gathered into the batch by one kernel call per batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from zephon_jax.errors import StateError
+from zephon_jax.kernels import kernels
+from zephon_jax.lineage import PIECE_BITS, held_lineage
+from zephon_jax.operators.base import HeldLineages
+from zephon_jax.operators.packing import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
+
+_FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
+
+
+class TokenBins:
+    """The open rows of one lane as arrays (see the module docstring).
+
+    ``fill[i]``, ``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, m]``:
+    piece ``m`` of row ``i`` as (lineage code, token start, length). A lineage code
+    is :func:`~zephon_jax.lineage.piece_code` for a piece cut by ``split`` (``cut``
+    > 0), else the document's position. ``out`` and ``row_end`` receive emitted rows.
+    """
+
+    __slots__ = ("tokens", "field", "cut", "fill", "count", "pieces", "out", "row_end", "_form")
+
+    def __init__(self, num_bins: int, tokens: np.ndarray, field: str, cut: int):
+        self.tokens = tokens
+        self.field = field
+        self.cut = cut
+        self.fill = np.zeros(num_bins, np.int64)
+        self.count = np.zeros(num_bins, np.int64)
+        self.pieces = np.zeros((3, num_bins, _FIRST_CAPACITY), np.int64)
+        self.out = np.empty((3, 4 * _FIRST_CAPACITY), np.int64)
+        self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
+        self._form: tuple[HeldLineages, tuple] | None = None
+
+    def changed(self) -> None:
+        """Drops the cached :meth:`lineage_form` (call before the rows change)."""
+        self._form = None
+
+    def grow_rows(self) -> None:
+        """Doubles the pieces an open row can hold."""
+        pieces = np.zeros((3, self.pieces.shape[1], 2 * self.pieces.shape[2]), np.int64)
+        pieces[:, :, : self.pieces.shape[2]] = self.pieces
+        self.pieces = pieces
+
+    def grow_out(self) -> None:
+        """Doubles the emitted pieces and rows one kernel call can hold."""
+        self.out = np.empty((3, 2 * self.out.shape[1]), np.int64)
+        self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
+
+    def lineage_form(self) -> tuple[HeldLineages, tuple]:
+        """As :meth:`Bins.lineage_form <zephon_jax.operators.pack.Bins.lineage_form>`: the
+        held lineages by row (their codes, decoded when read) and each row's count."""
+        form = self._form
+        if form is None:
+            counts = tuple(self.count.tolist())
+            codes = self.pieces[0]
+            groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in enumerate(counts))
+            form = self._form = (HeldLineages(groups, held_lineage), counts)
+        return form
+
+    def to_bins(self) -> Any:
+        """The same open rows as :class:`~zephon_jax.operators.pack.Bins`."""
+        from zephon_jax.operators.pack import Bins
+
+        num_bins = len(self.fill)
+        bins = Bins(num_bins)
+        bins.fields = (self.field,)
+        bins.compact = self.cut > 0
+        tokens = self.tokens
+        for i, c in enumerate(self.count.tolist()):
+            if not c:
+                continue
+            codes, starts, lengths = self.pieces[:, i, :c].tolist()
+            bins.pieces[i] = [tokens[s : s + n] for s, n in zip(starts, lengths)]
+            bins.lineages[i] = tuple(codes)
+            bins.fill[i] = sum(lengths)
+            if bins.fill_array is not None:
+                bins.fill_array[i] = bins.fill[i]
+        return bins
+
+    @classmethod
+    def adopt(
+        cls, bins: Any, num_bins: int, plan: Any, lane: int, records_of: Callable
+    ) -> TokenBins:
+        """``bins`` (a :class:`~zephon_jax.operators.pack.Bins` restored from a state, or
+        None) as TokenBins; ``plan``: the lane's
+        :class:`~zephon_jax.lane_columns.ColumnarPlan`, ``records_of(positions)``: the
+        documents at lane positions."""
+        carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
+        if bins is None:
+            return carry
+        held: list[tuple[int, int, int, int]] = []  # (row, position, piece, length)
+        for i, (lineages, pieces) in enumerate(zip(bins.lineages, bins.pieces)):
+            for lineage, piece in zip(lineages, pieces):
+                lineage = held_lineage(lineage)
+                if plan.cut and type(lineage) is tuple and len(lineage[0]) == 1:
+                    position, j = lineage[0][0], lineage[1]
+                elif not plan.cut and type(lineage) is int:
+                    position, j = lineage, 0
+                else:
+                    raise StateError(
+                        f"lane {lane}: the state holds {lineage!r} in an open row of "
+                        f"pack, which this pipeline never makes; the state was altered"
+                    )
+                held.append((i, position, j, len(piece)))
+        if not held:
+            return carry
+        rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
+        records = records_of(positions)
+        starts = plan.offsets[records] + js * plan.cut
+        codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
+        while int(np.bincount(rows).max()) > carry.pieces.shape[2]:
+            carry.grow_rows()
+        at = 0
+        for i in range(num_bins):
+            c = int(np.count_nonzero(rows == i))
+            carry.pieces[:, i, :c] = (codes[at : at + c], starts[at : at + c], lengths[at : at + c])
+            carry.count[i] = c
+            carry.fill[i] = int(lengths[at : at + c].sum())
+            at += c
+        return carry
+
+
+class TokenRow(PackedRow):
+    """A packed row of pieces of a token array: their starts and lengths in it."""
+
+    __slots__ = ("tokens", "starts")
+
+    def __init__(
+        self,
+        spec: PackSpec,
+        field: str,
+        tokens: np.ndarray,
+        starts: Sequence[int],
+        lengths: tuple[int, ...],
+    ):
+        self.spec = spec
+        self.fields = (field,)
+        self.tokens = tokens
+        self.starts = starts
+        self.lengths = lengths
+        self._data = None
+
+    @property
+    def pieces(self) -> tuple:  # type: ignore[override]
+        """The pieces as views of the token array (for the general assembly)."""
+        tokens = self.tokens
+        return tuple(tokens[s : s + n] for s, n in zip(self.starts, self.lengths or ()))
+
+    @staticmethod
+    def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
+        """``rows`` as a batch by one compiled gather, or None if they are not all
+        TokenRows of one token array and pack (the general assembly then runs)."""
+        compiled = kernels()
+        first = rows[0]
+        tokens, spec, fields = first.tokens, first.spec, first.fields
+        starts: list[int] = []
+        lengths: list[int] = []
+        ends: list[int] = []
+        for row in rows:
+            if (
+                type(row) is not TokenRow
+                or row.tokens is not tokens
+                or row.fields != fields
+                or (row.spec is not spec and not row.spec.same_rows(spec))
+            ):
+                return None
+            starts += row.starts
+            lengths += row.lengths or ()
+            ends.append(len(lengths))
+        if compiled is None:
+            return None
+        (field,) = fields
+        shape = (len(rows), spec.seq_len)
+
+        def empty(name: str, dtype: np.dtype) -> np.ndarray:
+            return np.empty(shape, dtype) if pool is None else pool.empty(name, shape, dtype)
+
+        values = empty(field, spec.dtype(field))
+        segment_ids = empty(field + SEGMENT_IDS, SEGMENT_DTYPE)
+        positions = empty(field + POSITIONS, SEGMENT_DTYPE)
+        compiled.gather(
+            tokens,
+            np.array(starts, np.int64),
+            np.array(lengths, np.int64),
+            np.array(ends, np.int64),
+            spec.counting(),
+            values,
+            segment_ids,
+            positions,
+        )
+        return {field: values, field + SEGMENT_IDS: segment_ids, field + POSITIONS: positions}
