@@ -189,10 +189,8 @@ def test_device_arrays_with_prefetch(sharding):
 
 
 def test_pipelines_it_does_not_take_run_the_general_path():
-    wide = TokenArray(TOKENS.tokens.astype(np.uint32), TOKENS.offsets)
-    assert LanePlan(_pipeline(wide)).columnar is None  # uint32 does not fit int32 exactly
-    wide_out = zj.Dataset.source(wide).split(48).pack(48, dtypes={"tokens": np.int64}).batch(8)
-    assert LanePlan(wide_out).columnar is not None
+    floats = TokenArray(TOKENS.tokens.astype(np.float32), TOKENS.offsets)
+    assert LanePlan(_pipeline(floats)).columnar is None  # the general path checks each value
     mapped = zj.Dataset.source(TOKENS).map(lambda r: r).split(48).pack(48).batch(8)
     assert LanePlan(mapped).columnar is None
     mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(TOKENS)], [1, 1])
@@ -265,3 +263,58 @@ def test_token_array_records_and_checks():
             TokenArray(tokens, offsets)
     with pytest.raises(zj.PipelineError, match="1-D array of numbers"):
         TokenArray(tokens.reshape(2, 4), [0, 1])
+
+
+def test_mapped_tokens_travel_as_their_file_to_workers(tmp_path, general):
+    path = tmp_path / "tokens.npy"
+    np.save(path, TOKENS.tokens)
+    mapped = TokenArray(np.load(path, mmap_mode="r")[:], TOKENS.offsets)
+    for tokens in (mapped.tokens, mapped.tokens[7:]):
+        source = TokenArray(tokens, [0, 3, len(tokens)])
+        payload = pickle.dumps(source)
+        assert len(payload) < 1000  # the file's name, not its tokens
+        copy = pickle.loads(payload)
+        assert isinstance(copy.tokens, np.memmap) and np.array_equal(copy.tokens, tokens)
+    ds = _pipeline(mapped, batch=8)
+    assert LanePlan(ds).columnar is not None
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        got = take(it, 8)
+    finally:
+        it.close()
+    general()
+    assert_batches_equal(got, take(iter(zj.Loader(_pipeline(batch=8))), 8))
+
+
+def test_token_store_read_into_a_token_array(tmp_path):
+    docs = _documents(2, num=60)
+    store = zj.sources.write_token_store(tmp_path / "store", docs, dtype="uint16")
+    tokens = store.to_token_array()
+    assert len(tokens) == len(store) == 60
+    assert tokens.tokens.dtype == np.uint16
+    for i in (0, 1, 31, 59):
+        assert np.array_equal(tokens[i]["tokens"], store[i]["tokens"])
+    ds = _pipeline(tokens, batch=4)
+    assert LanePlan(ds).columnar is not None
+    assert_batches_equal(
+        take(iter(zj.Loader(ds)), 6), take(iter(zj.Loader(_pipeline(store, batch=4))), 6)
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_tokens_the_output_dtype_may_not_hold_are_checked(general, dtype):
+    """uint32 or int64 tokens into int32 rows: the same batches; a token above 2**31 - 1
+    raises the general path's error, naming the field and the fix."""
+    wide = TokenArray(TOKENS.tokens.astype(dtype), TOKENS.offsets)
+    assert LanePlan(_pipeline(wide)).columnar is not None
+    want = take(iter(zj.Loader(_pipeline())), 6)
+    assert_batches_equal(take(iter(zj.Loader(_pipeline(wide))), 6), want)
+    tokens = wide.tokens.copy()
+    tokens[:] = 2**31  # every document holds a token int32 cannot hold
+    errors = []
+    for off in (False, True):
+        general(off)
+        with pytest.raises(zj.PipelineError, match="cannot hold exactly") as raised:
+            next(iter(zj.Loader(_pipeline(TokenArray(tokens, wide.offsets)))))
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]

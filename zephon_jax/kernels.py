@@ -142,10 +142,18 @@ def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, s
     return records.shape[0], 0, n_out, n_rows, 0
 
 
-def _gather(tokens, starts, lengths, row_end, counting, values, segment_ids, positions):
+def _gather(tokens, starts, lengths, row_end, counting, low, high, values, segment_ids, positions):
     """Row ``r`` of the batch from pieces ``row_end[r - 1]:row_end[r]``: their tokens one
     after the other, segment ids 1, 2, ... and positions 0, 1, ... (``counting[:n]``)
-    within each piece; zeros after the last piece."""
+    within each piece; zeros after the last piece. With ``low <= high``, first checks
+    that every token lies in ``[low, high]`` (what the output dtype holds) and returns
+    False, writing nothing, if one does not; else returns True."""
+    if low <= high:
+        for k in range(starts.shape[0]):
+            s = starts[k]
+            for t in range(s, s + lengths[k]):
+                if tokens[t] < low or tokens[t] > high:
+                    return False
     begin = 0
     for r in range(values.shape[0]):
         row, segments, row_positions = values[r], segment_ids[r], positions[r]
@@ -163,6 +171,7 @@ def _gather(tokens, starts, lengths, row_end, counting, values, segment_ids, pos
         segments[at:] = 0
         row_positions[at:] = 0
         begin = row_end[r]
+    return True
 
 
 def _mix64(x):

@@ -34,7 +34,7 @@ import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
-from zephon_jax.lane_columns import columnar_plan, take_columns
+from zephon_jax.lane_columns import columnar_plan, read_documents_ahead, take_columns
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -606,8 +606,11 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
     caches the records of the next positions: no row and no state depends on it. If
     the joint read fails, nothing is read ahead: each lane then reads on its own and
     the first that fails raises the error naming its lane and positions."""
-    if not lanes or lanes[0].plan.columnar is not None:
-        return  # column-wise lanes read document ids only, in their own blocks
+    if not lanes:
+        return
+    if lanes[0].plan.columnar is not None:  # document ids only
+        read_documents_ahead(lanes, rows, _BLOCK_PER_ROW, _MAX_BLOCK)
+        return
     short = [
         lane
         for lane in lanes

@@ -1,8 +1,8 @@
 """Lanes that read a token array column-wise and pack with compiled kernels.
 
 A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``
-(one source, no transforms, ``pack`` last, ``c <= S``, tokens that the output
-dtype holds exactly) needs no element per document: a lane resolves its next
+(one source, no transforms, ``pack`` last, ``c <= S``, integer tokens or tokens that
+the output dtype always holds) needs no element per document: a lane resolves its next
 positions to document ids, and one kernel call per block cuts the documents
 into pieces and places them into the lane's :class:`~zephon_jax.operators.token_bins.TokenBins`,
 returning the finished rows as :class:`~zephon_jax.operators.token_bins.TokenRow`.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -28,7 +28,11 @@ from zephon_jax.kernels import DONE, OUT_FULL, kernels
 from zephon_jax.lineage import PIECE_MASK, Element
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
-from zephon_jax.sampler.resolve import resolve
+from zephon_jax.sampler.resolve import resolve, resolve_lanes
+
+# Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
+# that provenance keeps of its last blocks, see Lane._remember).
+DOCUMENTS_AHEAD = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +45,10 @@ class ColumnarPlan:
     field: str
     tokens: np.ndarray
     offsets: np.ndarray
-    compiled: Any
+
+    # What each placement needs, at once: the kernel, offsets, cut, row length, segments
+    # bound (-1: none), best fit, the pack's spec, the field and the tokens.
+    arguments: tuple
 
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
@@ -66,15 +73,23 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     field = source.field
     if key != field or set(spec.dtypes) - {field}:
         return None
-    if not np.can_cast(source.tokens.dtype, spec.dtype(field), "safe"):
-        return None  # the general path checks every value
+    out = spec.dtype(field)
+    dtype = source.tokens.dtype
+    if not np.can_cast(dtype, out, "safe") and not (
+        dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
+    ):
+        return None  # the general path checks every value (gather checks integers)
     longest = source.longest
     if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
         return None  # the general path raises or writes long lineages
     compiled = kernels()
     if compiled is None:
         return None
-    return ColumnarPlan(stage, pack, cut, field, source.tokens, source.offsets, compiled)
+    arguments = (
+        compiled.place, source.offsets, cut, spec.seq_len, spec.max_segments or -1,
+        pack.method == "best_fit", spec, field, source.tokens,
+    )  # fmt: skip
+    return ColumnarPlan(stage, pack, cut, field, source.tokens, source.offsets, arguments)
 
 
 def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list | None:
@@ -105,6 +120,48 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
     return [pending.popleft() for _ in range(n)]
 
 
+def read_documents_ahead(
+    lanes: Sequence[Any], rows: int, block_per_row: int, max_block: int
+) -> None:
+    """Resolves, all together (one vectorized pass), the next ``DOCUMENTS_AHEAD``
+    document ids of each of ``lanes`` whose next ``take(rows)`` would start by resolving
+    on its own (it lacks rows and the ids of its first block). Ids read ahead only
+    cache what the sampler gives for the next positions: no row or state depends on it."""
+    short, starts = [], []
+    for lane in lanes:
+        missing = rows - len(lane.pending)
+        if lane.input_done or missing <= 0:
+            continue
+        start = lane.next_position
+        first_block = min(max_block, block_per_row * missing)
+        ahead = lane._documents_ahead
+        if (
+            ahead is not None
+            and ahead[0] <= start
+            and start + first_block <= ahead[0] + len(ahead[1])
+        ):
+            continue
+        end = lane.end_position
+        stop = start + DOCUMENTS_AHEAD if end is None else min(start + DOCUMENTS_AHEAD, end)
+        if stop > start:
+            short.append(lane)
+            starts.append(np.arange(start, stop, dtype=np.int64))
+    if len(short) > 1:
+        plan = short[0].plan
+        ids = [lane.lane for lane in short]
+        for lane, positions, res in zip(
+            short, starts, resolve_lanes(plan.sampler, ids, starts, plan.num_lanes)
+        ):
+            _keep_ahead(lane, positions, res)
+
+
+def _keep_ahead(lane: Any, positions: np.ndarray, res: Any) -> None:
+    if not res.valid.all():  # one source: every position before the end is valid
+        raise ZephonError(f"lane {lane.lane}: positions before the end of input are invalid")
+    lane._remember(positions, res)
+    lane._documents_ahead = (int(positions[0]), res.record)
+
+
 def _next_documents(lane: Any, size: int) -> tuple[int, np.ndarray] | None:
     """The first position and the document ids of the lane's next ``size`` positions
     (fewer at the end of the input; None past it); the lane moves past them."""
@@ -117,15 +174,12 @@ def _next_documents(lane: Any, size: int) -> tuple[int, np.ndarray] | None:
     ahead = lane._documents_ahead
     if ahead is None or not ahead[0] <= start <= start + size <= ahead[0] + len(ahead[1]):
         plan = lane.plan
-        stop = start + max(size, plan.max_ahead)
+        stop = start + max(size, DOCUMENTS_AHEAD)
         if end is not None:
             stop = min(stop, end)
         positions = np.arange(start, stop, dtype=np.int64)
-        res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
-        if not res.valid.all():  # one source: every position before the end is valid
-            raise ZephonError(f"lane {lane.lane}: positions before the end of input are invalid")
-        lane._remember(positions, res)
-        ahead = lane._documents_ahead = (start, res.record)
+        _keep_ahead(lane, positions, resolve(plan.sampler, lane.lane, positions, plan.num_lanes))
+        ahead = lane._documents_ahead
     at = start - ahead[0]
     lane.next_position = start + size
     return start, ahead[1][at : at + size]
@@ -135,42 +189,25 @@ def _place(lane: Any, columns: ColumnarPlan, first: int, records: np.ndarray) ->
     """Places the documents ``records`` (at positions ``first, first + 1, ...``) into the
     lane's open rows; finished rows go to ``pending``."""
     stage = columns.stage
-    pack = columns.pack
     carry = lane.carries[stage]
     if type(carry) is not TokenBins:
         carry = lane.carries[stage] = TokenBins.adopt(
-            carry, pack.num_bins, columns, lane.lane, lambda p: _records_of(lane, p)
+            carry, columns.pack.num_bins, columns, lane.lane, lambda p: _records_of(lane, p)
         )
-    carry.changed()
-    spec = pack.spec
-    seq_len = spec.seq_len
-    max_segments = spec.max_segments or -1
-    best = pack.method == "best_fit"
-    place = columns.compiled.place
-    field, tokens, offsets, cut = columns.field, columns.tokens, columns.offsets, columns.cut
+    carry._form = None  # the rows change (as carry.changed())
+    place, offsets, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
     rows: list[Element] = []
     k = j = 0
     while True:
+        out, row_end = carry.out, carry.row_end
         k, j, n_out, n_rows, stop = place(
-            carry.fill,
-            carry.count,
-            carry.pieces,
-            offsets,
-            records,
-            first,
-            k,
-            j,
-            cut,
-            seq_len,
-            max_segments,
-            best,
-            carry.out,
-            carry.row_end,
-        )
+            carry.fill, carry.count, carry.pieces, offsets, records, first, k, j, cut, seq_len,
+            max_segments, best, out, row_end,
+        )  # fmt: skip
         if n_rows:
-            codes, starts, lengths = carry.out[:, :n_out].tolist()
+            codes, starts, lengths = out[:, :n_out].tolist()
             begin = 0
-            for end in carry.row_end[:n_rows].tolist():
+            for end in row_end[:n_rows].tolist():
                 held = tuple(lengths[begin:end])
                 row = TokenRow(spec, field, tokens, starts[begin:end], held)
                 rows.append(Element(row, (tuple(codes[begin:end]), held)))

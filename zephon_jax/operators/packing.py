@@ -409,7 +409,16 @@ def _check_cast(values: np.ndarray, dtype: np.dtype, field: str, spec: PackSpec)
         )
     with np.errstate(all="ignore"):
         cast = values.astype(dtype)
-        if dtype.kind == "f" and values.dtype.kind == "f":
+        if dtype.kind in "iu" and values.dtype.kind in "iu":  # a range (wrapping round-trips)
+            info = np.iinfo(dtype)
+            if values.dtype == np.uint64:
+                bad = values > np.uint64(info.max)
+            else:
+                wide = values.astype(np.int64)
+                bad = wide < info.min
+                if info.max < 2**63:
+                    bad |= wide > info.max
+        elif dtype.kind == "f" and values.dtype.kind == "f":
             bad = np.isinf(cast) & ~np.isinf(values)  # rounding is allowed, overflow is not
         else:
             bad = cast.astype(values.dtype) != values

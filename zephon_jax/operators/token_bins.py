@@ -192,17 +192,33 @@ class TokenRow(PackedRow):
         def empty(name: str, dtype: np.dtype) -> np.ndarray:
             return np.empty(shape, dtype) if pool is None else pool.empty(name, shape, dtype)
 
-        values = empty(field, spec.dtype(field))
+        dtype = spec.dtype(field)
+        low, high = value_bounds(tokens.dtype, dtype)
+        values = empty(field, dtype)
         segment_ids = empty(field + SEGMENT_IDS, SEGMENT_DTYPE)
         positions = empty(field + POSITIONS, SEGMENT_DTYPE)
-        compiled.gather(
+        fits = compiled.gather(
             tokens,
             np.array(starts, np.int64),
             np.array(lengths, np.int64),
             np.array(ends, np.int64),
             spec.counting(),
+            low,
+            high,
             values,
             segment_ids,
             positions,
         )
+        if not fits:  # a token the output dtype cannot hold: the general assembly says which
+            return None
         return {field: values, field + SEGMENT_IDS: segment_ids, field + POSITIONS: positions}
+
+
+def value_bounds(source: np.dtype, out: np.dtype) -> tuple[int, int]:
+    """``(low, high)``: the values of integer dtype ``out`` that tokens of integer dtype
+    ``source`` must stay within when ``source`` does not always fit; ``(0, -1)`` (no
+    check) when it does."""
+    if np.can_cast(source, out, "safe"):
+        return 0, -1
+    info = np.iinfo(out)
+    return int(info.min), int(info.max)

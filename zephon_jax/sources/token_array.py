@@ -11,6 +11,7 @@ rows and states, several times faster. ``tokens`` may be a ``np.memmap``.
 from __future__ import annotations
 
 import hashlib
+import mmap
 from typing import Any, Sequence
 
 import numpy as np
@@ -83,6 +84,18 @@ class TokenArray:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def __reduce__(self) -> tuple:
+        """Pickles the arrays, except tokens mapped from a file (``np.memmap``,
+        ``np.load(..., mmap_mode="r")``): those travel as the file's name and place, and
+        the receiving process (a loader worker, say) maps the file again."""
+        where = _mapped_file(self.tokens)
+        if where is None:
+            return (TokenArray, (self.tokens, self.offsets, self.field))
+        return (
+            _map_token_array,
+            (*where, self.tokens.dtype.str, len(self.tokens), self.offsets, self.field),
+        )
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         i = int(index)
         if not 0 <= i < len(self):
@@ -122,3 +135,25 @@ class TokenArray:
 
     def __repr__(self) -> str:
         return f"TokenArray({len(self)} documents, {len(self.tokens)} {self.tokens.dtype} tokens)"
+
+
+def _mapped_file(tokens: np.ndarray) -> tuple[str, int] | None:
+    """``(file name, byte offset)`` of contiguous tokens mapped read-only from a file."""
+    mapped = tokens
+    while not isinstance(mapped, np.memmap) and isinstance(mapped.base, np.ndarray):
+        mapped = mapped.base
+    handle = getattr(mapped, "_mmap", None)
+    filename = getattr(mapped, "filename", None)
+    if handle is None or not filename or not tokens.flags.c_contiguous:
+        return None
+    start = np.frombuffer(handle, np.uint8).ctypes.data  # where the mapping begins
+    offset = int(getattr(mapped, "offset", 0))
+    mapped_from = offset - offset % mmap.ALLOCATIONGRANULARITY
+    return str(filename), mapped_from + tokens.ctypes.data - start
+
+
+def _map_token_array(
+    filename: str, offset: int, dtype: str, length: int, offsets: np.ndarray, field: str
+) -> TokenArray:
+    tokens = np.memmap(filename, np.dtype(dtype), "r", offset=offset, shape=(length,))
+    return TokenArray(tokens, offsets, field)

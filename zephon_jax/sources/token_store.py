@@ -431,6 +431,16 @@ class TokenStore:
 
     _getitems = __getitems__
 
+    def to_token_array(self) -> Any:
+        """Every committed token read into memory, as a :class:`~zephon_jax.sources.TokenArray`
+        (``num_tokens`` x the dtype's size in bytes): the same documents, which a pipeline
+        reads column-wise and packs with compiled kernels (see ``docs/performance.md``)."""
+        from zephon_jax.sources.token_array import TokenArray
+
+        s = self._s
+        tokens = self._fetch(s, [(0, int(s.offsets[-1]))])[0]
+        return TokenArray(tokens, s.offsets, "tokens")
+
     def read_range(self, start_doc: int, stop_doc: int) -> list[dict[str, np.ndarray]]:
         """Documents ``start_doc..stop_doc-1`` with one contiguous read (for sequential scans).
 
