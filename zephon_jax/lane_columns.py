@@ -96,6 +96,8 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
     """:meth:`Lane._take <zephon_jax.lane.Lane._take>` for a column-wise lane: the same
     blocks, read as document ids and placed by the kernel."""
     pending = lane.pending
+    if n == 1 and pending:  # the common case with one lane per row
+        return [pending.popleft()]
     if len(pending) < n:
         plan = lane.plan
         columns = plan.columnar
