@@ -32,6 +32,17 @@ def _documents(seed: int, num: int = 300, sigma: float = 1.2, longest: int = 400
 
 
 TOKENS = TokenArray.from_documents(_documents(0))
+SHORT = TokenArray.from_documents(_documents(1, num=200, sigma=0.5), dtype=np.uint16)
+FEW = TokenArray.from_documents(_documents(2, num=20), dtype=np.uint16)
+
+
+def _mixture(epochs: int | None = None) -> zj.Dataset:
+    """Three token arrays mixed by records; the smallest runs out after two epochs (its
+    positions are then skipped), the others repeat."""
+    parts = [zj.Dataset.source(TOKENS), zj.Dataset.source(SHORT), zj.Dataset.source(FEW).repeat(2)]
+    if epochs is not None:
+        parts = [p.repeat(epochs) for p in parts[:2]] + parts[2:]
+    return zj.Dataset.mix(parts, [0.5, 0.3, 0.2])
 
 
 def _pipeline(
@@ -44,10 +55,14 @@ def _pipeline(
     batch: int = 8,
     num_lanes: int | None = None,
     epochs: int | None = None,
+    mix: bool = False,
 ) -> zj.BatchedDataset:
-    ds = zj.Dataset.source(source).shuffle(seed=3)
-    if epochs is not None:
-        ds = ds.repeat(epochs)
+    if mix:
+        ds = _mixture(epochs).shuffle(seed=3)
+    else:
+        ds = zj.Dataset.source(source).shuffle(seed=3)
+        if epochs is not None:
+            ds = ds.repeat(epochs)
     if cut is not None:
         ds = ds.split(cut)
     ds = ds.pack(seq_len, method=method, num_bins=num_bins, max_segments=max_segments)
@@ -107,6 +122,9 @@ CASES = {
     "one row": {"num_bins": 1, "max_segments": 2},
     "default rows": {"num_bins": None, "seq_len": 256, "cut": 256},
     "finite": {"epochs": 1, "num_lanes": 2, "batch": 4},
+    "mixture": {"mix": True},
+    "mixture, first fit, short pieces": {"mix": True, "method": "first_fit", "cut": 16},
+    "finite mixture": {"mix": True, "epochs": 1, "num_lanes": 2, "batch": 4},
 }
 
 
@@ -193,7 +211,14 @@ def test_pipelines_it_does_not_take_run_the_general_path():
     assert LanePlan(_pipeline(floats)).columnar is None  # the general path checks each value
     mapped = zj.Dataset.source(TOKENS).map(lambda r: r).split(48).pack(48).batch(8)
     assert LanePlan(mapped).columnar is None
-    mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(TOKENS)], [1, 1])
+    parts = [zj.Dataset.source(TOKENS), zj.Dataset.source(SHORT)]
+    by_tokens = zj.Dataset.mix(parts, [1, 1], unit="tokens")  # drawn lane by lane
+    assert LanePlan(by_tokens.split(48).pack(48).batch(8)).columnar is None
+    staged = zj.Dataset.mix(parts, {0: [1, 1], 5: [1, 2]})
+    assert LanePlan(staged.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(zj.Dataset.mix(parts, [1, 1]).split(48).pack(48).batch(8)).columnar
+    wide = TokenArray(SHORT.tokens.astype(np.int32), SHORT.offsets)  # another dtype
+    mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(wide)], [1, 1])
     assert LanePlan(mixed.split(48).pack(48).batch(8)).columnar is None
     assert LanePlan(_pipeline(cut=None)).columnar is None  # documents longer than rows
     with pytest.raises(zj.PipelineError, match="add .split"):

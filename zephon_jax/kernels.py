@@ -35,6 +35,13 @@ def kernels() -> Any:
     return _KERNELS
 
 
+def loaded_kernels() -> Any:
+    """The kernels if something already asked for them (a pipeline that packs token
+    arrays), else ``None``: the sampler's permutation uses them then, without making
+    every process that shuffles import numba."""
+    return _KERNELS or None
+
+
 def _compile() -> Any:
     try:
         import numba
@@ -51,18 +58,19 @@ def _compile() -> Any:
 DONE, OUT_FULL, ROW_FULL = 0, 1, 2
 
 
-def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, seq_len,
-           max_segments, best, out, row_end):  # fmt: skip
-    """Places pieces of ``records`` (documents at lane positions ``first_position + k``)
-    from piece ``j0`` of record ``k0`` on, into the open rows.
+def _place(fill, count, pieces, offsets, bases, leaves, records, positions, k0, j0, cut,
+           seq_len, max_segments, best, out, row_end):  # fmt: skip
+    """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
+    ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
 
+    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
     ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
-    its pieces as (lineage code, token start, length); ``cut`` > 0 cuts documents into
-    pieces of at most ``cut`` (code ``~((position << 24) | j)``), 0 takes them whole
-    (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end`` (each
-    row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
+    its pieces as (lineage code, token start, length, leaf); ``cut`` > 0 cuts documents
+    into pieces of at most ``cut`` (code ``~((position << 24) | j)``), 0 takes them
+    whole (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end``
+    (each row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
     stopped and why (``DONE``; ``OUT_FULL``, ``ROW_FULL``: grow that array and go on from
-    piece ``j`` of record ``k``; nothing of that piece is placed yet).
+    piece ``j`` of document ``k``; nothing of that piece is placed yet).
     """
     num_bins = fill.shape[0]
     cap = pieces.shape[2]
@@ -71,14 +79,15 @@ def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, s
     n_rows = 0
     j = j0
     for k in range(k0, records.shape[0]):
-        r = records[k]
+        leaf = leaves[k]
+        r = bases[leaf] + records[k]
         s0 = offsets[r]
         n = offsets[r + 1] - s0
         if n == 0:
             j = 0
             continue
         npieces = (n + cut - 1) // cut if cut > 0 else 1
-        position = first_position + k
+        position = positions[k]
         while j < npieces:
             if cut > 0:
                 start = s0 + j * cut
@@ -111,9 +120,8 @@ def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, s
                 return k, j, n_out, n_rows, 1
             if fill[i] > room:
                 for m in range(count[i]):
-                    out[0, n_out] = pieces[0, i, m]
-                    out[1, n_out] = pieces[1, i, m]
-                    out[2, n_out] = pieces[2, i, m]
+                    for f in range(4):
+                        out[f, n_out] = pieces[f, i, m]
                     n_out += 1
                 row_end[n_rows] = n_out
                 n_rows += 1
@@ -125,13 +133,13 @@ def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, s
             pieces[0, i, m] = code
             pieces[1, i, m] = start
             pieces[2, i, m] = length
+            pieces[3, i, m] = leaf
             count[i] = m + 1
             fill[i] += length
             if fill[i] == seq_len or count[i] == max_segments:
                 for m in range(count[i]):
-                    out[0, n_out] = pieces[0, i, m]
-                    out[1, n_out] = pieces[1, i, m]
-                    out[2, n_out] = pieces[2, i, m]
+                    for f in range(4):
+                        out[f, n_out] = pieces[f, i, m]
                     n_out += 1
                 row_end[n_rows] = n_out
                 n_rows += 1
@@ -142,17 +150,19 @@ def _place(fill, count, pieces, offsets, records, first_position, k0, j0, cut, s
     return records.shape[0], 0, n_out, n_rows, 0
 
 
-def _gather(tokens, starts, lengths, row_end, counting, low, high, values, segment_ids, positions):
+def _gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
+            positions):  # fmt: skip
     """Row ``r`` of the batch from pieces ``row_end[r - 1]:row_end[r]``: their tokens one
-    after the other, segment ids 1, 2, ... and positions 0, 1, ... (``counting[:n]``)
-    within each piece; zeros after the last piece. With ``low <= high``, first checks
-    that every token lies in ``[low, high]`` (what the output dtype holds) and returns
-    False, writing nothing, if one does not; else returns True."""
+    after the other (piece ``k`` from ``tokens[leaves[k]]``), segment ids 1, 2, ... and
+    positions 0, 1, ... (``counting[:n]``) within each piece; zeros after the last piece.
+    With ``low <= high``, first checks that every token lies in ``[low, high]`` (what the
+    output dtype holds) and returns False, writing nothing, if one does not; else True."""
     if low <= high:
         for k in range(starts.shape[0]):
+            source = tokens[leaves[k]]
             s = starts[k]
             for t in range(s, s + lengths[k]):
-                if tokens[t] < low or tokens[t] > high:
+                if source[t] < low or source[t] > high:
                     return False
     begin = 0
     for r in range(values.shape[0]):
@@ -162,7 +172,7 @@ def _gather(tokens, starts, lengths, row_end, counting, low, high, values, segme
         for k in range(begin, row_end[r]):
             s = starts[k]
             n = lengths[k]
-            row[at : at + n] = tokens[s : s + n]
+            row[at : at + n] = tokens[leaves[k]][s : s + n]
             segments[at : at + n] = segment
             row_positions[at : at + n] = counting[:n]
             at += n

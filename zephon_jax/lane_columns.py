@@ -1,11 +1,13 @@
-"""Lanes that read a token array column-wise and pack with compiled kernels.
+"""Lanes that read token arrays column-wise and pack with compiled kernels.
 
-A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``
-(one source, no transforms, ``pack`` last, ``c <= S``, integer tokens or tokens that
-the output dtype always holds) needs no element per document: a lane resolves its next
-positions to document ids, and one kernel call per block cuts the documents
-into pieces and places them into the lane's :class:`~zephon_jax.operators.token_bins.TokenBins`,
-returning the finished rows as :class:`~zephon_jax.operators.token_bins.TokenRow`.
+A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``,
+or one over a mixture by records of such sources (``Dataset.mix``, fixed
+weights), with no maps or filters, ``pack`` last, ``c <= S``, and integer tokens
+(or tokens the output dtype always holds), needs no element per document: a
+lane resolves its next positions to document ids, and one kernel call per block
+cuts the documents into pieces and places them into the lane's
+:class:`~zephon_jax.operators.token_bins.TokenBins`, returning the finished rows
+as :class:`~zephon_jax.operators.token_bins.TokenRow`.
 
 It is the general path's exact twin: the blocks have the same sizes, the
 pieces go into the same rows in the same order, rows and held records have the
@@ -23,7 +25,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.errors import ZephonError
 from zephon_jax.kernels import DONE, OUT_FULL, kernels
 from zephon_jax.lineage import PIECE_MASK, Element
 from zephon_jax.operators.pack import BinPackOperator
@@ -37,59 +38,69 @@ DOCUMENTS_AHEAD = 256
 
 @dataclasses.dataclass(frozen=True)
 class ColumnarPlan:
-    """What a column-wise lane needs: the pack stage, the cut and the token array."""
+    """What a column-wise lane needs: the pack stage, the cut and the token arrays.
+
+    ``tokens[l]`` is leaf ``l``'s token array; ``offsets`` all leaves' offsets one after
+    the other, leaf ``l``'s from ``bases[l]``.
+    """
 
     stage: int  # the index of pack among the operators
     pack: BinPackOperator
     cut: int  # split's max_len, 0 without split
     field: str
-    tokens: np.ndarray
+    tokens: tuple[np.ndarray, ...]
     offsets: np.ndarray
-
-    # What each placement needs, at once: the kernel, offsets, cut, row length, segments
-    # bound (-1: none), best fit, the pack's spec, the field and the tokens.
+    bases: np.ndarray
+    # What each placement needs, at once: the kernel, offsets, bases, cut, row length,
+    # segments bound (-1: none), best fit, the pack's spec, the field and the tokens.
     arguments: tuple
 
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
     """The column-wise plan for a lane plan, or None where the general path runs."""
-    if plan.mixture is not None or len(plan.leaves) != 1 or plan.leaf_transforms[0]:
+    if plan.mixture is not None or any(plan.leaf_transforms):
         return None
-    source = plan.leaves[0].source
+    sources = [leaf.source for leaf in plan.leaves]
     # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
     # source means its module is loaded.
     token_array = sys.modules.get("zephon_jax.sources.token_array")
-    if token_array is None or type(source) is not token_array.TokenArray:
+    if token_array is None or any(type(s) is not token_array.TokenArray for s in sources):
         return None
+    field, dtype = sources[0].field, sources[0].tokens.dtype
+    if any(s.field != field or s.tokens.dtype != dtype for s in sources):
+        return None
+    if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
+        return None  # the kernels take the token arrays as one tuple of one array type
     ops = plan.operators
     if len(ops) == 1 and type(ops[0]) is BinPackOperator and not plan.post_transforms[0]:
-        stage, cut, key = 0, 0, source.field
+        stage, cut, key = 0, 0, field
     elif len(ops) == 2 and plan.fused[0] is not None and not plan.post_transforms[1]:
         stage, cut, key = 1, plan.fused[0][1], plan.fused[0][2]
     else:
         return None
     pack = ops[stage]
     spec = pack.spec
-    field = source.field
     if key != field or set(spec.dtypes) - {field}:
         return None
     out = spec.dtype(field)
-    dtype = source.tokens.dtype
     if not np.can_cast(dtype, out, "safe") and not (
         dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
     ):
         return None  # the general path checks every value (gather checks integers)
-    longest = source.longest
+    longest = max(s.longest for s in sources)
     if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
         return None  # the general path raises or writes long lineages
     compiled = kernels()
     if compiled is None:
         return None
+    tokens = tuple(s.tokens for s in sources)
+    offsets = np.concatenate([s.offsets for s in sources])
+    bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
     arguments = (
-        compiled.place, source.offsets, cut, spec.seq_len, spec.max_segments or -1,
-        pack.method == "best_fit", spec, field, source.tokens,
+        compiled.place, offsets, bases, cut, spec.seq_len, spec.max_segments or -1,
+        pack.method == "best_fit", spec, field, tokens,
     )  # fmt: skip
-    return ColumnarPlan(stage, pack, cut, field, source.tokens, source.offsets, arguments)
+    return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
 
 
 def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list | None:
@@ -114,9 +125,10 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
             if block is None:
                 lane._finish_input()
                 continue
-            first, records = block
+            positions, leaves, records = block
             lane._without_row += len(records)  # reset when a row reaches ``pending``
-            _place(lane, columns, first, records)
+            if len(records):
+                _place(lane, columns, positions, leaves, records)
             if lane._without_row > limit:
                 lane._raise_no_progress()
     return [pending.popleft() for _ in range(n)]
@@ -158,15 +170,15 @@ def read_documents_ahead(
 
 
 def _keep_ahead(lane: Any, positions: np.ndarray, res: Any) -> None:
-    if not res.valid.all():  # one source: every position before the end is valid
-        raise ZephonError(f"lane {lane.lane}: positions before the end of input are invalid")
     lane._remember(positions, res)
-    lane._documents_ahead = (int(positions[0]), res.record)
+    skipped = not res.valid.all()  # a source past its epochs while another is not
+    lane._documents_ahead = (int(positions[0]), positions, res.leaf, res.record, skipped, res.valid)
 
 
-def _next_documents(lane: Any, size: int) -> tuple[int, np.ndarray] | None:
-    """The first position and the document ids of the lane's next ``size`` positions
-    (fewer at the end of the input; None past it); the lane moves past them."""
+def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The positions, leaves and document ids of the lane's next ``size`` positions
+    (fewer at the end of the input, those skipped left out; None past the end); the lane
+    moves past them."""
     start = lane.next_position
     end = lane.end_position
     if end is not None:
@@ -182,36 +194,51 @@ def _next_documents(lane: Any, size: int) -> tuple[int, np.ndarray] | None:
         positions = np.arange(start, stop, dtype=np.int64)
         _keep_ahead(lane, positions, resolve(plan.sampler, lane.lane, positions, plan.num_lanes))
         ahead = lane._documents_ahead
+    _, positions, leaves, records, skipped, valid = ahead
     at = start - ahead[0]
     lane.next_position = start + size
-    return start, ahead[1][at : at + size]
+    window = slice(at, at + size)
+    if skipped:
+        kept = valid[window]
+        return positions[window][kept], leaves[window][kept], records[window][kept]
+    return positions[window], leaves[window], records[window]
 
 
-def _place(lane: Any, columns: ColumnarPlan, first: int, records: np.ndarray) -> None:
-    """Places the documents ``records`` (at positions ``first, first + 1, ...``) into the
+def _place(
+    lane: Any, columns: ColumnarPlan, positions: np.ndarray, leaves: np.ndarray, records: np.ndarray
+) -> None:
+    """Places the documents ``records`` of ``leaves`` (at lane ``positions``) into the
     lane's open rows; finished rows go to ``pending``."""
     stage = columns.stage
     carry = lane.carries[stage]
     if type(carry) is not TokenBins:
         carry = lane.carries[stage] = TokenBins.adopt(
-            carry, columns.pack.num_bins, columns, lane.lane, lambda p: _records_of(lane, p)
+            carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
         )
     carry._form = None  # the rows change (as carry.changed())
-    place, offsets, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
+    place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
+    several = len(tokens) > 1
     rows: list[Element] = []
     k = j = 0
     while True:
         out, row_end = carry.out, carry.row_end
         k, j, n_out, n_rows, stop = place(
-            carry.fill, carry.count, carry.pieces, offsets, records, first, k, j, cut, seq_len,
-            max_segments, best, out, row_end,
+            carry.fill, carry.count, carry.pieces, offsets, bases, leaves, records, positions,
+            k, j, cut, seq_len, max_segments, best, out, row_end,
         )  # fmt: skip
         if n_rows:
-            codes, starts, lengths = out[:, :n_out].tolist()
+            codes, starts, lengths, sources = out[:, :n_out].tolist()
             begin = 0
             for end in row_end[:n_rows].tolist():
                 held = tuple(lengths[begin:end])
-                row = TokenRow(spec, field, tokens, starts[begin:end], held)
+                row = TokenRow(
+                    spec,
+                    field,
+                    tokens,
+                    starts[begin:end],
+                    held,
+                    sources[begin:end] if several else None,
+                )
                 rows.append(Element(row, (tuple(codes[begin:end]), held)))
                 begin = end
         if stop == DONE:
@@ -222,11 +249,14 @@ def _place(lane: Any, columns: ColumnarPlan, first: int, records: np.ndarray) ->
             carry.grow_rows()
     if rows:
         lane._row_reached(rows)
-    elif len(records):  # the stage the records reached, for the no-progress error
-        placed = bool((offsets[records + 1] > offsets[records]).any())
+    else:  # the stage the records reached, for the no-progress error
+        index = bases[leaves] + records
+        placed = bool((offsets[index + 1] > offsets[index]).any())
         lane._deepest = max(lane._deepest, stage if placed else 0)
 
 
-def _records_of(lane: Any, positions: np.ndarray) -> np.ndarray:
+def _documents_of(lane: Any, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The leaves and document ids of lane ``positions``."""
     plan = lane.plan
-    return resolve(plan.sampler, lane.lane, positions, plan.num_lanes).record
+    res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
+    return res.leaf, res.record

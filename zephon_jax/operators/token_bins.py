@@ -30,21 +30,22 @@ class TokenBins:
     """The open rows of one lane as arrays (see the module docstring).
 
     ``fill[i]``, ``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, m]``:
-    piece ``m`` of row ``i`` as (lineage code, token start, length). A lineage code
+    piece ``m`` of row ``i`` as (lineage code, token start, length, leaf: which of the
+    token arrays ``tokens`` it is in). A lineage code
     is :func:`~zephon_jax.lineage.piece_code` for a piece cut by ``split`` (``cut``
     > 0), else the document's position. ``out`` and ``row_end`` receive emitted rows.
     """
 
     __slots__ = ("tokens", "field", "cut", "fill", "count", "pieces", "out", "row_end", "_form")
 
-    def __init__(self, num_bins: int, tokens: np.ndarray, field: str, cut: int):
+    def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
         self.tokens = tokens
         self.field = field
         self.cut = cut
         self.fill = np.zeros(num_bins, np.int64)
         self.count = np.zeros(num_bins, np.int64)
-        self.pieces = np.zeros((3, num_bins, _FIRST_CAPACITY), np.int64)
-        self.out = np.empty((3, 4 * _FIRST_CAPACITY), np.int64)
+        self.pieces = np.zeros((4, num_bins, _FIRST_CAPACITY), np.int64)
+        self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
         self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
         self._form: tuple[HeldLineages, tuple] | None = None
 
@@ -54,13 +55,13 @@ class TokenBins:
 
     def grow_rows(self) -> None:
         """Doubles the pieces an open row can hold."""
-        pieces = np.zeros((3, self.pieces.shape[1], 2 * self.pieces.shape[2]), np.int64)
+        pieces = np.zeros((4, self.pieces.shape[1], 2 * self.pieces.shape[2]), np.int64)
         pieces[:, :, : self.pieces.shape[2]] = self.pieces
         self.pieces = pieces
 
     def grow_out(self) -> None:
         """Doubles the emitted pieces and rows one kernel call can hold."""
-        self.out = np.empty((3, 2 * self.out.shape[1]), np.int64)
+        self.out = np.empty((4, 2 * self.out.shape[1]), np.int64)
         self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
 
     def lineage_form(self) -> tuple[HeldLineages, tuple]:
@@ -86,8 +87,8 @@ class TokenBins:
         for i, c in enumerate(self.count.tolist()):
             if not c:
                 continue
-            codes, starts, lengths = self.pieces[:, i, :c].tolist()
-            bins.pieces[i] = [tokens[s : s + n] for s, n in zip(starts, lengths)]
+            codes, starts, lengths, leaves = self.pieces[:, i, :c].tolist()
+            bins.pieces[i] = [tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves)]
             bins.lineages[i] = tuple(codes)
             bins.fill[i] = sum(lengths)
             if bins.fill_array is not None:
@@ -101,7 +102,7 @@ class TokenBins:
         """``bins`` (a :class:`~zephon_jax.operators.pack.Bins` restored from a state, or
         None) as TokenBins; ``plan``: the lane's
         :class:`~zephon_jax.lane_columns.ColumnarPlan`, ``records_of(positions)``: the
-        documents at lane positions."""
+        leaves and documents at lane positions."""
         carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
         if bins is None:
             return carry
@@ -122,57 +123,64 @@ class TokenBins:
         if not held:
             return carry
         rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
-        records = records_of(positions)
-        starts = plan.offsets[records] + js * plan.cut
+        leaves, records = records_of(positions)
+        starts = plan.offsets[plan.bases[leaves] + records] + js * plan.cut
         codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
         while int(np.bincount(rows).max()) > carry.pieces.shape[2]:
             carry.grow_rows()
         at = 0
         for i in range(num_bins):
             c = int(np.count_nonzero(rows == i))
-            carry.pieces[:, i, :c] = (codes[at : at + c], starts[at : at + c], lengths[at : at + c])
+            part = slice(at, at + c)
+            carry.pieces[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
             carry.count[i] = c
-            carry.fill[i] = int(lengths[at : at + c].sum())
+            carry.fill[i] = int(lengths[part].sum())
             at += c
         return carry
 
 
 class TokenRow(PackedRow):
-    """A packed row of pieces of a token array: their starts and lengths in it."""
+    """A packed row of pieces of token arrays: their starts and lengths, and which of
+    ``tokens`` each is in (``leaves``; None: all in the first)."""
 
-    __slots__ = ("tokens", "starts")
+    __slots__ = ("tokens", "starts", "leaves")
 
     def __init__(
         self,
         spec: PackSpec,
         field: str,
-        tokens: np.ndarray,
+        tokens: tuple[np.ndarray, ...],
         starts: Sequence[int],
         lengths: tuple[int, ...],
+        leaves: Sequence[int] | None = None,
     ):
         self.spec = spec
         self.fields = (field,)
         self.tokens = tokens
         self.starts = starts
         self.lengths = lengths
+        self.leaves = leaves
         self._data = None
 
     @property
     def pieces(self) -> tuple:  # type: ignore[override]
-        """The pieces as views of the token array (for the general assembly)."""
-        tokens = self.tokens
-        return tuple(tokens[s : s + n] for s, n in zip(self.starts, self.lengths or ()))
+        """The pieces as views of the token arrays (for the general assembly)."""
+        tokens, starts, lengths = self.tokens, self.starts, self.lengths or ()
+        if self.leaves is None:
+            return tuple(tokens[0][s : s + n] for s, n in zip(starts, lengths))
+        return tuple(tokens[l][s : s + n] for s, n, l in zip(starts, lengths, self.leaves))
 
     @staticmethod
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
         """``rows`` as a batch by one compiled gather, or None if they are not all
-        TokenRows of one token array and pack (the general assembly then runs)."""
+        TokenRows of one set of token arrays and one pack (the general assembly then runs)."""
         compiled = kernels()
         first = rows[0]
         tokens, spec, fields = first.tokens, first.spec, first.fields
         starts: list[int] = []
         lengths: list[int] = []
         ends: list[int] = []
+        leaves: list[int] | None = None if first.leaves is None else []
         for row in rows:
             if (
                 type(row) is not TokenRow
@@ -184,6 +192,8 @@ class TokenRow(PackedRow):
             starts += row.starts
             lengths += row.lengths or ()
             ends.append(len(lengths))
+            if leaves is not None:
+                leaves += row.leaves or ()
         if compiled is None:
             return None
         (field,) = fields
@@ -193,7 +203,7 @@ class TokenRow(PackedRow):
             return np.empty(shape, dtype) if pool is None else pool.empty(name, shape, dtype)
 
         dtype = spec.dtype(field)
-        low, high = value_bounds(tokens.dtype, dtype)
+        low, high = value_bounds(tokens[0].dtype, dtype)
         values = empty(field, dtype)
         segment_ids = empty(field + SEGMENT_IDS, SEGMENT_DTYPE)
         positions = empty(field + POSITIONS, SEGMENT_DTYPE)
@@ -201,6 +211,7 @@ class TokenRow(PackedRow):
             tokens,
             np.array(starts, np.int64),
             np.array(lengths, np.int64),
+            np.zeros(len(lengths), np.int64) if leaves is None else np.array(leaves, np.int64),
             np.array(ends, np.int64),
             spec.counting(),
             low,

@@ -5,8 +5,9 @@ A four-round Feistel network over ``Z_a x Z_b`` with ``a = ceil(sqrt(n))`` and
 modulo its size, which is a bijection of ``[0, a*b)``. Since ``a*b - n < a + b``,
 the rare images outside ``[0, n)`` are walked back in by applying the network
 again (cycle walking). Everything is vectorized over numpy arrays with integer
-arithmetic only, so results are bit-identical on every machine; with the
-``fast`` extra the same network runs compiled (:mod:`zephon_jax.kernels`).
+arithmetic only, so results are bit-identical on every machine; once a pipeline
+has loaded the compiled kernels (``fast`` extra), the same network runs compiled
+(:mod:`zephon_jax.kernels`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 
 import numpy as np
 
-from zephon_jax.kernels import kernels
+from zephon_jax.kernels import loaded_kernels
 
 _U64 = np.uint64
 _ROUNDS = 4
@@ -82,7 +83,7 @@ def permute(indices: np.ndarray | int, n: int, key: int) -> np.ndarray:
     a = math.isqrt(n - 1) + 1
     b = -(-n // a)
     a_, b_, limit = _U64(a), _U64(b), _U64(n)
-    compiled = kernels()
+    compiled = loaded_kernels()
     if compiled is not None:  # the same network, element by element
         out = np.empty(x.shape, np.int64)
         compiled.permute(x.reshape(-1), limit, a_, b_, _round_key_array(int(key)), out.reshape(-1))

@@ -15,6 +15,7 @@ import collections
 import hashlib
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from zephon_jax.dataset import BatchedDataset, Dataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.operators.base import step_block_of
 from zephon_jax.sampler.mixture import MixtureNode
+from zephon_jax.sampler.resolve import leaves
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode
 from zephon_jax.sampler.source import describe_source
 
@@ -118,8 +120,27 @@ def describe_plan(batched: BatchedDataset) -> str:
             f"batch{since}: {size} rows per global batch, {batched.num_lanes} lanes, "
             f"{size // batched.num_lanes} row(s) per lane"
         )
+    out.append(f"lanes run: {lane_path(batched)}")
     out.append(f"fingerprint: {short_fingerprint(batched)}")
     return "\n".join(out)
+
+
+def lane_path(batched: BatchedDataset) -> str:
+    """How the lanes run: column-wise with compiled kernels, or the general path."""
+    from zephon_jax.kernels import kernels
+    from zephon_jax.lane import LanePlan
+
+    if LanePlan(batched).columnar is not None:
+        return "column-wise over token arrays, packed by compiled kernels"
+    token_array = sys.modules.get("zephon_jax.sources.token_array")
+    sources = [leaf.source for leaf in leaves(batched.sampler)]
+    if token_array and all(isinstance(s, token_array.TokenArray) for s in sources):
+        if kernels() is None:
+            return (
+                "the general path (TokenArray sources pack with compiled kernels with numba "
+                'installed, pip install "zephon_jax[fast]", unless ZEPHON_JAX_COMPILED=0)'
+            )
+    return "the general path"
 
 
 # ----- timing ------------------------------------------------------------------------
@@ -240,7 +261,10 @@ def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     stages = [(name, clock.seconds[name]) for name in clock.order]
     stages.append(("batch assembly", stack))
     other = max(total - sum(s for _, s in stages), 0.0)
-    stages.append(("sampler and lane bookkeeping", other))
+    if producer.plan.columnar is not None:  # the operators' work runs in the kernels
+        stages.append(("sampler, cutting and placing (column-wise, compiled)", other))
+    else:
+        stages.append(("sampler and lane bookkeeping", other))
     return {
         "steps": done,
         "rows": rows_done,
