@@ -227,14 +227,14 @@ def test_lanes_that_would_read_on_their_own_read_ahead_together_with_the_same_ba
     """Before a step, the lanes about to read read ahead together (one read per source for
     all of them); read-ahead only caches records, so the batches are those of lanes
     reading one by one, byte for byte."""
-    import zephon_jax.rows as rows
+    import zephon_jax.lane as lane_module
 
     docs = _CountingDocs(make_docs(2000, 300, seed=5))
     ds = zj.Dataset.source(docs).shuffle(0).split(128).pack(128, num_bins=4).batch(32, 32)
     _CountingDocs.calls = 0
     together = take(iter(zj.Loader(ds)), 30)
     joint_calls = _CountingDocs.calls
-    monkeypatch.setattr(rows, "read_ahead_for_take", lambda lanes, n: None)
+    monkeypatch.setattr(lane_module, "read_ahead_for_take", lambda lanes, n: None)
     _CountingDocs.calls = 0
     alone = take(iter(zj.Loader(ds)), 30)
     assert_batches_equal(together, alone)

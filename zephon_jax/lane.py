@@ -34,7 +34,12 @@ import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
-from zephon_jax.lane_columns import columnar_plan, read_documents_ahead, take_columns
+from zephon_jax.lane_columns import (
+    columnar_plan,
+    read_documents_ahead,
+    take_column_lanes,
+    take_columns,
+)
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -64,7 +69,7 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
-_BLOCK_PER_ROW = 8  # records per row still needed in the first block of a take
+_BLOCK_PER_ROW = 32  # records per row still needed in the first block of a take
 _MAX_BLOCK = 128
 _LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
@@ -139,7 +144,7 @@ class Lane:
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
-        self._ahead_size = 8
+        self._ahead_size = _BLOCK_PER_ROW  # the first block of a one-row take
         self._documents_ahead: tuple[int, np.ndarray] | None = None  # column-wise lanes
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
@@ -563,7 +568,7 @@ class Lane:
         self.carries = carries
         self.pending = pending
         self._ahead.clear()
-        self._ahead_size = 8
+        self._ahead_size = _BLOCK_PER_ROW  # the first block of a one-row take
         self._documents_ahead = None
         self._without_row = 0
         self._deepest = -1
@@ -598,6 +603,16 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
             lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])
             at += len(part)
     return outs
+
+
+def take_lanes(lanes: dict[int, Lane], n: int) -> dict[int, list[Element] | None]:
+    """``{l: lane.take(n)}`` for ``lanes`` (of one plan), the lanes about to read reading
+    ahead together first (see :func:`read_ahead_for_take`)."""
+    first = next(iter(lanes.values()), None)
+    if first is not None and first.plan.columnar is not None:
+        return take_column_lanes(lanes, n, _BLOCK_PER_ROW, _MAX_BLOCK)
+    read_ahead_for_take(list(lanes.values()), n)
+    return {l: lane.take(n) for l, lane in lanes.items()}
 
 
 def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:

@@ -134,6 +134,25 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
     return [pending.popleft() for _ in range(n)]
 
 
+def take_column_lanes(lanes: dict[int, Any], n: int, block_per_row: int, max_block: int) -> dict:
+    """``{l: lane.take(n)}`` for column-wise ``lanes``: the document ids of the lanes
+    that must place a block are resolved together first (see
+    :func:`read_documents_ahead`), and lanes holding ``n`` finished rows hand them over
+    at once."""
+    needy = [lane for lane in lanes.values() if len(lane.pending) < n]
+    if len(needy) > 1:
+        read_documents_ahead(needy, n, block_per_row, max_block)
+    taken = {}
+    for l, lane in lanes.items():
+        pending = lane.pending
+        if len(pending) >= n:
+            taken[l] = [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
+            lane.step += 1
+        else:
+            taken[l] = lane.take(n)
+    return taken
+
+
 def read_documents_ahead(
     lanes: Sequence[Any], rows: int, block_per_row: int, max_block: int
 ) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.gc_pause import paused_gc
-from zephon_jax.lane import Lane, LanePlan, read_ahead_for_take
+from zephon_jax.lane import Lane, LanePlan, take_lanes
 from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
 from zephon_jax.lineage import Element
 from zephon_jax.operators.packing import OutputPool, PackedRow, assemble_rows, plain
@@ -218,8 +218,7 @@ class RowProducer:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
             with paused_gc():
-                read_ahead_for_take(list(self.lanes.values()), per_lane)
-                taken = {l: lane.take(per_lane) for l, lane in self.lanes.items()}
+                taken = take_lanes(self.lanes, per_lane)
         except BaseException as e:
             self._failure = e
             raise

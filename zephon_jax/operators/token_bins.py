@@ -181,13 +181,8 @@ class TokenRow(PackedRow):
         lengths: list[int] = []
         ends: list[int] = []
         leaves: list[int] | None = None if first.leaves is None else []
-        for row in rows:
-            if (
-                type(row) is not TokenRow
-                or row.tokens is not tokens
-                or row.fields != fields
-                or (row.spec is not spec and not row.spec.same_rows(spec))
-            ):
+        for row in rows:  # rows of one plan share its spec and token arrays
+            if type(row) is not TokenRow or row.spec is not spec or row.tokens is not tokens:
                 return None
             starts += row.starts
             lengths += row.lengths or ()
