@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import math
 import os
 
@@ -117,8 +119,10 @@ class _ShortGetitems(list):
 
 def test_getitems_returning_too_few_records():
     ds = zj.Dataset.source(_ShortGetitems(range(10))).batch(2)
-    with pytest.raises(zj.RecordError, match="returned 7 records for 8 indices"):
+    with pytest.raises(zj.RecordError, match=r"returned \d+ records for \d+ indices") as raised:
         first_batches(ds)
+    got, asked = re.search(r"returned (\d+) records for (\d+)", str(raised.value)).groups()
+    assert int(got) == int(asked) - 1  # _ShortGetitems drops one
 
 
 def test_empty_source():
