@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import math
 import os
+import re
 
 import numpy as np
 import pytest
