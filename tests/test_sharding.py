@@ -99,7 +99,7 @@ def test_rejected_state_leaves_iterator_unchanged(dataset, reference, sharding):
 
 
 def test_end_of_data_and_errors_reach_the_caller(sharding):
-    docs = [{"tokens": np.arange(i % 15 + 1, dtype=np.int32) + 100 * i} for i in range(60)]
+    docs = [{"tokens": np.arange(i % 15 + 1, dtype=np.int32) + 100 * i} for i in range(600)]
     finite = zj.Dataset.source(docs).repeat(1).pack(16, num_bins=2).batch(4)
     expected = list(zj.Loader(finite))
     got = list(zj.Loader(finite, sharding=sharding, device_prefetch=2))
@@ -108,7 +108,7 @@ def test_end_of_data_and_errors_reach_the_caller(sharding):
         assert_batch_equal(g, e)
 
     def fail_late(record):
-        if record["tokens"][0] == 100 * 45:
+        if record["tokens"][0] == 100 * 450:  # read well after the first blocks
             raise ValueError("bad record")
         return record
 
