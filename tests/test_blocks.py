@@ -10,7 +10,7 @@ import pytest
 from pipelines import assert_batches_equal, make_docs, resume_across, take
 
 import zephon_jax as zj
-import zephon_jax.lane as lane_module
+import zephon_jax.lane_blocks as lane_blocks
 from zephon_jax.errors import PipelineError, RecordError
 from zephon_jax.lineage import Element
 from zephon_jax.operators import BinPackOperator
@@ -209,8 +209,8 @@ def one_at_a_time(monkeypatch):
     """Lanes push one record at a time (the per-element path)."""
 
     def apply():
-        monkeypatch.setattr(lane_module, "_BLOCK_PER_ROW", 1)
-        monkeypatch.setattr(lane_module, "_MAX_BLOCK", 1)
+        for name in ("BLOCK_PER_ROW", "MIN_BLOCK", "MAX_BLOCK"):
+            monkeypatch.setattr(lane_blocks, name, 1)
 
     return apply
 
@@ -299,3 +299,21 @@ def test_user_operator_errors_name_the_record_as_one_at_a_time(one_at_a_time):
     with_blocks = message()
     one_at_a_time()
     assert with_blocks == message()
+
+
+def test_block_sizes():
+    """8 records per row still needed, at least 32 and at most 128, doubling while blocks
+    make no row."""
+    assert [lane_blocks.first_block(m) for m in (1, 4, 5, 15, 16, 300)] == [
+        32,
+        32,
+        40,
+        120,
+        128,
+        128,
+    ]
+    assert lane_blocks.next_block(0, 1, grew=False) == 32  # the first block
+    assert lane_blocks.next_block(32, 1, grew=False) == 64
+    assert lane_blocks.next_block(64, 1, grew=False) == 128
+    assert lane_blocks.next_block(128, 1, grew=False) == 128
+    assert lane_blocks.next_block(128, 5, grew=True) == 40

@@ -34,6 +34,7 @@ import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
+from zephon_jax.lane_blocks import MIN_BLOCK, first_block, next_block
 from zephon_jax.lane_columns import (
     columnar_plan,
     read_documents_ahead,
@@ -69,8 +70,6 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
-_BLOCK_PER_ROW = 32  # records per row still needed in the first block of a take
-_MAX_BLOCK = 128
 _LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
@@ -144,7 +143,7 @@ class Lane:
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
-        self._ahead_size = _BLOCK_PER_ROW  # the first block of a one-row take
+        self._ahead_size = MIN_BLOCK  # the first block of a one-row take
         self._documents_ahead: tuple[int, np.ndarray] | None = None  # column-wise lanes
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
@@ -418,7 +417,7 @@ class Lane:
 
     def _take(self, n: int) -> list[Element] | None:
         if self.plan.columnar is not None:
-            return take_columns(self, n, _BLOCK_PER_ROW, _MAX_BLOCK)
+            return take_columns(self, n)
         pending = self.pending
         if len(pending) >= n:  # made ahead by the last block
             return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
@@ -427,10 +426,8 @@ class Lane:
         drawer = self.drawer
         if drawer is not None:
             stage = drawer.node.stages.index_at(self.step)
-        # Records go through the operators in blocks: _BLOCK_PER_ROW per row still
-        # needed, doubling while they yield no row (up to _MAX_BLOCK), so a lane makes
-        # about one block of rows ahead at most. The sizes depend only on the state, so
-        # a restored lane cuts the same blocks.
+        # Records go through the operators in blocks (see zephon_jax.lane_blocks): the
+        # sizes depend only on the state, so a restored lane cuts the same blocks.
         size = 0
         had = -1
         while len(pending) < n:
@@ -448,8 +445,7 @@ class Lane:
                 if item is not DROP:
                     push(0, (item,))
             else:
-                need = _BLOCK_PER_ROW * (n - len(pending))
-                size = min(_MAX_BLOCK, max(2 * size, need) if len(pending) == had else need)
+                size = next_block(size, n - len(pending), len(pending) != had)
                 had = len(pending)
                 # No block reads past the record that makes the no-progress error.
                 got = self._next_block(min(size, limit + 1 - self._without_row))
@@ -568,7 +564,7 @@ class Lane:
         self.carries = carries
         self.pending = pending
         self._ahead.clear()
-        self._ahead_size = _BLOCK_PER_ROW  # the first block of a one-row take
+        self._ahead_size = MIN_BLOCK  # the first block of a one-row take
         self._documents_ahead = None
         self._without_row = 0
         self._deepest = -1
@@ -610,7 +606,7 @@ def take_lanes(lanes: dict[int, Lane], n: int) -> dict[int, list[Element] | None
     ahead together first (see :func:`read_ahead_for_take`)."""
     first = next(iter(lanes.values()), None)
     if first is not None and first.plan.columnar is not None:
-        return take_column_lanes(lanes, n, _BLOCK_PER_ROW, _MAX_BLOCK)
+        return take_column_lanes(lanes, n)
     read_ahead_for_take(list(lanes.values()), n)
     return {l: lane.take(n) for l, lane in lanes.items()}
 
@@ -624,7 +620,7 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
     if not lanes:
         return
     if lanes[0].plan.columnar is not None:  # document ids only
-        read_documents_ahead(lanes, rows, _BLOCK_PER_ROW, _MAX_BLOCK)
+        read_documents_ahead(lanes, rows)
         return
     short = [
         lane
@@ -632,7 +628,7 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
         if lane.drawer is None
         and not lane.input_done
         and len(lane.pending) < rows
-        and len(lane._ahead) < _BLOCK_PER_ROW * (rows - len(lane.pending))
+        and len(lane._ahead) < first_block(rows - len(lane.pending))
     ]
     if len(short) > 1:
         sizes = [lane._ahead_size for lane in short]

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.kernels import DONE, OUT_FULL, kernels
+from zephon_jax.lane_blocks import first_block, next_block
 from zephon_jax.lineage import PIECE_MASK, Element
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
@@ -103,7 +104,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
 
 
-def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list | None:
+def take_columns(lane: Any, n: int) -> list | None:
     """:meth:`Lane._take <zephon_jax.lane.Lane._take>` for a column-wise lane: the same
     blocks, read as document ids and placed by the kernel."""
     pending = lane.pending
@@ -118,8 +119,7 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
         while len(pending) < n:
             if lane.input_done:
                 return None
-            need = block_per_row * (n - len(pending))
-            size = min(max_block, max(2 * size, need) if len(pending) == had else need)
+            size = next_block(size, n - len(pending), len(pending) != had)
             had = len(pending)
             block = _next_documents(lane, min(size, limit + 1 - lane._without_row))
             if block is None:
@@ -134,14 +134,14 @@ def take_columns(lane: Any, n: int, block_per_row: int, max_block: int) -> list 
     return [pending.popleft() for _ in range(n)]
 
 
-def take_column_lanes(lanes: dict[int, Any], n: int, block_per_row: int, max_block: int) -> dict:
+def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     """``{l: lane.take(n)}`` for column-wise ``lanes``: the document ids of the lanes
     that must place a block are resolved together first (see
     :func:`read_documents_ahead`), and lanes holding ``n`` finished rows hand them over
     at once."""
     needy = [lane for lane in lanes.values() if len(lane.pending) < n]
     if len(needy) > 1:
-        read_documents_ahead(needy, n, block_per_row, max_block)
+        read_documents_ahead(needy, n)
     taken = {}
     for l, lane in lanes.items():
         pending = lane.pending
@@ -153,9 +153,7 @@ def take_column_lanes(lanes: dict[int, Any], n: int, block_per_row: int, max_blo
     return taken
 
 
-def read_documents_ahead(
-    lanes: Sequence[Any], rows: int, block_per_row: int, max_block: int
-) -> None:
+def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
     """Resolves, all together (one vectorized pass), the next ``DOCUMENTS_AHEAD``
     document ids of each of ``lanes`` whose next ``take(rows)`` would start by resolving
     on its own (it lacks rows and the ids of its first block). Ids read ahead only
@@ -166,12 +164,11 @@ def read_documents_ahead(
         if lane.input_done or missing <= 0:
             continue
         start = lane.next_position
-        first_block = min(max_block, block_per_row * missing)
         ahead = lane._documents_ahead
         if (
             ahead is not None
             and ahead[0] <= start
-            and start + first_block <= ahead[0] + len(ahead[1])
+            and start + first_block(missing) <= ahead[0] + len(ahead[1])
         ):
             continue
         end = lane.end_position
