@@ -34,6 +34,9 @@ from pipelines import assert_batches_equal, concat_parts
 
 import zephon_jax as zj
 from zephon_jax import codec
+from zephon_jax import kernels as kernels_module
+from zephon_jax.lane import LanePlan
+from zephon_jax.sources import TokenArray
 
 EXAMPLES = int(os.environ.get("ZEPHON_PROPERTY_EXAMPLES", "25"))
 # ZEPHON_PROPERTY_SEED=S draws the examples from seed S instead of the fixed sequence, so
@@ -193,8 +196,9 @@ def build(spec: dict) -> zj.BatchedDataset:
     """The batched dataset a spec (plain data drawn by hypothesis) describes."""
     extra = (spec.get("empty_docs", False), spec.get("scalar_fields", False))
     dtypes = spec.get("token_dtypes") or ["int32"] * len(spec["sources"])
+    wrap = TokenArray.from_documents if spec.get("token_arrays") else (lambda docs: docs)
     parts = [
-        zj.Dataset.source(make_source(i, *src, *extra, dtype=dtype))
+        zj.Dataset.source(wrap(make_source(i, *src, *extra, dtype=dtype)))
         for i, (src, dtype) in enumerate(zip(spec["sources"], dtypes))
     ]
     weights = spec["weights"]
@@ -357,6 +361,28 @@ def specs(draw) -> dict:
         # At each cut, states altered in these ways are offered first and must be refused.
         "tampers": [draw(tampers()) for _ in cuts],
     }
+
+
+@st.composite
+def token_array_specs(draw) -> dict:
+    """A spec that lanes run column-wise with the compiled kernels: token arrays (one
+    dtype) mixed by records, shuffled, repeated, split and packed by first or best fit,
+    nothing else; every topology, worker count, resume and tampering as above."""
+    spec = draw(specs())
+    method = draw(st.sampled_from(["best_fit", "first_fit"]))
+    seq_len = spec["pack"][1]
+    spec.update(
+        token_arrays=True,
+        map=False,
+        random_map=None,
+        filter=None,
+        pre_ops=[],
+        post_ops=[],
+        scalar_fields=False,
+        pack=(method, seq_len, draw(st.integers(1, 6))),
+        token_dtypes=[draw(st.sampled_from(TOKEN_DTYPES))] * len(spec["sources"]),
+    )
+    return spec
 
 
 @st.composite
@@ -546,6 +572,10 @@ def check(spec: dict) -> None:
     # are built so that none is drawn, and this guard rejects one that would wait.
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(REFERENCE_TIMEOUT_S)
+    compiled = kernels_module.kernels()
+    if spec.get("token_arrays"):  # the reference runs the general path, the phases not
+        assert compiled is not None and LanePlan(ds).columnar is not None
+        kernels_module._KERNELS = None
     try:
         expected = reference(ds, spec["steps"])
     except zj.RecordError as e:
@@ -557,6 +587,7 @@ def check(spec: dict) -> None:
     except _TooLong:
         reject()
     finally:
+        kernels_module._KERNELS = compiled
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert_batches_equal(run_phases(ds, spec), expected)
@@ -573,6 +604,20 @@ def check(spec: dict) -> None:
 @given(specs())
 @seed(int(SEED or 0))
 def test_any_pipeline_topology_and_resume_gives_the_same_batches(spec):
+    check(spec)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=SEED is None,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+@given(token_array_specs())
+@seed(int(SEED or 0) + 1)
+def test_token_arrays_on_any_topology_and_resume_give_the_general_path_s_batches(spec):
     check(spec)
 
 
