@@ -2,13 +2,13 @@
 
 A lane that reads a token array column-wise (see :mod:`zephon_jax.lane_columns`)
 keeps its open rows as :class:`TokenBins`: per row its fill and piece count, per
-piece its lineage code, token start and length, in int64 arrays that compiled
+piece its lineage code, token start, length and source, in int64 arrays that compiled
 kernels (:mod:`zephon_jax.kernels`) update. It saves exactly what
 :class:`~zephon_jax.operators.pack.Bins` saves (the same lineages, the same
 counts), so states do not tell the two apart; a restored lane's ``Bins`` is
 adopted as ``TokenBins`` on its first block, and ``flush`` or ``save`` read it
 back as ``Bins``. Rows are :class:`TokenRow`: starts and lengths in the token
-array, gathered into the batch by one kernel call per batch.
+arrays, gathered into the batch by one kernel call per batch.
 """
 
 from __future__ import annotations
