@@ -94,7 +94,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     compiled = kernels()
     if compiled is None:
         return None
-    tokens = tuple(s.tokens for s in sources)
+    tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
     offsets = np.concatenate([s.offsets for s in sources])
     bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
     arguments = (
