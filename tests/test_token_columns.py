@@ -343,3 +343,20 @@ def test_tokens_the_output_dtype_may_not_hold_are_checked(general, dtype):
             next(iter(zj.Loader(_pipeline(TokenArray(tokens, wide.offsets)))))
         errors.append(str(raised.value))
     assert errors[0] == errors[1]
+
+
+def test_a_mixture_of_mapped_and_in_memory_arrays(tmp_path, general):
+    path = tmp_path / "short.npy"
+    np.save(path, SHORT.tokens)
+    mapped = TokenArray(np.load(path, mmap_mode="r"), SHORT.offsets)
+    ds = (
+        zj.Dataset.mix([zj.Dataset.source(mapped), zj.Dataset.source(SHORT)], [1, 2])
+        .shuffle(seed=1)
+        .split(48)
+        .pack(48)
+        .batch(8)
+    )
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 15)
+    general()
+    _assert_same_runs(compiled, _run(ds, 15))
