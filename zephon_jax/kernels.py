@@ -49,8 +49,9 @@ def _compile() -> Any:
         return None
     jit = numba.njit(cache=True, nogil=True)
     mix = jit(_mix64)
+    place = jit(_place_with(jit(_emit)))
     return SimpleNamespace(
-        place=jit(_place), gather=jit(_gather), permute=jit(_permute_with(mix)), mix64=mix
+        place=place, gather=jit(_gather), permute=jit(_permute_with(mix)), mix64=mix
     )
 
 
@@ -58,96 +59,98 @@ def _compile() -> Any:
 DONE, OUT_FULL, ROW_FULL = 0, 1, 2
 
 
-def _place(fill, count, pieces, offsets, bases, leaves, records, positions, k0, j0, cut,
-           seq_len, max_segments, best, out, row_end):  # fmt: skip
-    """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
-    ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
+def _emit(i, fill, count, pieces, out, row_end, n_out, n_rows):
+    """Emits open row ``i``: its pieces to ``out`` from ``n_out`` on, its end to
+    ``row_end[n_rows]``; the row is empty again. Returns the new ``(n_out, n_rows)``."""
+    for m in range(count[i]):
+        for f in range(4):
+            out[f, n_out] = pieces[f, i, m]
+        n_out += 1
+    row_end[n_rows] = n_out
+    fill[i] = 0
+    count[i] = 0
+    return n_out, n_rows + 1
 
-    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
-    ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
-    its pieces as (lineage code, token start, length, leaf); ``cut`` > 0 cuts documents
-    into pieces of at most ``cut`` (code ``~((position << 24) | j)``), 0 takes them
-    whole (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end``
-    (each row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
-    stopped and why (``DONE``; ``OUT_FULL``, ``ROW_FULL``: grow that array and go on from
-    piece ``j`` of document ``k``; nothing of that piece is placed yet).
-    """
-    num_bins = fill.shape[0]
-    cap = pieces.shape[2]
-    out_cap = out.shape[1]
-    n_out = 0
-    n_rows = 0
-    j = j0
-    for k in range(k0, records.shape[0]):
-        leaf = leaves[k]
-        r = bases[leaf] + records[k]
-        s0 = offsets[r]
-        n = offsets[r + 1] - s0
-        if n == 0:
+
+def _place_with(emit):
+    def _place(fill, count, pieces, offsets, bases, leaves, records, positions, k0, j0, cut,
+               seq_len, max_segments, best, out, row_end):  # fmt: skip
+        """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
+        ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
+
+        Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
+        ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
+        its pieces as (lineage code, token start, length, leaf); ``cut`` > 0 cuts documents
+        into pieces of at most ``cut`` (code ``~((position << 24) | j)``), 0 takes them
+        whole (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end``
+        (each row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
+        stopped and why (``DONE``; ``OUT_FULL``, ``ROW_FULL``: grow that array and go on from
+        piece ``j`` of document ``k``; nothing of that piece is placed yet).
+        """
+        num_bins = fill.shape[0]
+        cap = pieces.shape[2]
+        out_cap = out.shape[1]
+        n_out = 0
+        n_rows = 0
+        j = j0
+        for k in range(k0, records.shape[0]):
+            leaf = leaves[k]
+            r = bases[leaf] + records[k]
+            s0 = offsets[r]
+            n = offsets[r + 1] - s0
+            if n == 0:
+                j = 0
+                continue
+            npieces = (n + cut - 1) // cut if cut > 0 else 1
+            position = positions[k]
+            while j < npieces:
+                if cut > 0:
+                    start = s0 + j * cut
+                    length = min(cut, n - j * cut)
+                    code = ~((position << 24) | j)
+                else:
+                    start = s0
+                    length = n
+                    code = position
+                room = seq_len - length
+                i = -1
+                if best:
+                    top = -1
+                    for b in range(num_bins):
+                        if fill[b] <= room and fill[b] > top:
+                            top = fill[b]
+                            i = b
+                else:
+                    for b in range(num_bins):
+                        if fill[b] <= room:
+                            i = b
+                            break
+                if i < 0:  # no row has room: the fullest (the lowest of equals) goes out
+                    top = -1
+                    for b in range(num_bins):
+                        if fill[b] > top:
+                            top = fill[b]
+                            i = b
+                if n_out + count[i] + 1 > out_cap or n_rows + 2 > row_end.shape[0]:
+                    return k, j, n_out, n_rows, 1
+                if fill[i] > room:
+                    n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+                if count[i] == cap:
+                    return k, j, n_out, n_rows, 2
+                m = count[i]
+                pieces[0, i, m] = code
+                pieces[1, i, m] = start
+                pieces[2, i, m] = length
+                pieces[3, i, m] = leaf
+                count[i] = m + 1
+                fill[i] += length
+                if fill[i] == seq_len or count[i] == max_segments:
+                    n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+                j += 1
             j = 0
-            continue
-        npieces = (n + cut - 1) // cut if cut > 0 else 1
-        position = positions[k]
-        while j < npieces:
-            if cut > 0:
-                start = s0 + j * cut
-                length = min(cut, n - j * cut)
-                code = ~((position << 24) | j)
-            else:
-                start = s0
-                length = n
-                code = position
-            room = seq_len - length
-            i = -1
-            if best:
-                top = -1
-                for b in range(num_bins):
-                    if fill[b] <= room and fill[b] > top:
-                        top = fill[b]
-                        i = b
-            else:
-                for b in range(num_bins):
-                    if fill[b] <= room:
-                        i = b
-                        break
-            if i < 0:  # no row has room: the fullest (the lowest of equals) goes out
-                top = -1
-                for b in range(num_bins):
-                    if fill[b] > top:
-                        top = fill[b]
-                        i = b
-            if n_out + count[i] + 1 > out_cap or n_rows + 2 > row_end.shape[0]:
-                return k, j, n_out, n_rows, 1
-            if fill[i] > room:
-                for m in range(count[i]):
-                    for f in range(4):
-                        out[f, n_out] = pieces[f, i, m]
-                    n_out += 1
-                row_end[n_rows] = n_out
-                n_rows += 1
-                fill[i] = 0
-                count[i] = 0
-            if count[i] == cap:
-                return k, j, n_out, n_rows, 2
-            m = count[i]
-            pieces[0, i, m] = code
-            pieces[1, i, m] = start
-            pieces[2, i, m] = length
-            pieces[3, i, m] = leaf
-            count[i] = m + 1
-            fill[i] += length
-            if fill[i] == seq_len or count[i] == max_segments:
-                for m in range(count[i]):
-                    for f in range(4):
-                        out[f, n_out] = pieces[f, i, m]
-                    n_out += 1
-                row_end[n_rows] = n_out
-                n_rows += 1
-                fill[i] = 0
-                count[i] = 0
-            j += 1
-        j = 0
-    return records.shape[0], 0, n_out, n_rows, 0
+        return records.shape[0], 0, n_out, n_rows, 0
+
+    return _place
 
 
 def _gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
