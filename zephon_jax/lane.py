@@ -144,7 +144,7 @@ class Lane:
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = MIN_BLOCK  # the first block of a one-row take
-        self._documents_ahead: tuple[int, np.ndarray] | None = None  # column-wise lanes
+        self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
