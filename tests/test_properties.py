@@ -593,7 +593,8 @@ def check(spec: dict) -> None:
     assert_batches_equal(run_phases(ds, spec), expected)
 
 
-@settings(
+# The searches over random pipelines: EXAMPLES each, reproducible from SEED when given.
+SEARCH = settings(
     max_examples=EXAMPLES,
     derandomize=SEED is None,
     database=None,
@@ -601,20 +602,16 @@ def check(spec: dict) -> None:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
+
+
+@SEARCH
 @given(specs())
 @seed(int(SEED or 0))
 def test_any_pipeline_topology_and_resume_gives_the_same_batches(spec):
     check(spec)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=SEED is None,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
+@SEARCH
 @given(token_array_specs())
 @seed(int(SEED or 0) + 1)
 def test_token_arrays_on_any_topology_and_resume_give_the_general_path_s_batches(spec):
