@@ -105,12 +105,19 @@ class PythonFloor:
                     rows.append(bins[i])
                     bins[i] = []
                     fill[i] = 0
+                    if not best:  # first fit keeps its bins in opening order
+                        bins.append(bins.pop(i))
+                        fill.append(fill.pop(i))
+                        i = top
                 bins[i].append(piece)
                 used = fill[i] = fill[i] + n
                 if used == seq_len:
                     rows.append(bins[i])
                     bins[i] = []
                     used = fill[i] = 0
+                    if not best:
+                        bins.append(bins.pop(i))
+                        fill.append(fill.pop(i))
                 if best:
                     bisect.insort(codes, used * width + top - i)
 

@@ -122,13 +122,23 @@ def _reference_pack(lengths, seq_len, num_bins, method, max_segments=None):
             i = min(range(num_bins), key=lambda j: (-fill[j], j))
             rows.append(bins[i])
             bins[i], fill[i] = [], 0
+            if method == "first_fit":  # bins in opening order: the emptied one goes last
+                i = _to_end(bins, fill, i)
         bins[i].append(p)
         fill[i] += n
         if fill[i] == seq_len or len(bins[i]) == max_segments:
             rows.append(bins[i])
             bins[i], fill[i] = [], 0
+            if method == "first_fit":
+                _to_end(bins, fill, i)
     rows += [b for b in bins if b]  # flush, in bin order
     return rows
+
+
+def _to_end(bins, fill, i):
+    bins.append(bins.pop(i))
+    fill.append(fill.pop(i))
+    return len(bins) - 1
 
 
 @pytest.mark.parametrize("method", ["best_fit", "first_fit"])

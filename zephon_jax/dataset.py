@@ -282,8 +282,9 @@ class Dataset:
     ) -> Dataset:
         """Packs records into rows of ``seq_len`` with Grain's output fields.
 
-        ``method``: ``"best_fit"`` (default) or ``"first_fit"`` over ``num_bins``
-        open rows per lane (default 32), or ``"concat"`` (concat-then-split, no
+        ``method``: ``"best_fit"`` (default: the fullest open row with room) or
+        ``"first_fit"`` (the first with room, in the order the rows opened) over
+        ``num_bins`` open rows per lane (default 32), or ``"concat"`` (concat-then-split, no
         padding, ``num_bins`` not used). No row holds more than ``max_segments``
         records (pieces for ``"concat"``). Every 1-D field is packed aligned
         with the others; output fields are int32 unless ``dtypes`` (field ->

@@ -71,7 +71,9 @@ STATE = Envelope("zephon_jax.state", 1)
 # Lane 2: lane bytes end with a CRC-32 of the encoding. 3: carries are saved as (held
 # lineages, aux), operator outputs as (parents, recipe). 4: the lane's step and its
 # mixture carry. 5: the CRC starts from the lane number, numpy scalars keep their dtype.
-LANE = Envelope("zephon_jax.lane", 5)
+# 6: first_fit's open rows are saved in the order they opened (an emitted row's place
+# goes to the end), so a state of 5 would go on with other rows.
+LANE = Envelope("zephon_jax.lane", 6)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)
 # A state saved as one file starts with the line "zephon_jax.state-file 1".
 STATE_FILE = Envelope("zephon_jax.state-file", 1)

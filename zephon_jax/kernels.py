@@ -9,9 +9,9 @@ directory is writable).
 ``place``: places the pieces of a block of documents into one lane's open rows,
 exactly as :meth:`~zephon_jax.operators.pack.BinPackOperator.step_block` does
 (best_fit: the fullest row with room, the lowest of equals; first_fit: the
-lowest row with room; if none has room, the fullest row is emitted and the
-piece starts a new row there; a row is emitted once full or at
-``max_segments``). ``gather``: writes packed rows into the batch arrays.
+first row with room, in the order the rows opened; if none has room, the
+fullest row is emitted and the piece starts a new row, for first_fit after the
+others; a row is emitted once full or at ``max_segments``). ``gather``: writes packed rows into the batch arrays.
 ``permute``: the sampler's keyed permutation
 (:func:`~zephon_jax.sampler.permutation.permute`), element by element.
 """
@@ -49,7 +49,7 @@ def _compile() -> Any:
         return None
     jit = numba.njit(cache=True, nogil=True)
     mix = jit(_mix64)
-    place = jit(_place_with(jit(_emit)))
+    place = jit(_place_with(jit(_emit), jit(_to_end)))
     return SimpleNamespace(
         place=place, gather=jit(_gather), permute=jit(_permute_with(mix)), mix64=mix
     )
@@ -72,15 +72,27 @@ def _emit(i, fill, count, pieces, out, row_end, n_out, n_rows):
     return n_out, n_rows + 1
 
 
-def _place_with(emit):
-    def _place(fill, count, pieces, offsets, bases, leaves, records, positions, k0, j0, cut,
-               seq_len, max_segments, best, out, row_end):  # fmt: skip
+def _to_end(slots, at):
+    """Moves ``slots[at]`` after the others; returns its new place."""
+    row = slots[at]
+    last = slots.shape[0] - 1
+    for a in range(at, last):
+        slots[a] = slots[a + 1]
+    slots[last] = row
+    return last
+
+
+def _place_with(emit, to_end):
+    def _place(fill, count, pieces, slots, offsets, bases, leaves, records, positions, k0, j0,
+               cut, seq_len, max_segments, best, out, row_end):  # fmt: skip
         """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
         ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
 
         Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
         ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
-        its pieces as (lineage code, token start, length, leaf); ``cut`` > 0 cuts documents
+        its pieces as (lineage code, token start, length, leaf); ``slots``: the rows in the
+        order first_fit scans them (the order they opened; an emitted row moves to the
+        end), unused by best_fit, which scans rows by index; ``cut`` > 0 cuts documents
         into pieces of at most ``cut`` (code ``~((position << 24) | j)``), 0 takes them
         whole (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end``
         (each row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
@@ -114,6 +126,7 @@ def _place_with(emit):
                     code = position
                 room = seq_len - length
                 i = -1
+                at = -1  # first_fit: the row's place in ``slots``
                 if best:
                     top = -1
                     for b in range(num_bins):
@@ -121,20 +134,25 @@ def _place_with(emit):
                             top = fill[b]
                             i = b
                 else:
-                    for b in range(num_bins):
-                        if fill[b] <= room:
-                            i = b
+                    for a in range(num_bins):
+                        if fill[slots[a]] <= room:
+                            at = a
+                            i = slots[a]
                             break
                 if i < 0:  # no row has room: the fullest (the lowest of equals) goes out
                     top = -1
-                    for b in range(num_bins):
+                    for a in range(num_bins):
+                        b = a if best else slots[a]
                         if fill[b] > top:
                             top = fill[b]
+                            at = a
                             i = b
                 if n_out + count[i] + 1 > out_cap or n_rows + 2 > row_end.shape[0]:
                     return k, j, n_out, n_rows, 1
                 if fill[i] > room:
                     n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+                    if not best:
+                        at = to_end(slots, at)
                 if count[i] == cap:
                     return k, j, n_out, n_rows, 2
                 m = count[i]
@@ -146,6 +164,8 @@ def _place_with(emit):
                 fill[i] += length
                 if fill[i] == seq_len or count[i] == max_segments:
                     n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+                    if not best:
+                        to_end(slots, at)
                 j += 1
             j = 0
         return records.shape[0], 0, n_out, n_rows, 0

@@ -239,8 +239,8 @@ def _place(
     while True:
         out, row_end = carry.out, carry.row_end
         k, j, n_out, n_rows, stop = place(
-            carry.fill, carry.count, carry.pieces, offsets, bases, leaves, records, positions,
-            k, j, cut, seq_len, max_segments, best, out, row_end,
+            carry.fill, carry.count, carry.pieces, carry.slots, offsets, bases, leaves, records,
+            positions, k, j, cut, seq_len, max_segments, best, out, row_end,
         )  # fmt: skip
         if n_rows:
             codes, starts, lengths, sources = out[:, :n_out].tolist()

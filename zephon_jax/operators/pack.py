@@ -1,10 +1,15 @@
 """``pack``: bin packing of variable-length records into fixed-length rows.
 
 ``first_fit`` and ``best_fit`` keep ``num_bins`` open rows per lane. A record
-goes into the lowest (``first_fit``) or the fullest (``best_fit``) open row it
-fits; when it fits none, the fullest row is emitted and the record starts a
-new one there. A row is emitted as soon as it is full or holds
-``max_segments`` records. Records are never cut, so a record longer than
+goes into the first row it fits (``first_fit``: rows in the order they opened)
+or the fullest one (``best_fit``: the lowest of equals); when it fits none, the
+fullest row (the lowest of equals) is emitted and the record starts a new one.
+A row is emitted as soon as it is full or holds ``max_segments`` records.
+``best_fit`` starts the new row where the emitted one was; ``first_fit`` keeps
+its rows in opening order (an emitted row's place goes to the end), which
+leaves the rows that opened first the least room: on lengths uniform in
+``1..seq_len`` it fills 0.95 of 32 rows where reusing the emitted row's place
+fills 0.91. Records are never cut, so a record longer than
 ``seq_len`` raises (put ``split(seq_len)`` before ``pack``); empty records are
 dropped.
 
@@ -44,8 +49,9 @@ class Bins:
     have one field, else its tuple of arrays) and ``lineages[i]`` their
     lineages (a tuple, replaced as the bin grows; a piece of a split record as
     one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
-    total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit, and
-    first_fit over up to 64 bins). Bins keep arrays and lineages, not elements:
+    total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit). For
+    first_fit the bins are in the order they opened: the open ones first, an
+    emitted bin moved to the end (:meth:`retire`). Bins keep arrays and lineages, not elements:
     arrays, ints and tuples of them, which the garbage collector does not track
     (or stops tracking), so thousands of open rows cost it nothing; and a
     snapshot takes the bins' tuples as they are.
@@ -118,6 +124,18 @@ class Bins:
             self.fill_array[i] = self.fill[i]
         self.order = None  # rebuilt when next needed
         self.saved = None
+
+    def retire(self, i: int) -> int:
+        """Moves bin ``i`` (just emitted, empty) after the others; returns its new index."""
+        self.pieces.append(self.pieces.pop(i))
+        self.lineages.append(self.lineages.pop(i))
+        self.fill.append(self.fill.pop(i))
+        fill_array = self.fill_array
+        if fill_array is not None:
+            fill_array[i:-1] = fill_array[i + 1 :]
+            fill_array[-1] = 0
+        self.order = None
+        return len(self.fill) - 1
 
     def emit(self, i: int, spec: PackSpec, compact: bool = False) -> Element:
         """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
@@ -196,7 +214,9 @@ class BinPackOperator(LineageOperator):
         ``best_fit`` takes the fullest bin filled to at most ``seq_len - n`` (ties:
         the lowest index) by bisection in the sorted bin codes; ``first_fit`` the
         lowest such bin. If none fits, the fullest bin (the lowest of equals) is
-        emitted and the record starts a new row there.
+        emitted and the record starts a new row there (``best_fit``) or, the
+        emitted bin moved after the others (see :meth:`Bins.retire`), in the last
+        bin (``first_fit``).
         """
         out: list[Element] = []
         start = 0
@@ -261,12 +281,10 @@ class BinPackOperator(LineageOperator):
             carry.lineages,
             carry.fill_array,
         )
-        emit = carry.emit
+        emit, retire = carry.emit, carry.retire
         best = self.method == "best_fit"
-        # The bins' codes, sorted (first_fit over many bins scans fill_array instead).
-        keep_order = best or fill_array is None
-        order: list[int] = []
-        if keep_order:
+        order: list[int] = []  # best_fit: the bins' codes, sorted
+        if best:
             if carry.order is None:  # kept sorted from here on; rebuilt after a restore or flush
                 carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
             order = carry.order
@@ -320,18 +338,18 @@ class BinPackOperator(LineageOperator):
                     k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
                     i = top - order.pop(k if k >= 0 else -1) % width
                 elif fill_array is None:  # first_fit, a scan in Python
-                    if order[0] > room * width + top:  # no bin fits: the fullest (lowest of equals)
-                        i = top - order.pop() % width
-                    else:
-                        for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
-                            if u <= room:
-                                break
-                        order.pop(bisect_right(order, fill[i] * width + top - i) - 1)
+                    for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
+                        if u <= room:
+                            break
+                    else:  # no bin fits: the fullest (the lowest of equals)
+                        i = fill.index(max(fill))
                 else:  # first_fit over many bins
                     fits = fill_array <= room
                     i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
                 if fill[i] > room:  # fits no bin: the fullest one goes out
                     out.append(emit(i, spec, compact))
+                    if not best:
+                        i = retire(i)
                 pieces = pieces_of[i]
                 pieces.append(record)
                 lineages_of[i] += (held,)
@@ -341,7 +359,9 @@ class BinPackOperator(LineageOperator):
                 if used == seq_len or len(pieces) == max_segments:
                     out.append(emit(i, spec, compact))
                     used = 0
-                if keep_order:
+                    if not best:
+                        retire(i)
+                if best:
                     insort(order, used * width + top - i)  # _code(used, i, width)
                 j += 1
                 if j >= count:
@@ -407,6 +427,12 @@ class BinPackOperator(LineageOperator):
                 f"lane {lane}: the saved carry of {self.describe()} counts {counts!r} records "
                 f"per row for {len(saved.held)} held records; the state was altered or written "
                 "by another pipeline"
+            )
+        if self.method == "first_fit" and 0 in counts[: self.num_bins - counts.count(0)]:
+            raise StateError(
+                f"lane {lane}: the saved carry of {self.describe()} has an empty row before "
+                f"an open one ({counts!r} records per row), which first_fit never leaves (its "
+                "open rows come first, in the order they opened); the state was altered"
             )
         carry = Bins(self.num_bins)
         record = self.spec.record

@@ -33,10 +33,23 @@ class TokenBins:
     piece ``m`` of row ``i`` as (lineage code, token start, length, leaf: which of the
     token arrays ``tokens`` it is in). A lineage code
     is :func:`~zephon_jax.lineage.piece_code` for a piece cut by ``split`` (``cut``
-    > 0), else the document's position. ``out`` and ``row_end`` receive emitted rows.
+    > 0), else the document's position. ``slots``: the rows in the order ``Bins``
+    keeps them (first_fit moves an emitted row to the end; best_fit never reorders).
+    ``out`` and ``row_end`` receive emitted rows.
     """
 
-    __slots__ = ("tokens", "field", "cut", "fill", "count", "pieces", "out", "row_end", "_form")
+    __slots__ = (
+        "tokens",
+        "field",
+        "cut",
+        "fill",
+        "count",
+        "pieces",
+        "slots",
+        "out",
+        "row_end",
+        "_form",
+    )
 
     def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
         self.tokens = tokens
@@ -45,6 +58,7 @@ class TokenBins:
         self.fill = np.zeros(num_bins, np.int64)
         self.count = np.zeros(num_bins, np.int64)
         self.pieces = np.zeros((4, num_bins, _FIRST_CAPACITY), np.int64)
+        self.slots = np.arange(num_bins, dtype=np.int64)
         self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
         self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
         self._form: tuple[HeldLineages, tuple] | None = None
@@ -69,9 +83,10 @@ class TokenBins:
         held lineages by row (their codes, decoded when read) and each row's count."""
         form = self._form
         if form is None:
-            counts = tuple(self.count.tolist())
+            slots = self.slots.tolist()
+            counts = tuple(self.count[slots].tolist())
             codes = self.pieces[0]
-            groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in enumerate(counts))
+            groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in zip(slots, counts))
             form = self._form = (HeldLineages(groups, held_lineage), counts)
         return form
 
@@ -84,15 +99,16 @@ class TokenBins:
         bins.fields = (self.field,)
         bins.compact = self.cut > 0
         tokens = self.tokens
-        for i, c in enumerate(self.count.tolist()):
+        for a, i in enumerate(self.slots.tolist()):  # row a of the Bins: row i here
+            c = int(self.count[i])
             if not c:
                 continue
             codes, starts, lengths, leaves = self.pieces[:, i, :c].tolist()
-            bins.pieces[i] = [tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves)]
-            bins.lineages[i] = tuple(codes)
-            bins.fill[i] = sum(lengths)
+            bins.pieces[a] = [tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves)]
+            bins.lineages[a] = tuple(codes)
+            bins.fill[a] = sum(lengths)
             if bins.fill_array is not None:
-                bins.fill_array[i] = bins.fill[i]
+                bins.fill_array[a] = bins.fill[a]
         return bins
 
     @classmethod
