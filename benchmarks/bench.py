@@ -27,8 +27,10 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   twice, the documents as a list and as a ``TokenArray``.
 * ``workers``: a Python-heavy map, alone and before packing, with 0, 1 and 2
   loader worker processes (records/s, tokens/s; the batches are the same for
-  every worker count), with the CPU time per batch of every process, and the
-  same lanes in Grain's own worker processes (``grain_workers.py``).
+  every worker count), with the CPU time per batch of every process, the
+  same lanes in Grain's own worker processes (``grain_workers.py``), and the
+  machine's floor: the map alone in one process and in two
+  (``process_floor.py``), interleaved with them.
 * ``tokenize``: texts of log-normal lengths (mean about 300 words, a tenth of
   them rare words) through ``shuffle -> tokenize -> pack(concat) -> batch(8)``
   at ``S=2048``, with a byte-level BPE (``tokenizers``) and a ``tiktoken``
@@ -66,6 +68,7 @@ import grain_workers  # noqa: E402
 import heavy  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
+import process_floor  # noqa: E402
 import python_floor  # noqa: E402
 import tokenize_bench  # noqa: E402
 import zephon_side  # noqa: E402
@@ -481,8 +484,18 @@ def workers_case(
             next(it)
             its.append((2, it, time.perf_counter() - t0))
             sides.append(measure.Side("grain mp_prefetch, 2 workers", it, count))
+        # The map alone in one process and in two, in the same rounds.
+        floors = [process_floor.ProcessFloor(p) for p in (1, 2)]
+        floor_sides = [
+            measure.Side(f"map alone, {p} process{'es' if p > 1 else ''}", it, process_floor.count)
+            for p, it in zip((1, 2), floors)
+        ]
         load_before = os.getloadavg()[0]
-        result = measure.interleave(sides, timing)
+        result = measure.interleave(sides + floor_sides, timing)
+        for it in floors:
+            it.close()
+        floor = {side.name: result.pop(side.name) for side in floor_sides}
+        one, two = (floor[side.name]["rate_median"] for side in floor_sides)
         for (_, it, startup), side in zip(its, sides, strict=True):
             result[side.name]["startup_s"] = startup
             result[side.name].update(_cpu_per_batch(it, 4 * timing.window_s))
@@ -496,6 +509,7 @@ def workers_case(
                 if key != "workers=0"
             },
             "sides": result,
+            "process_floor": {"sides": floor, "speedup_2": two / one},
             "load_average_1min": [load_before, os.getloadavg()[0]],
             **{
                 f"speedup_{_label(key)}": r["rate_median"] / base
@@ -619,7 +633,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             )
             lines.append(
                 f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
-                f"by CPU time of the busiest process: {bound}"
+                f"by CPU time of the busiest process: {bound}; the map alone in two "
+                f"processes over one: {w['process_floor']['speedup_2']:.2f}x"
             )
     for kind, case in results.get("tokenize", {}).items():
         if kind == "settings":

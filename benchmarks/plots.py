@@ -211,6 +211,13 @@ def workers_plot(results: dict[str, Any], path: str) -> str:
             alpha=1.0 if grain else 0.35 + 0.65 * k / max(1, len(sides) - 2),
         )
         _label_bars(ax, [b for b, v in zip(bars, values, strict=True) if v], "{:.2f}x")
+    for i, n in enumerate(names):  # the machine's floor: the map alone, 2 processes over 1
+        floor = results["workers"][n].get("process_floor")
+        if floor:
+            ax.hlines(
+                floor["speedup_2"], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
+                label="the map alone, 2 processes over 1" if i == 0 else None,
+            )  # fmt: skip
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_ylabel("speed over no workers")
     ax.legend(fontsize=7, frameon=False, loc="upper left")

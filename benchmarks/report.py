@@ -130,8 +130,8 @@ def workers_table(results: dict[str, Any]) -> str:
         if k != "settings":
             counts += [c for c in v["sides"] if c not in counts]
     lines = [
-        "| pipeline | " + " | ".join(counts) + " |",
-        "|---|" + "---:|" * len(counts),
+        "| pipeline | " + " | ".join(counts) + " | the map alone, 2 processes over 1 |",
+        "|---|" + "---:|" * (len(counts) + 1),
     ]
     for name in ("heavy map", "heavy map + pack"):
         if name not in w:
@@ -146,6 +146,8 @@ def workers_table(results: dict[str, Any]) -> str:
             rate = w[name]["sides"][c]["rate_median"]
             value = f"{rate / 1e3:.0f} k" if rate < 1e6 else _m(rate)
             cells.append(f"{value} {unit}" + ("" if c == "workers=0" else f" ({rate / base:.2f}x)"))
+        floor = w[name].get("process_floor")
+        cells.append(f"{floor['speedup_2']:.2f}x" if floor else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
