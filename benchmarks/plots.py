@@ -186,7 +186,7 @@ def lanes_plot(results: dict[str, Any], path: str) -> str:
 def workers_plot(results: dict[str, Any], path: str) -> str:
     """Speed over no workers: zephon_jax's workers, and lanes in Grain's worker processes."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 3.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 3.2), dpi=120)
     names = [n for n in ("heavy map", "heavy map + pack") if n in results["workers"]]
     sides: list[str] = []
     for n in names:
@@ -220,7 +220,7 @@ def workers_plot(results: dict[str, Any], path: str) -> str:
             )  # fmt: skip
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_ylabel("speed over no workers")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.margins(y=0.25)
     ax.set_title(f"Loader workers on {results['machine']['cpu_count']} cores", fontsize=10)
     fig.tight_layout()
