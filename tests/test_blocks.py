@@ -327,3 +327,56 @@ def test_block_sizes():
     assert lane_blocks.next_block(64, 1, grew=False) == 128
     assert lane_blocks.next_block(128, 1, grew=False) == 128
     assert lane_blocks.next_block(128, 5, grew=True) == 40
+    # The cap: about 32 rows' worth of records at the lane's rate so far.
+    assert lane_blocks.block_cap(0, 0) == 2  # before the first row
+    assert lane_blocks.block_cap(340, 100) == 109  # 3.4 records a row
+    assert lane_blocks.block_cap(10, 500) == 1  # 50 rows a record: one at a time
+    assert lane_blocks.block_cap(4000, 10) == 128
+    assert lane_blocks.first_block(1, cap=2) == 2
+    assert lane_blocks.next_block(0, 1, grew=False, cap=2) == 2
+    assert lane_blocks.next_block(2, 1, grew=False, cap=2) == 4  # no row yet: doubling
+
+
+def _whole_files(count, seed):
+    rng = np.random.default_rng(seed)
+    return [
+        {"tokens": rng.integers(1, 1000, int(n)).astype(np.int32)}
+        for n in rng.integers(3000, 9000, count)
+    ]
+
+
+def _passages(record):
+    """A file cut into passages of 20-200 tokens: many records, and rows, per file."""
+    tokens = record["tokens"]
+    cuts = np.cumsum(np.random.default_rng(len(tokens)).integers(20, 200, len(tokens) // 20))
+    return [{"tokens": p} for p in np.split(tokens, cuts[cuts < len(tokens)]) if len(p)]
+
+
+def test_a_lane_makes_few_rows_ahead_of_records_that_make_many_rows():
+    """A file makes about 20 rows here: a lane reads one or two at a time once it has
+    made rows (not 32), so its state holds a few dozen rows made ahead, not hundreds;
+    the sizes come from the state, so a resumed run has the same batches and states."""
+    ds = (
+        zj.Dataset.source(_whole_files(300, 4)).shuffle(2).flat_map(_passages).pack(256, num_bins=2)
+    )
+    ds = ds.batch(4)
+    it = iter(zj.Loader(ds))
+    batches = take(it, 60)
+    lanes = it._producer.lanes.values()
+    assert max(len(lane.pending) for lane in lanes) <= 64
+    state = it.get_state()
+    assert max(v.nbytes for v in state["lanes"].values()) < 4096
+    resumed = resume_across(ds, 60, 23, 1, 2)
+    assert_batches_equal(resumed, batches[23:])
+    again = iter(zj.Loader(ds))
+    again.set_state(_state_at(ds, 23))
+    take(again, 60 - 23)
+    assert {k: v.tobytes() for k, v in again.get_state()["lanes"].items()} == {
+        k: v.tobytes() for k, v in state["lanes"].items()
+    }
+
+
+def _state_at(ds, steps):
+    it = iter(zj.Loader(ds))
+    take(it, steps)
+    return it.get_state()

@@ -34,7 +34,7 @@ import numpy as np
 
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
-from zephon_jax.lane_blocks import MIN_BLOCK, first_block, next_block
+from zephon_jax.lane_blocks import MIN_BLOCK, block_cap, first_block, next_block
 from zephon_jax.lane_columns import (
     columnar_plan,
     read_documents_ahead,
@@ -143,7 +143,7 @@ class Lane:
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
-        self._ahead_size = MIN_BLOCK  # the first block of a one-row take
+        self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
@@ -298,11 +298,27 @@ class Lane:
         self._ahead.extend(self.read_roots(self._ahead_block()))
 
     def _ahead_block(self) -> np.ndarray:
-        """The positions the next read-ahead reads (after those already read ahead)."""
+        """The positions the next read-ahead reads (after those already read ahead): at
+        least the next block's, twice as many as the last read-ahead, up to
+        ``plan.max_ahead`` and to four times the lane's block cap (see
+        :mod:`zephon_jax.lane_blocks`); before the lane made a row, the blocks of a
+        first take (``MIN_BLOCK``)."""
         start = self.next_position + len(self._ahead)
-        count = self._ahead_size
-        self._ahead_size = min(self.plan.max_ahead, self._ahead_size * 2)
+        rows = self.plan.rows_per_lane_at(self.step)
+        if not self.step and not self.pending:
+            count = MIN_BLOCK
+        else:
+            cap = self.block_cap(rows)
+            count = first_block(rows - len(self.pending), cap)
+            count = max(count, min(self._ahead_size, 4 * cap))
+        self._ahead_size = min(self.plan.max_ahead, 2 * count)
         return np.arange(start, start + count, dtype=np.int64)
+
+    def block_cap(self, n: int) -> int:
+        """:func:`~zephon_jax.lane_blocks.block_cap` of this lane, taking ``n`` rows a step:
+        its positions read over the rows made so far (``n`` per step done, and those
+        made ahead). A function of the lane's state."""
+        return block_cap(self.next_position, self.step * n + len(self.pending))
 
     # ----- running operators --------------------------------------------------------
     def _push(self, stage: int, elements) -> None:
@@ -445,7 +461,7 @@ class Lane:
                 if item is not DROP:
                     push(0, (item,))
             else:
-                size = next_block(size, n - len(pending), len(pending) != had)
+                size = next_block(size, n - len(pending), len(pending) != had, self.block_cap(n))
                 had = len(pending)
                 # No block reads past the record that makes the no-progress error.
                 got = self._next_block(min(size, limit + 1 - self._without_row))
@@ -564,7 +580,7 @@ class Lane:
         self.carries = carries
         self.pending = pending
         self._ahead.clear()
-        self._ahead_size = MIN_BLOCK  # the first block of a one-row take
+        self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead = None
         self._without_row = 0
         self._deepest = -1
@@ -628,7 +644,7 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
         if lane.drawer is None
         and not lane.input_done
         and len(lane.pending) < rows
-        and len(lane._ahead) < first_block(rows - len(lane.pending))
+        and len(lane._ahead) < first_block(rows - len(lane.pending), lane.block_cap(rows))
     ]
     if len(short) > 1:
         sizes = [lane._ahead_size for lane in short]

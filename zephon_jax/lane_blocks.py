@@ -1,12 +1,16 @@
 """The sizes of the blocks in which a lane pushes records through its operators.
 
 A take that still needs ``missing`` rows reads a first block of
-``first_block(missing)`` records (8 per row still needed, at least 32, at most
-128), doubling while blocks yield no row (:func:`next_block`). The sizes depend
-only on the lane's state, so a restored lane cuts the same blocks, and a lane
-makes about one block of rows ahead at most (they are part of its state, as
-pointers). Rows do not depend on the blocks; states do (which rows are made
-ahead), so every path of a lane uses these sizes.
+``first_block(missing, cap)`` records (8 per row still needed, at least 32, at
+most 128, and at most ``cap``), doubling while blocks yield no row
+(:func:`next_block`). ``cap`` (:func:`block_cap`) keeps a block to about 32 rows'
+worth of records at the rate the lane has made rows so far, so a pipeline that
+makes many rows of each record (a ``flat_map`` of whole files into passages, say)
+reads a record or two at a time; before its first row a lane starts with 2
+records. The sizes depend only on the lane's state, so a restored lane cuts the
+same blocks, and a lane makes about one block of rows ahead at most (they are
+part of its state, as pointers). Rows do not depend on the blocks; states do
+(which rows are made ahead), so every path of a lane uses these sizes.
 """
 
 from __future__ import annotations
@@ -14,15 +18,26 @@ from __future__ import annotations
 BLOCK_PER_ROW = 8  # records per row still needed
 MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once
 MAX_BLOCK = 128
+ROWS_PER_BLOCK = 32  # rows' worth of records a block starts with, at most
+FIRST_BLOCK = 2  # records of a lane's first block, before it made a row
 
 
-def first_block(missing: int) -> int:
+def block_cap(records_read: int, rows_made: int) -> int:
+    """The most records a block starts with: ``ROWS_PER_BLOCK`` rows' worth at the
+    lane's rate so far (``records_read`` positions for ``rows_made`` rows), at least
+    one; ``FIRST_BLOCK`` before the lane made a row."""
+    if rows_made <= 0:
+        return FIRST_BLOCK
+    return max(1, min(MAX_BLOCK, -(-records_read * ROWS_PER_BLOCK // rows_made)))
+
+
+def first_block(missing: int, cap: int = MAX_BLOCK) -> int:
     """The records of a take's first block when it still needs ``missing`` rows."""
-    return min(MAX_BLOCK, max(MIN_BLOCK, BLOCK_PER_ROW * missing))
+    return min(cap, MAX_BLOCK, max(MIN_BLOCK, BLOCK_PER_ROW * missing))
 
 
-def next_block(size: int, missing: int, grew: bool) -> int:
+def next_block(size: int, missing: int, grew: bool, cap: int = MAX_BLOCK) -> int:
     """The next block's records after one of ``size`` (0: none yet); ``grew``: whether
-    the last block made a row."""
-    need = first_block(missing)
+    the last block made a row; ``cap``: see :func:`block_cap`."""
+    need = first_block(missing, cap)
     return need if grew or not size else min(MAX_BLOCK, max(2 * size, need))

@@ -119,7 +119,7 @@ def take_columns(lane: Any, n: int) -> list | None:
         while len(pending) < n:
             if lane.input_done:
                 return None
-            size = next_block(size, n - len(pending), len(pending) != had)
+            size = next_block(size, n - len(pending), len(pending) != had, lane.block_cap(n))
             had = len(pending)
             block = _next_documents(lane, min(size, limit + 1 - lane._without_row))
             if block is None:
@@ -168,7 +168,7 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
         if (
             ahead is not None
             and ahead[0] <= start
-            and start + first_block(missing) <= ahead[0] + len(ahead[1])
+            and start + first_block(missing, lane.block_cap(rows)) <= ahead[0] + len(ahead[1])
         ):
             continue
         end = lane.end_position
