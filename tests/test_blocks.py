@@ -313,7 +313,7 @@ def test_user_operator_errors_name_the_record_as_one_at_a_time(one_at_a_time):
 
 def test_block_sizes():
     """8 records per row still needed, at least 32 and at most 128, doubling while blocks
-    make no row."""
+    make no row; a block starts with at most about 32 rows' worth at the lane's rate."""
     assert [lane_blocks.first_block(m) for m in (1, 4, 5, 15, 16, 300)] == [
         32,
         32,

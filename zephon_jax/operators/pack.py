@@ -9,9 +9,8 @@ A row is emitted as soon as it is full or holds ``max_segments`` records.
 its rows in opening order (an emitted row's place goes to the end), which
 leaves the rows that opened first the least room: on lengths uniform in
 ``1..seq_len`` it fills 0.95 of 32 rows where reusing the emitted row's place
-fills 0.91. Records are never cut, so a record longer than
-``seq_len`` raises (put ``split(seq_len)`` before ``pack``); empty records are
-dropped.
+fills 0.91. Records are never cut, so a record longer than ``seq_len`` raises
+(put ``split(seq_len)`` before ``pack``); empty records are dropped.
 
 Open rows hold pointers only: the arrays of their records (views, never
 copies) and the records' lineages. Rows are assembled once, straight into the
@@ -51,9 +50,9 @@ class Bins:
     one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
     total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit). For
     first_fit the bins are in the order they opened: the open ones first, an
-    emitted bin moved to the end (:meth:`retire`). Bins keep arrays and lineages, not elements:
-    arrays, ints and tuples of them, which the garbage collector does not track
-    (or stops tracking), so thousands of open rows cost it nothing; and a
+    emitted bin moved to the end (:meth:`retire`). Bins keep arrays and lineages,
+    not elements: arrays, ints and tuples of them, which the garbage collector does
+    not track (or stops tracking), so thousands of open rows cost it nothing; and a
     snapshot takes the bins' tuples as they are.
     """
 
