@@ -72,8 +72,10 @@ STATE = Envelope("zephon_jax.state", 1)
 # lineages, aux), operator outputs as (parents, recipe). 4: the lane's step and its
 # mixture carry. 5: the CRC starts from the lane number, numpy scalars keep their dtype.
 # 6: first_fit's open rows are saved in the order they opened (an emitted row's place
-# goes to the end), so a state of 5 would go on with other rows.
-LANE = Envelope("zephon_jax.lane", 6)
+# goes to the end), so a state of 5 would go on with other rows. 7: a shuffled mixture
+# by records reads each component's draws in order inside a block of its schedule, so
+# the positions of a state of 6 would name other records.
+LANE = Envelope("zephon_jax.lane", 7)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)
 # A state saved as one file starts with the line "zephon_jax.state-file 1".
 STATE_FILE = Envelope("zephon_jax.state-file", 1)

@@ -6,13 +6,23 @@ integer arithmetic, with ``a`` the left share in units of ``2**-32`` and a
 per-lane phase. Every lane therefore receives each component in proportion
 (to within one draw per split), whatever the lane count, and the sub-index a
 component sees is a bijection onto ``0, 1, 2, ...``. With ``order_seed`` the
-schedule is also permuted inside lane-local blocks of ``BLOCK`` draws, which
-keeps the per-block counts exact while making the order pseudorandom.
+schedule is also permuted inside lane-local blocks of ``BLOCK`` draws: which
+component each draw of a block goes to is shuffled, keeping the per-block
+counts exact, while each component still receives its own draws in order
+(component draw ``k`` comes before ``k + 1``). A lane therefore reads every
+component front to back, as it reads an unmixed source, and never runs ahead
+into a later epoch of it (permuting the component draws themselves would: the
+last draws of a block sit many component draws ahead of its first). Within a
+block, a lane's count of a component strays from its exact share by at most
+``BLOCK / 4`` draws; the small block keeps lanes close to each other, so one
+epoch of a component ends on every lane at nearly the same time (see
+``docs/mixtures.md``, "Epochs").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Any, Iterable
@@ -23,7 +33,7 @@ from zephon_jax.errors import PipelineError
 from zephon_jax.sampler.permutation import derive_key, permute
 
 _ONE = 1 << 32
-BLOCK = 1024
+BLOCK = 64  # draws whose order a shuffled mixture permutes; see the module doc
 MAX_DRAWS = _ONE
 MIN_SHARE = 1 / _ONE  # the schedule's resolution
 
@@ -91,47 +101,30 @@ class MixtureNode:
         draws = draws.astype(np.int64)
         if draws.size and int(draws.max()) >= MAX_DRAWS:
             raise PipelineError("a lane drew more than 2**32 records from one mixture")
-        if self.order_seed is not None:
-            block = draws // BLOCK
-            offset = draws - block * BLOCK
-            order = np.empty_like(draws)
-            for b in np.unique(block):
-                sel = block == b
-                key = derive_key(self.order_seed, self.node_key, lane, int(b))
-                order[sel] = permute(offset[sel], BLOCK, key)
-            draws = block * BLOCK + order
-        comp = np.zeros(draws.shape, dtype=np.int64)
-        sub = draws.copy()
-        self._route(lane, 0, len(self.weights), sub, comp, np.ones(draws.shape, dtype=bool))
+        if self.order_seed is None:
+            comp, sub = route_draws(self.weights, self.node_key, lane, draws)
+        else:
+            comp, sub = self._route_ordered(lane, draws)
         return [(comp == i, sub[comp == i]) for i in range(len(self.children))]
+
+    def _route_ordered(self, lane: int, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(component, component draw) of each lane draw, in the order-seeded schedule."""
+        assert self.order_seed is not None
+        block = draws // BLOCK
+        offset = draws - block * BLOCK
+        comp = np.empty(draws.shape, dtype=np.int64)
+        sub = np.empty(draws.shape, dtype=np.int64)
+        for b in np.unique(block).tolist():
+            sel = block == b
+            key = (self.weights, self.node_key, self.order_seed, lane, b)
+            block_comp, block_sub = _ordered_block(*key)
+            comp[sel] = block_comp[offset[sel]]
+            sub[sel] = block_sub[offset[sel]]
+        return comp, sub
 
     def _split(self, lane: int, lo: int, mid: int, hi: int) -> tuple[int, int]:
         """Left share (units of 2**-32) and per-lane phase of the split of [lo, hi) at mid."""
-        left_w = sum(self.weights[lo:mid])
-        share = min(_ONE - 1, max(1, round(left_w / sum(self.weights[lo:hi]) * _ONE)))
-        return share, derive_key(self.node_key, lane, lo, hi) % _ONE
-
-    def _route(self, lane, lo, hi, sub, comp, mask) -> None:
-        if hi - lo == 1:
-            comp[mask] = lo
-            return
-        mid = (lo + hi) // 2
-        share, phase = self._split(lane, lo, mid, hi)
-        k = sub[mask].astype(np.uint64)
-        a, p = np.uint64(share), np.uint64(phase)
-        before = (k * a + p) >> np.uint64(32)
-        after = ((k + np.uint64(1)) * a + p) >> np.uint64(32)
-        is_left = after > before
-        left_sub = before.astype(np.int64)
-        right_sub = (k - before).astype(np.int64)
-        idx = np.flatnonzero(mask)
-        sub[idx] = np.where(is_left, left_sub, right_sub)
-        left_mask = np.zeros_like(mask)
-        left_mask[idx[is_left]] = True
-        right_mask = np.zeros_like(mask)
-        right_mask[idx[~is_left]] = True
-        self._route(lane, lo, mid, sub, comp, left_mask)
-        self._route(lane, mid, hi, sub, comp, right_mask)
+        return _split_share(self.weights, self.node_key, lane, lo, mid, hi)
 
     def draws_available(self, lane: int, child_draws: list[int | None]) -> int | None:
         """The lane-local draw from which every child is past its last valid draw.
@@ -179,3 +172,70 @@ class MixtureNode:
             "order_seed": self.order_seed,
             "transforms": [t.describe() for t in self.transforms],
         }
+
+
+def _split_share(
+    weights: tuple[float, ...], node_key: int, lane: int, lo: int, mid: int, hi: int
+) -> tuple[int, int]:
+    """Left share (units of 2**-32) and per-lane phase of the split of [lo, hi) at mid."""
+    left_w = sum(weights[lo:mid])
+    share = min(_ONE - 1, max(1, round(left_w / sum(weights[lo:hi]) * _ONE)))
+    return share, derive_key(node_key, lane, lo, hi) % _ONE
+
+
+def route_draws(
+    weights: tuple[float, ...], node_key: int, lane: int, draws: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(component, component draw) of each draw of ``lane`` in the unpermuted schedule."""
+    comp = np.zeros(draws.shape, dtype=np.int64)
+    sub = draws.astype(np.int64, copy=True)
+    _route(weights, node_key, lane, 0, len(weights), sub, comp, np.ones(draws.shape, bool))
+    return comp, sub
+
+
+def _route(weights, node_key, lane, lo, hi, sub, comp, mask) -> None:
+    """Routes the draws under ``mask`` down the two-way splits of components [lo, hi)."""
+    if hi - lo == 1:
+        comp[mask] = lo
+        return
+    mid = (lo + hi) // 2
+    share, phase = _split_share(weights, node_key, lane, lo, mid, hi)
+    k = sub[mask].astype(np.uint64)
+    a, p = np.uint64(share), np.uint64(phase)
+    before = (k * a + p) >> np.uint64(32)
+    after = ((k + np.uint64(1)) * a + p) >> np.uint64(32)
+    is_left = after > before
+    idx = np.flatnonzero(mask)
+    sub[idx] = np.where(is_left, before.astype(np.int64), (k - before).astype(np.int64))
+    left_mask = np.zeros_like(mask)
+    left_mask[idx[is_left]] = True
+    right_mask = np.zeros_like(mask)
+    right_mask[idx[~is_left]] = True
+    _route(weights, node_key, lane, lo, mid, sub, comp, left_mask)
+    _route(weights, node_key, lane, mid, hi, sub, comp, right_mask)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ordered_block(
+    weights: tuple[float, ...], node_key: int, order_seed: int, lane: int, block: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(component, component draw) of each offset of one block of ``BLOCK`` lane draws.
+
+    The block's components are those of the unpermuted draws of the block, in a
+    keyed pseudorandom order of its slots, so each component receives exactly its
+    unpermuted count per block; each component's draws in the block then take
+    that component's draws of the block in increasing order. Cached (under
+    1 KB an entry, 4096 entries at most): a lane reads a block over several takes.
+    """
+    key = derive_key(order_seed, node_key, lane, block)
+    slots = permute(np.arange(BLOCK, dtype=np.int64), BLOCK, key)
+    comp, sub = route_draws(weights, node_key, lane, block * BLOCK + slots)
+    for c in np.unique(comp).tolist():
+        where = np.flatnonzero(comp == c)  # this component's offsets, in draw order
+        sub[where] = np.sort(sub[where])
+    # Kept small: component ids fit the smallest type, component draws are < MAX_DRAWS.
+    block_comp = comp.astype(np.min_scalar_type(len(weights) - 1))
+    block_sub = sub.astype(np.uint32)
+    block_comp.flags.writeable = False
+    block_sub.flags.writeable = False
+    return block_comp, block_sub
