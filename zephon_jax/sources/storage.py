@@ -263,9 +263,30 @@ _TRANSIENT_TEXT = re.compile(
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR}
 
 
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+# How TensorStore and ArrayRecord report a full disk or quota (as text, in other errors).
+_NO_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='28'")
+
+
+def is_no_space(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or quota
+    (ENOSPC, EDQUOT), as an ``OSError`` or in the text of another library's error."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
+            return True
+        if _NO_SPACE_TEXT.search(str(error)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
-    """Whether ``error`` is worth retrying (network trouble, throttling, 5xx)."""
+    """Whether ``error`` is worth retrying (network trouble, throttling, 5xx); a full
+    disk is not: it does not go away by waiting a second."""
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, StorageError)):
+        return False
+    if is_no_space(error):
         return False
     if isinstance(error, (ConnectionError, TimeoutError)):
         return True
@@ -301,6 +322,13 @@ def retry_call(
                     raise
                 if isinstance(e, FileNotFoundError):
                     raise FileNotFoundError(f"{what} {url}: not found ({e})") from e
+                if is_no_space(e):
+                    full = StorageError(
+                        f"{what} {url} failed: no space left on device (ENOSPC; {e!r}); free "
+                        "space on that filesystem, or write to one with room"
+                    )
+                    full.errno = errno.ENOSPC
+                    raise full from e
                 raise StorageError(f"{what} {url} failed: {e!r}") from e
             if attempt == max_retries:
                 raise StorageError(
