@@ -630,6 +630,19 @@ def test_filter_that_drops_every_record_raises_instead_of_hanging():
         first_batches(ds, 1)
 
 
+def test_jsonl_whitespace_lines_are_blank_and_a_bad_line_is_named(tmp_path):
+    from zephon_jax.sources import JsonlSource
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"x": 0}\n  \t \n{"x": 1}\r\n\t\r\nnot json\n \n{"x": 3}\n')
+    src = JsonlSource(path, progress=False)
+    assert len(src) == 4 and src.__getitems__([0, 1, 3]) == [{"x": 0}, {"x": 1}, {"x": 3}]
+    ds = zj.Dataset.source(src).map(lambda r: np.int64(r["x"])).batch(1, num_lanes=1)
+    # The one bad line is named (file, record, byte); the whitespace lines are not records.
+    with pytest.raises(zj.RecordError, match=r"data\.jsonl: record 2 \(line at byte 27\) is not"):
+        first_batches(ds, 1)
+
+
 def test_skipped_positions_of_an_exhausted_source_are_not_filter_drops():
     # After the frequent source's single epoch ends, its positions are skipped (a run of
     # ~300,000): only filtered records count towards the all-dropped error.
