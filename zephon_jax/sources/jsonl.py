@@ -4,7 +4,13 @@ Index sidecar format (``FILE.zjidx`` beside ``FILE``, or in the cache directory 
 the data's location is not writable): one JSON header line ``{"format", "version",
 "size", "version_tag", "records"}``, then ``records`` little-endian int64 line starts,
 then ``records`` int64 line ends (the newline excluded). The index is rebuilt when the
-file's size or version tag (mtime locally, etag on object stores) changes.
+file's size or version tag (mtime locally, etag on object stores) changes, or when it
+was written by another version of the format (version 1 counted whitespace-only lines
+as records).
+
+A line is blank, and not a record, when it holds nothing but ASCII whitespace (space,
+tab, ``\r``, ``\v``, ``\f``): the lines ``bytes.strip`` empties, as ``zephon-jax
+prepare`` skips them.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from zephon_jax.sources.storage import filesystem, retry_call
 __all__ = ["JsonlSource"]
 
 INDEX_FORMAT = "zephon_jax.jsonl_index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 BLOCK_BYTES = 8 << 20
 COALESCE_BYTES = 64 << 10
 JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+# The bytes a blank line may hold: those bytes.strip() removes, less the newline.
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\r\x0b\x0c")] = True
 
 
 def _cache_dir() -> Path:
@@ -41,19 +50,44 @@ def _cache_dir() -> Path:
 
 
 def _line_spans(data: bytes, base: int) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends (newline excluded) of the non-blank lines of a whole-lines buffer."""
+    """Starts and ends (newline excluded) of the non-blank lines of a whole-lines buffer.
+
+    A line is blank when it is empty or holds only the bytes of ``_BLANK``.
+    """
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == 10)
     starts = np.concatenate([[0], newlines + 1]).astype(np.int64)
     ends = np.concatenate([newlines, [buf.size]]).astype(np.int64)
     if starts[-1] == buf.size:  # the buffer ends with a newline
         starts, ends = starts[:-1], ends[:-1]
-    lengths = ends - starts
-    cr_only = np.zeros(lengths.shape, dtype=bool)
-    one = lengths == 1
-    cr_only[one] = buf[starts[one]] == 13
-    keep = (lengths > 0) & ~cr_only
-    return starts[keep] + base, ends[keep] + base
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    # Only a line that starts with a blank byte can be blank (JSON lines rarely do).
+    maybe = np.flatnonzero(_BLANK[buf[starts]]) if starts.size else starts
+    if maybe.size:
+        keep = np.ones(starts.size, dtype=bool)
+        keep[maybe] = _has_content(data, buf, starts[maybe], ends[maybe])
+        starts, ends = starts[keep], ends[keep]
+    return starts + base, ends + base
+
+
+def _has_content(data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each non-empty line ``[starts, ends)`` of ``data`` (``buf``: its bytes)
+    holds a byte that is not blank, given that its first byte is blank."""
+    out = np.zeros(starts.size, dtype=bool)
+    todo = np.arange(starts.size)
+    for offset in range(1, 9):  # the first bytes of every line at once (indentation)
+        pos = starts[todo] + offset
+        inside = pos < ends[todo]
+        todo, pos = todo[inside], pos[inside]
+        hit = ~_BLANK[buf[pos]]
+        out[todo[hit]] = True
+        todo = todo[~hit]
+        if not todo.size:
+            return out
+    for i in todo.tolist():  # longer runs of whitespace: bytes.strip, as prepare
+        out[i] = bool(data[starts[i] : ends[i]].strip())
+    return out
 
 
 def build_index(url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -189,7 +223,8 @@ class JsonlSource:
 
     ``paths``: a path or URL (``s3://``, ``gs://``), a directory or prefix (its ``.jsonl``,
     ``.json`` and ``.ndjson`` files), a glob, or a list of them. Files are taken sorted by
-    path, lines in file order; blank lines are skipped. Random access goes through a
+    path, lines in file order; blank lines (empty or only spaces, tabs and other ASCII
+    whitespace) are skipped. Random access goes through a
     byte-offset index per file, built once (files in parallel, with progress on stderr)
     and cached beside the file (``FILE.zjidx``) when that is writable, else in
     ``$ZEPHON_JAX_CACHE/jsonl_index``; it is rebuilt when the file's size, mtime or etag
