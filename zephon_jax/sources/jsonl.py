@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.sources.files import INDEX_SUFFIX, checked_indices, expand_paths, file_info
-from zephon_jax.sources.storage import filesystem, retry_call
+from zephon_jax.sources.storage import ShortReadError, filesystem, retry_call
 
 __all__ = ["JsonlSource"]
 
@@ -90,8 +90,13 @@ def _has_content(data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndar
     return out
 
 
-def build_index(url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
-    """``(2, records)`` int64 array of line starts and ends, by one sequential read of ``url``."""
+def build_index(
+    url: str, storage_options: Mapping[str, Any] | None = None, size: int | None = None
+) -> np.ndarray:
+    """``(2, records)`` int64 array of line starts and ends, by one sequential read of ``url``.
+
+    With ``size`` (the file's size), a read that ends early is tried again, never indexed.
+    """
     fs, inner = filesystem(url, storage_options)
     parts: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -111,6 +116,8 @@ def build_index(url: str, storage_options: Mapping[str, Any] | None = None) -> n
                     carry = data[cut:]
                 else:
                     carry = data
+        if size is not None and base + len(carry) != size:
+            raise ShortReadError(f"{url}: read {base + len(carry)} of its {size} bytes")
         if carry:
             parts.append(_line_spans(carry, base))
 
@@ -165,14 +172,18 @@ def load_or_build_index(
     fs, inner = filesystem(url, storage_options)
     sidecar = inner + INDEX_SUFFIX
     cached = _cache_path(url)
-    for reader in (lambda: fs.cat_file(sidecar), cached.read_bytes):
+
+    def read_sidecar() -> bytes:
+        return retry_call(lambda: fs.cat_file(sidecar), url + INDEX_SUFFIX)
+
+    for reader in (read_sidecar, cached.read_bytes):
         try:
             spans = _decode_index(reader(), info)
         except (OSError, ValueError):
             continue
         if spans is not None:
             return spans, False
-    spans = build_index(url, storage_options)
+    spans = build_index(url, storage_options, info["size"])
     if info != file_info(url, storage_options):
         raise RuntimeError(f"{url} changed while it was being indexed; open the source again")
     data = _encode_index(spans, info)
@@ -194,6 +205,20 @@ def _write_beside(fs: Any, sidecar: str, data: bytes) -> None:
         os.replace(tmp, sidecar)
     else:
         fs.pipe_file(sidecar, data)
+
+
+def _whole(blob: Any, path: str, start: int, end: int) -> bytes:
+    """``blob`` if it holds every byte of ``[start, end)``; raises (transient) otherwise.
+
+    A response cut short is never taken as data: ShortReadError makes the read try again.
+    """
+    if isinstance(blob, BaseException):
+        raise blob
+    if len(blob) != end - start:
+        raise ShortReadError(
+            f"{path}: asked for bytes {start}..{end} ({end - start} bytes), got {len(blob)}"
+        )
+    return blob
 
 
 class _Progress:
@@ -329,16 +354,19 @@ class JsonlSource:
     def _read_ranges(self, fss, file_of, paths, starts, ends) -> list[bytes]:
         fs = fss[int(file_of[0])][0]
         shared = all(fss[int(f)][0] is fs for f in np.unique(file_of))
-        label = self.paths[int(file_of[0])] if len(set(paths)) == 1 else f"{len(set(paths))} files"
+        label = self.paths[int(file_of[0])]
+        if len(set(paths)) > 1:
+            label += f" and {len(set(paths)) - 1} more file{'s' if len(set(paths)) > 2 else ''}"
         if shared:
-            blobs = retry_call(lambda: fs.cat_ranges(paths, starts, ends, on_error="raise"), label)
-        else:
-            by_path = {p: fs_ for fs_, p in fss}
-            blobs = [
-                retry_call(partial(by_path[p].cat_file, p, start=a, end=b), p)
-                for p, a, b in zip(paths, starts, ends)
-            ]
-        for blob in blobs:
-            if isinstance(blob, BaseException):
-                raise blob
-        return blobs
+
+            def read_all() -> list[bytes]:
+                blobs = fs.cat_ranges(paths, starts, ends, on_error="raise")
+                return [_whole(b, p, a, e) for b, p, a, e in zip(blobs, paths, starts, ends)]
+
+            return retry_call(read_all, label)
+        by_path = {p: fs_ for fs_, p in fss}
+
+        def read_one(p: str, a: int, b: int) -> bytes:
+            return _whole(by_path[p].cat_file(p, start=a, end=b), p, a, b)
+
+        return [retry_call(partial(read_one, p, a, b), p) for p, a, b in zip(paths, starts, ends)]

@@ -164,8 +164,8 @@ def check_output(opts: PrepareOptions) -> None:
 
 
 def _open(path: str, storage_options: dict[str, Any] | None = None):
-    """A binary file object for a local path or a URL."""
-    fs, inner = filesystem(path, storage_options)
+    """A binary file object for a local path or a URL (each request retried, see filesystem)."""
+    fs, inner = filesystem(path, storage_options, stream=True)
     return fs.open(inner, "rb")
 
 
