@@ -21,7 +21,7 @@ from zephon_jax.provenance import explain_step
 from zephon_jax.state import merge_states
 from zephon_jax.state_file import load_state, save_state
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"  # the package version (pyproject.toml and the docs read it)
 
 # Imported on first use, so that ``import zephon_jax`` does not start jax, orbax or
 # tensorstore: ``zj.checkpoint``, ``zj.sharding`` and ``zj.sources`` work after
