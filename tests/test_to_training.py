@@ -290,3 +290,41 @@ def test_an_unknown_convention_is_a_clear_error():
     docs = zj.Dataset.source([{"tokens": np.arange(1, 9, dtype=np.int32)}] * 4)
     with pytest.raises(zj.PipelineError, match=r"convention='t5'.*one of \('default', 'maxtext'\)"):
         docs.split(4).pack(4).to_training(convention="t5")
+
+
+def hugging_face_labels(batch: dict) -> np.ndarray:
+    """The ``labels`` of a Hugging Face causal LM from ``targets`` and ``loss_mask`` (the docs')."""
+    labels = np.full_like(batch["inputs"], -100)
+    labels[:, 1:] = np.where(batch["loss_mask"][:, :-1] > 0, batch["targets"][:, :-1], -100)
+    return labels
+
+
+def test_hugging_face_labels_are_what_transformers_packs_for_the_same_documents():
+    """transformers' DataCollatorWithFlattening, given each packed piece with its own labels
+    (-100 on prompt tokens), gives the same ``labels`` and ``position_ids``; its causal-LM
+    loss shifts them (``labels[t + 1]`` scores position ``t``), which gives back
+    ``where(loss_mask, targets, -100)``."""
+    from transformers import DataCollatorWithFlattening
+
+    collator = DataCollatorWithFlattening(return_tensors="np")
+    packed = list(zj.Loader(chat_rows().batch(4)))
+    trained = list(zj.Loader(chat_rows().to_training(0).batch(4)))
+    for p, t in zip(packed, trained):
+        labels = hugging_face_labels(t)
+        for r in range(4):
+            seg, tokens, mask = (p[f][r] for f in ("tokens_segment_ids", "tokens", "loss_mask"))
+            pieces = [
+                {
+                    "input_ids": tokens[seg == s].tolist(),
+                    "labels": np.where(mask[seg == s] == 1, tokens[seg == s], -100).tolist(),
+                }
+                for s in range(1, int(seg.max()) + 1)
+            ]
+            want = collator(pieces)
+            n = int((seg > 0).sum())
+            assert labels[r, :n].tolist() == want["labels"][0].tolist()
+            assert (labels[r, n:] == -100).all()
+            assert t["positions"][r, :n].tolist() == want["position_ids"][0].tolist()
+            shifted = np.append(labels[r, 1:], -100)  # what the loss scores at each position
+            expected = np.where(t["loss_mask"][r] > 0, t["targets"][r], -100)
+            assert shifted.tolist() == expected.tolist()
