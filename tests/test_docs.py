@@ -235,3 +235,20 @@ def test_reliability_page_states_the_lane_format_and_old_states_are_refused():
         match=rf"lane 0: the lane state has version 2; this zephon_jax reads version {LANE.version}",
     ):
         iter(zj.Loader(ds)).set_state(saved)
+
+
+def test_every_mesh_recipe_gives_auto_axes():
+    """A bare ``jax.make_mesh((n,), ("data",))`` is Explicit from JAX 0.9 on, which Flax NNX
+    models reject: the docs, README, examples and notebooks use zj.data_mesh, a Mesh, or
+    make_mesh with axis_types."""
+    files = [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "examples").glob("*.py")]
+    files += [*(ROOT / "notebooks").glob("*.ipynb"), ROOT / "zephon_jax" / "tools" / "demo.py"]
+    calls = []
+    for path in files:
+        text = path.read_text()
+        for match in re.finditer(r"(?<!`)jax\.make_mesh\(", text):  # code, not `prose`
+            call = text[match.start() : text.find("\n", match.start())]
+            calls.append(call)
+            assert "axis_types=" in call, (path.name, call)
+    assert calls  # the plain-JAX recipe on the distributed page
+    assert "zj.data_mesh()" in (DOCS / "distributed.md").read_text()
