@@ -195,6 +195,7 @@ def run_example(workdir: Path, steps: int, devices: int, says: str) -> list[dict
     """Runs examples/train_loop.py; its first line must match the regular expression ``says``."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout
     proc = subprocess.run(
         [
             sys.executable,

@@ -146,7 +146,7 @@ class Loader:
         if not any(self._rows.values()):
             raise PipelineError(
                 f"the devices of process {self.process_index} hold no rows of the batch sharding; "
-                "build the mesh over the devices of every process (e.g. jax.make_mesh)"
+                "build the mesh over the devices of every process (e.g. zj.data_mesh())"
             )
 
     # ----- which process holds what ---------------------------------------------------
