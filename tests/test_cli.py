@@ -329,3 +329,27 @@ def test_sources_is_loaded_lazily():
         "assert {'sources', 'checkpoint'} <= set(dir(zj))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_demo_child_ignores_a_zephon_jax_folder_in_the_cwd(tmp_path, monkeypatch):
+    """Run from the folder that holds a clone named ``zephon_jax``, the demo's child
+    processes still import the package the parent uses (not the folder)."""
+    from zephon_jax.tools import demo
+
+    clone = tmp_path / "zephon_jax"
+    clone.mkdir()
+    (clone / "__init__.py").write_text("")  # a folder named like the package, not it
+    monkeypatch.chdir(tmp_path)
+    cfg = demo.DemoConfig(
+        steps=2,
+        resume_at=1,
+        global_batch_size=2,
+        seq_len=64,
+        devices=(2, 1),
+        max_files=4,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    proc = demo._start_child(cfg, 1, "save", str(tmp_path / "ckpt"))
+    result = demo._finish_child(proc, "child")
+    assert result["devices"] == 1
+    assert len(result["fingerprints"]) == 2
