@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from zephon_jax.sources import ArrayRecordTokens, TokenStore
+from zephon_jax.sources.token_store import TokenStoreError
 from zephon_jax.tools.prepare import (
     PrepareError,
     PrepareOptions,
@@ -50,8 +51,8 @@ def write_inputs(tmp_path):
     return [str(tmp_path / n) for n in ("a.jsonl", "b.txt", "c.parquet")], texts
 
 
-def store_docs(path) -> list[np.ndarray]:
-    store = TokenStore(path)
+def store_docs(path, allow_partial: bool = False) -> list[np.ndarray]:
+    store = TokenStore(path, allow_partial=allow_partial)
     return [d["tokens"] for d in store.__getitems__(list(range(len(store))))]
 
 
@@ -344,7 +345,9 @@ def test_strict_commits_and_counts_the_documents_before_the_bad_record(tmp_path)
     opts = PrepareOptions((str(path),), out, lines=True, strict=True, workers=0)
     with pytest.raises(PrepareError, match=r"lines\.txt:4: not UTF-8.*the 2 documents before it"):
         prepare(opts, None)
-    assert [byte_detokenize(d) for d in store_docs(out)] == ["first", "second"]
+    with pytest.raises(TokenStoreError, match="incomplete"):  # stopped: not a finished store
+        store_docs(out)
+    assert [byte_detokenize(d) for d in store_docs(out, allow_partial=True)] == ["first", "second"]
     # Resumed without --strict, the job continues at the bad record and skips it.
     summary = prepare(dataclasses.replace(opts, strict=False), None)
     assert summary.resumed and summary.bad_records == 1
