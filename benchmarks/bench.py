@@ -274,6 +274,9 @@ def uniform_case(
     return out
 
 
+README_NO_WINDOW = "grain without window_shuffle (not the same pipeline)"
+
+
 def documented_case(
     which: str, docs: list, uniform: list, timing: measure.Timing, batch_size: int = 64
 ) -> dict[str, Any]:
@@ -307,6 +310,9 @@ def documented_case(
                 "grain": "MapDataset.mix -> shuffle -> repeat -> filter, read_threads=0, split by "
                 f"FlatMapTransform, BestFitPackIterDataset(num_packing_bins={batch_size}), "
                 "WindowShuffleIterDataset(16), batch",
+                "grain_without_window_shuffle": "the same Grain pipeline without "
+                "WindowShuffleIterDataset, whose index_shuffle per element is slow for small "
+                "windows; shown beside, not compared",
             }
         z_it = iter(zj.Loader(zds))
         next(z_it)
@@ -314,6 +320,9 @@ def documented_case(
             measure.Side("zephon_jax", z_it, count),
             measure.Side("grain", iter(g_ds), count),
         ]
+        if which == "readme":
+            g_plain = documented.readme_grain([docs, uniform], SEQ_LEN, batch_size, window=False)
+            sides.append(measure.Side(README_NO_WINDOW, iter(g_plain), count))
         result = measure.interleave(sides, timing)
         for side in sides:
             measure.close(side.iterator)

@@ -9,9 +9,10 @@ lowest and highest run ("11.1x (10.2-11.5)"); never the best run alone. Figures
 of a run are the medians of its interleaved windows (ratios: between those
 medians), so the range shows how runs differ, not windows.
 
-``--update-docs`` replaces each block between ``<!-- report:NAME -->`` and
-``<!-- /report:NAME -->`` in ``README.md`` and ``docs/performance.md`` with the
-table or bullets ``NAME`` of this set (see ``SECTIONS``), and names the set.
+``--update-docs`` draws the plots into ``docs/_static`` and replaces each block
+between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->`` in ``README.md``
+and ``docs/performance.md`` with the table, bullets or figure ``NAME`` of this set
+(see ``SECTIONS`` and ``FIGURES``), naming the set it came from.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TOKEN_ARRAY_SIDE = "zephon_jax %s, TokenArray"  # as bench.py names it
 LEAN = "lean Python reference"
 COPY = "contiguous copy"
 GRAIN_POOL = "zephon_jax lanes in grain's mp_prefetch, 2 workers"
+README_NO_WINDOW = "grain without window_shuffle (not the same pipeline)"
 SKIPPED = {"rates"}  # per-window lists: a run's own spread, not a figure
 
 
@@ -220,6 +222,14 @@ def documented_table(fig: Figures) -> str:
             f"| {label} | {tokens(fig(*z, 'rate_median'))} | {tokens(fig(*g, 'rate_median'))} | "
             f"{ratio(fig('default', case, 'ratio_to_grain'))} | "
             f"{fill(fig(*z, 'fill'))} / {fill(fig(*g, 'fill'))} |"
+        )
+    plain_grain = fig("default", "readme", "sides", README_NO_WINDOW, "rate_median")
+    if plain_grain is not None:
+        lines.append(
+            "\nGrain's `WindowShuffleIterDataset` permutes each window with one `index_shuffle` "
+            "call per element, slow for a window of 16; the same Grain pipeline without the "
+            f"window shuffle (not the same batches) made {tokens(plain_grain)} real tokens/s "
+            "in the same windows."
         )
     return "\n".join(lines)
 
@@ -470,18 +480,67 @@ SECTIONS: dict[str, Callable[[Figures], str]] = {
 }
 
 
+# Plots the docs show: block name -> (file under docs/_static, alt text, caption).
+FIGURES = {
+    "figure_documented": (
+        "bench_documented.png",
+        "Real tokens per second of the documented pipelines, zephon_jax and Grain",
+        "The documented pipelines on the default install; bars: median, whiskers: lowest and "
+        "highest run.",
+    ),
+    "figure_packing": (
+        "bench_vs_grain.png",
+        "Real tokens per second of zephon_jax and Grain for three packing cases",
+        "Real (non-padding) tokens/s; dashed: the lean Python reference.",
+    ),
+    "figure_copy": (
+        "bench_copy.png",
+        "Batches per second as a share of copying the batch's bytes",
+        "Speed as a share of a contiguous copy of the batch's bytes (log scale).",
+    ),
+    "figure_lanes": (
+        "bench_lanes.png",
+        "Tokens per second, memory per lane and restore time against the lane count",
+        "The same batches made by more lanes; restore in a fresh process.",
+    ),
+    "figure_workers": (
+        "bench_workers.png",
+        "Speed with 0, 1 and 2 workers, and zephon_jax lanes in Grain's worker pool",
+        "Speed over no workers; dashed: the map alone in two plain processes over one.",
+    ),
+    "figure_tokenize": (
+        "bench_tokenize.png",
+        "Records per second of tokenizing in the pipeline and in Grain",
+        "Records/s of the tokenize case, per tokenizer.",
+    ),
+}
+
+
+def figure_block(name: str, static: str) -> str:
+    """The MyST figure of block ``name``, or a note when its plot is not in ``static``."""
+    file, alt, caption = FIGURES[name]
+    if not os.path.exists(os.path.join(static, file)):
+        return f"_(plot pending: `{file}` is drawn by `report.py SET --update-docs`)_"
+    return f"```{{figure}} _static/{file}\n:alt: {alt}\n:width: 100%\n\n{caption}\n```"
+
+
 def markdown(fig: Figures) -> str:
     return "\n\n".join(f"### {name}\n\n{fn(fig)}" for name, fn in SECTIONS.items())
 
 
-def update_text(text: str, fig: Figures, set_name: str) -> str:
-    """``text`` with every ``report:NAME`` block replaced by section ``NAME`` of ``fig``."""
+def update_text(text: str, fig: Figures, set_name: str, static: str = "") -> str:
+    """``text`` with every ``report:NAME`` block replaced by section ``NAME`` of ``fig`` (or
+    by the figure ``NAME`` whose plot is in the directory ``static``)."""
 
     def block(m: re.Match) -> str:
         name = m.group(1)
-        if name not in SECTIONS:
-            raise SystemExit(f"unknown report block {name!r}; known: {', '.join(SECTIONS)}")
-        body = SECTIONS[name](fig)
+        if name in FIGURES:
+            body = figure_block(name, static)
+        elif name in SECTIONS:
+            body = SECTIONS[name](fig)
+        else:
+            known = ", ".join([*SECTIONS, *FIGURES])
+            raise SystemExit(f"unknown report block {name!r}; known: {known}")
         return (
             f"<!-- report:{name} -->\n<!-- generated by benchmarks/report.py from {set_name} -->"
             f"\n{body}\n<!-- /report:{name} -->"
@@ -491,12 +550,18 @@ def update_text(text: str, fig: Figures, set_name: str) -> str:
 
 
 def update_docs(fig: Figures, set_name: str, root: str = REPO) -> list[str]:
-    written = []
+    """Draws the plots into ``docs/_static`` and rewrites the marked blocks of the docs."""
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import plots as plots_mod
+
+    static = os.path.join(root, "docs", "_static")
+    written = plots_mod.draw_all(fig, static)
     for rel in DOCS:
         path = os.path.join(root, rel)
         with open(path) as f:
             text = f.read()
-        new = update_text(text, fig, set_name)
+        new = update_text(text, fig, set_name, static)
         if new != text:
             with open(path, "w") as f:
                 f.write(new)
@@ -539,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_docs:
         name = os.path.relpath(os.path.abspath(args.set), REPO)
         for path in update_docs(fig, name):
-            print(f"updated {path}", file=sys.stderr)
+            print(f"wrote {path}", file=sys.stderr)
     if args.plots:
         if _HERE not in sys.path:
             sys.path.insert(0, _HERE)
