@@ -366,6 +366,27 @@ def workers_table(fig: Figures) -> str:
     return "\n".join(lines)
 
 
+def workers_cpu_table(fig: Figures) -> str:
+    """CPU milliseconds per batch of all the processes together (and of the loader)."""
+    names = [n for n in ("heavy map", "heavy map + pack") if fig.has("default", "workers")]
+    sides: list[str] = []
+    for n in names:
+        sides += [s for s in fig.first("default", "workers", n, "sides") or {} if s not in sides]
+    header = [s.replace("workers=", "zephon_jax, workers=") for s in sides]
+    lines = ["| pipeline | " + " | ".join(header) + " |", "|---|" + "---:|" * len(sides)]
+    for n in names:
+        cells = []
+        for side in sides:
+            p = ("default", "workers", n, "sides", side)
+            total = fig(*p, "cpu_s_per_batch_total")
+            cells.append(
+                "" if total is None
+                else f"{millis(total)} (loader {millis(fig(*p, 'cpu_s_per_batch_loader'))})"
+            )  # fmt: skip
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _worker_label(side: str) -> str:
     return side.split("=")[1] if side.startswith("workers=") else "grain_pool_2"
 
@@ -475,6 +496,7 @@ SECTIONS: dict[str, Callable[[Figures], str]] = {
     "lanes": lambda fig: lanes_table(fig, "default", "lanes"),
     "lanes_token_array": lambda fig: lanes_table(fig, "fast", "lanes_token_array"),
     "workers": workers_table,
+    "workers_cpu": workers_cpu_table,
     "tokenize": tokenize_table,
     "map_batch": map_batch_text,
 }
