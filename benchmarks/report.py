@@ -136,7 +136,7 @@ def fill(stat: Stat | None) -> str:
 
 
 def kilo(stat: Stat | None) -> str:
-    return _fmt(stat, 1e3, ".0f", " k")
+    return _fmt(stat, 1e3, ".1f" if stat is not None and stat.median < 1e4 else ".0f", " k")
 
 
 def seconds(stat: Stat | None) -> str:
