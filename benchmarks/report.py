@@ -429,7 +429,7 @@ def headline(fig: Figures) -> str:
     """The README's bullets: the default install first, the fast extra labelled as such."""
     d = ("default",)
     out = [
-        f"Medians over runs, with the lowest and highest run in brackets. {environment_text(fig)}"
+        f"Medians over runs, with the lowest and highest run in brackets. {environment_text(fig)}\n"
     ]
     if fig.has("default", "llm"):
         out.append(
@@ -446,7 +446,10 @@ def headline(fig: Figures) -> str:
             "2048, `batch(64)`), default install: "
             f"{tokens(fig(*d, 'readme', 'sides', 'zephon_jax', 'rate_median'))} against Grain's "
             f"{tokens(fig(*d, 'readme', 'sides', 'grain', 'rate_median'))}: "
-            f"**{ratio(fig(*d, 'readme', 'ratio_to_grain'))}**."
+            f"**{ratio(fig(*d, 'readme', 'ratio_to_grain'))}**; Grain's window shuffle is slow on "
+            "windows this small: without it Grain makes "
+            f"{tokens(fig(*d, 'readme', 'sides', README_NO_WINDOW, 'rate_median'))} "
+            "(other batches)."
         )
     if fig.has("default", "packing"):
         p = ("default", "packing")
@@ -625,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(fig))
     if args.update_docs:
         name = os.path.relpath(os.path.abspath(args.set), REPO)
+        if name.startswith(".."):  # a set outside the repository: named by its folder
+            name = os.path.basename(os.path.abspath(args.set))
         for path in update_docs(fig, name):
             print(f"wrote {path}", file=sys.stderr)
     if args.plots:

@@ -82,3 +82,11 @@ def test_update_text_rewrites_only_the_marked_blocks(tmp_path):
 def test_a_directory_without_a_set_says_how_to_make_one(tmp_path):
     with pytest.raises(SystemExit, match="run_set.py --runs 5"):
         report.figures(str(tmp_path))
+
+
+def test_a_figure_block_names_its_plot_only_once_it_is_drawn(tmp_path):
+    pending = report.figure_block("figure_packing", str(tmp_path))
+    assert "plot pending" in pending and "{figure}" not in pending
+    (tmp_path / "bench_vs_grain.png").write_bytes(b"png")
+    drawn = report.figure_block("figure_packing", str(tmp_path))
+    assert drawn.startswith("```{figure} _static/bench_vs_grain.png\n:alt: ")
