@@ -127,7 +127,7 @@ def log(msg: str) -> None:
 
 
 def _copy_side(sample: dict[str, np.ndarray], source: np.ndarray) -> measure.Side:
-    copy = measure.CopyFloor(measure.batch_layout(sample), source)
+    copy = measure.ContiguousCopy(measure.batch_layout(sample), source)
     return measure.Side(COPY, copy, measure.count_batches)
 
 

@@ -10,7 +10,7 @@ reuses. It keeps no lineage, no state and checks nothing, so it cannot resume.
 It is a reference point, not a lower bound on what Python per record costs: a
 leaner loop makes the same batches faster. The benchmark runs it beside
 zephon_jax and Grain, and a loader's speed over it is its share of the lean
-Python reference (the contiguous copy, ``measure.CopyFloor``, relates a batch to
+Python reference (the contiguous copy, ``measure.ContiguousCopy``, relates a batch to
 moving its bytes instead).
 """
 
