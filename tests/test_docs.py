@@ -240,6 +240,7 @@ def test_reliability_page_states_the_lane_format_and_old_states_are_refused():
     import numpy as np
 
     from zephon_jax.envelope import LANE, STATE
+    from zephon_jax.state import FINGERPRINT_FIELDS
 
     text = (DOCS / "reliability.md").read_text()
     row = re.search(r"\| a lane's state .*\| \*\*(\d+)\*\* \|", text)
@@ -253,7 +254,8 @@ def test_reliability_page_states_the_lane_format_and_old_states_are_refused():
     saved["lanes"] = {k: np.asarray(v, np.uint8) for k, v in saved["lanes"].items()}
     docs = [{"tokens": np.arange(1, n + 1, dtype=np.int32)} for n in range(1, 40)]
     ds = zj.Dataset.source(docs).shuffle(seed=0).split(8).pack(8).batch(4)
-    assert saved["fingerprint"] == ds.fingerprint()
+    compared = {k: v for k, v in ds.fingerprint().items() if k in FINGERPRINT_FIELDS}
+    assert saved["fingerprint"] == compared  # the same pipeline: only the version differs
     with pytest.raises(
         zj.StateError,
         match=rf"lane 0: the lane state has version 2; this zephon_jax reads version {LANE.version}",
