@@ -5,6 +5,7 @@ number of processes, devices or workers, and across checkpoints restored on
 another topology, also through packing, splitting, shuffle buffers and mixtures.
 """
 
+from zephon_jax.accounting import accounting, merge_accounting
 from zephon_jax.dataset import BatchedDataset, Dataset
 from zephon_jax.errors import (
     PipelineError,
@@ -56,9 +57,11 @@ __all__ = [
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "accounting",
     "derive",
     "explain_step",
     "load_state",
+    "merge_accounting",
     "merge_states",
     "save_state",
     "stateless",

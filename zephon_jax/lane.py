@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zephon_jax.accounting import Tally
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_blocks import MIN_BLOCK, block_cap, first_block, next_block
@@ -46,7 +47,7 @@ from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.split import SplitOperator
-from zephon_jax.provenance import leaf_labels
+from zephon_jax.provenance import lane_provenance, leaf_labels
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import (
     can_end,
@@ -142,6 +143,7 @@ class Lane:
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
+        self.tally = Tally(plan)  # what this lane delivered (see zephon_jax.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
@@ -431,6 +433,13 @@ class Lane:
         self.step += 1
         return rows
 
+    def count(self, rows: Sequence[Element], step: int) -> None:
+        """Adds ``rows``, this lane's rows of global step ``step``, now delivered, to its
+        accounting (their provenance, see :mod:`zephon_jax.accounting`)."""
+        lineages = [row.lineage for row in rows]
+        segments = lane_provenance(self.plan, self.lane, lineages, self.locate)
+        self.tally.add(segments, [row.data for row in rows], step)
+
     def _take(self, n: int) -> list[Element] | None:
         if self.plan.columnar is not None:
             return take_columns(self, n)
@@ -548,6 +557,7 @@ class Lane:
             pending,
             self.step,
             mixture,
+            self.tally.saved(),
         )
 
     def get_state(self) -> bytes:
@@ -577,6 +587,7 @@ class Lane:
         self.next_position = snapshot.next_position
         self.step = snapshot.step
         self.input_done = snapshot.input_done
+        self.tally.load(snapshot.tally, self.lane)
         self.carries = carries
         self.pending = pending
         self._ahead.clear()

@@ -1,13 +1,14 @@
 """The lane state format: a lane's snapshot as plain data, and as checksummed bytes.
 
 A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
-pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
+pending, step, mixture, tally)``: ``carries`` holds, per operator, ``(held_lineages,
 aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
 as their lineages; in memory, the held lineages may be kept as
 :class:`~zephon_jax.operators.base.HeldLineages` groups, joined when encoded),
 ``pending`` the lineages of the finished rows not yet
 batched, ``step`` the global step the lane produces next and ``mixture`` the
-carry of plain ints of a mixture by tokens or with weight stages (else None).
+carry of plain ints of a mixture by tokens or with weight stages (else None)
+and ``tally`` the lane's counters of delivered data (see :mod:`zephon_jax.accounting`).
 Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
@@ -20,6 +21,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from zephon_jax import codec
+from zephon_jax.accounting import check_saved_tally
 from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import StateError
 from zephon_jax.lineage import plain_lineage
@@ -38,6 +40,7 @@ class LaneSnapshot(NamedTuple):
     pending: tuple
     step: int
     mixture: Any
+    tally: tuple
 
 
 def lane_checksum(body: bytes, lane: int) -> bytes:
@@ -101,9 +104,9 @@ def decode_lane_state(
     if not (isinstance(value, tuple) and value):
         raise _format_error(lane, value)
     LANE.check_version(value[0], f"lane {lane}: the lane state")
-    if len(value) != 7:
+    if len(value) != 8:
         raise StateError(
-            f"lane {lane}: the lane state has {len(value)} entries, not 7; the state was altered"
+            f"lane {lane}: the lane state has {len(value)} entries, not 8; the state was altered"
         )
     snapshot = LaneSnapshot(*value)
     ends = end_position is not None if can_end is None else can_end
@@ -125,6 +128,7 @@ def decode_lane_state(
     _check_lineages(snapshot.pending, lane, "pending")
     if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
         raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
+    check_saved_tally(snapshot.tally, lane)
     return snapshot
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from zephon_jax.accounting import Tally
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import StateError, ZephonError
@@ -52,6 +53,7 @@ def _restore_lanes(
     lanes: Sequence[Lane], snapshots: Sequence[LaneSnapshot], read_ahead: bool
 ) -> None:
     for lane, snapshot in zip(lanes, snapshots):
+        Tally(lane.plan).load(snapshot.tally, lane.lane)  # checks it fits, before any change
         _set_mixture_carry(lane, snapshot)
     rebuilders = [Rebuilder(lane) for lane in lanes]
     wanted = [
