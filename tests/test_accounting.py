@@ -260,3 +260,32 @@ def test_skip_rejects_bad_counts():
     for bad in (-1, 1.5, True):
         with pytest.raises(zj.PipelineError, match="skip"):
             it.skip(bad)
+
+
+def test_explain_command_accepts_a_skipped_state(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from zephon_jax.tools.cli import main
+
+    (tmp_path / "skip_pipeline.py").write_text(
+        "import numpy as np\nimport zephon_jax as zj\n\n"
+        "def pipeline():\n"
+        "    docs = [{'tokens': np.arange(i % 9 + 3, dtype=np.int32)} for i in range(50)]\n"
+        "    return zj.Dataset.source(docs, name='d').shuffle(2).split(8).pack(8).batch(4)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("skip_pipeline", None)
+    import skip_pipeline
+
+    ds = skip_pipeline.pipeline()
+    it = iter(zj.Loader(ds))
+    next(it)
+    it.skip(3)
+    zj.save_state(it.get_state(), tmp_path / "state.zjs")
+    common = ["explain", "skip_pipeline:pipeline", "--step", "5", "--row", "1"]
+    assert main(common) == 0
+    plain = capsys.readouterr().out.split("\n", 1)
+    assert main(common + ["--state", str(tmp_path / "state.zjs")]) == 0
+    resumed = capsys.readouterr().out.split("\n", 1)
+    assert "from the state at step 4, a run that skipped 3 batches" in resumed[0]
+    assert resumed[1] == plain[1]

@@ -83,6 +83,12 @@ def explain(
     size = dataset.batch_size_at(int(step))
     rows = list(range(size)) if rows is None else list(rows)
     origin = f"from the state at step {int(state['step'])}" if state is not None else "from step 0"
+    if state is not None:
+        from zephon_jax.accounting import accounting
+
+        skipped = accounting(state)["skipped"]
+        if skipped:  # the run passed over batches (LoaderIterator.skip): say so
+            origin += f", a run that skipped {skipped} batch{'es' if skipped != 1 else ''}"
     lines = [
         f"global batch {step} (0-based), {len(rows)} of {size} rows, "
         f"computed {origin} in {seconds:.2f} s"
