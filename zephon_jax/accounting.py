@@ -34,6 +34,7 @@ import numpy as np
 
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
+from zephon_jax.lineage import Opaque
 
 # Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
 LEAF_FIELDS = 4
@@ -72,21 +73,25 @@ class Tally:
             self._components = len(mixture.children)
             self.stages = [0] * (len(mixture.stages.starts) * self._components)
 
-    def add(self, rows: Sequence[Sequence[Mapping[str, Any]]], datas: Sequence[Any], step: int):
-        """Counts the provenance ``rows`` (segments per row) of rows ``datas`` delivered at
-        global step ``step``."""
+    def add(self, rows: Sequence[Sequence[Any]], located: Mapping[Any, tuple], datas, step: int):
+        """Counts rows delivered at global step ``step``: ``rows`` their sampler-level
+        pieces (see :func:`~zephon_jax.provenance.row_pieces`), ``located`` the
+        ``(leaf, record, epoch)`` of each piece's root, ``datas`` the rows' data."""
         counts = self.leaves
         component_of = self.component_of
+        stage_tokens = self.stages
         base_stage = 0
-        if component_of is not None:
-            base_stage = self.stage_schedule.index_at(step) * self._components
-        for segments, data in zip(rows, datas):
-            alone = len(segments) == 1
-            for segment in segments:
-                leaf = segment["source"]
-                if leaf is None:
+        schedule = self.stage_schedule
+        if schedule is not None:
+            base_stage = schedule.index_at(step) * self._components
+        for pieces, data in zip(rows, datas):
+            alone = len(pieces) == 1
+            for piece in pieces:
+                lineage = piece.lineage
+                if type(lineage) is Opaque:  # a record of a user operator: no source
                     continue
-                start, stop = segment["start"], segment["stop"]
+                leaf, _, epoch = located[lineage if type(lineage) is tuple else int(lineage)]
+                start, stop = piece.start, piece.stop
                 if stop is not None:
                     tokens = stop - (start or 0)
                 else:
@@ -94,12 +99,12 @@ class Tally:
                 at = LEAF_FIELDS * leaf
                 counts[at] += tokens
                 counts[at + 1] += 1
-                if (start is None or start == 0) and not segment.get("output"):
+                if not start and not piece.output:  # starts at its record's first token
                     counts[at + 2] += 1
-                if segment["epoch"] >= counts[at + 3]:
-                    counts[at + 3] = segment["epoch"] + 1
+                if epoch >= counts[at + 3]:
+                    counts[at + 3] = epoch + 1
                 if component_of is not None:
-                    self.stages[base_stage + component_of[leaf]] += tokens
+                    stage_tokens[base_stage + component_of[leaf]] += tokens
 
     def saved(self) -> tuple:
         """The counters as plain data: ``(skipped, leaf counters, stage tokens)``."""

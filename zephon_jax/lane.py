@@ -43,11 +43,11 @@ from zephon_jax.lane_columns import (
     take_columns,
 )
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
-from zephon_jax.lineage import Element, is_derived, root_position
+from zephon_jax.lineage import Element, Opaque, is_derived, plain_lineage, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.split import SplitOperator
-from zephon_jax.provenance import lane_provenance, leaf_labels
+from zephon_jax.provenance import leaf_labels, row_pieces
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import (
     can_end,
@@ -436,9 +436,17 @@ class Lane:
     def count(self, rows: Sequence[Element], step: int) -> None:
         """Adds ``rows``, this lane's rows of global step ``step``, now delivered, to its
         accounting (their provenance, see :mod:`zephon_jax.accounting`)."""
-        lineages = [row.lineage for row in rows]
-        segments = lane_provenance(self.plan, self.lane, lineages, self.locate)
-        self.tally.add(segments, [row.data for row in rows], step)
+        operators = self.plan.operators
+        pieces = [row_pieces(operators, plain_lineage(row.lineage)) for row in rows]
+        roots = {
+            p.lineage if type(p.lineage) is tuple else int(p.lineage)
+            for row in pieces
+            for p in row
+            if type(p.lineage) is not Opaque
+        }
+        ordered = sorted(roots)
+        located = dict(zip(ordered, self.locate(ordered))) if roots else {}
+        self.tally.add(pieces, located, [row.data for row in rows], step)
 
     def _take(self, n: int) -> list[Element] | None:
         if self.plan.columnar is not None:

@@ -335,7 +335,9 @@ class LoaderIterator(Iterator[Any]):
             return
         state = self.get_state()
         loader = self.loader
-        producer = RowProducer(loader.dataset, loader.rows_of_size, agree_on_end=loader.agree_on_end)
+        producer = RowProducer(
+            loader.dataset, loader.rows_of_size, agree_on_end=loader.agree_on_end
+        )
         producer.restore(state)
         step = int(state["step"])
         for _ in range(n):
