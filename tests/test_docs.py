@@ -152,7 +152,7 @@ def test_custom_operator_page_runs():
 def test_debugging_page_runs(tmp_path, monkeypatch, capsys):
     """The loss-spike page's examples run as written and print the segments."""
     blocks = _python_blocks("debugging_loss_spikes.md")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "debugging_loss_spikes.md", "exec"), {"__name__": "docs_example"})
     assert "'label': " in capsys.readouterr().out
@@ -184,7 +184,7 @@ def test_llm_training_page_runs():
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
     blocks = _python_blocks("llm_training.md")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace: dict = {"__name__": "docs_example"}
     for block in blocks:
         exec(compile(block, "llm_training.md", "exec"), namespace)
