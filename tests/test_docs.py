@@ -184,7 +184,7 @@ def test_llm_training_page_runs():
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
     blocks = _python_blocks("llm_training.md")
-    assert len(blocks) == 3
+    assert len(blocks) == 2
     namespace: dict = {"__name__": "docs_example"}
     for block in blocks:
         exec(compile(block, "llm_training.md", "exec"), namespace)
