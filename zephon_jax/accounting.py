@@ -22,7 +22,10 @@ over every delivered step gives, segment by segment:
 * ``epoch``: the highest epoch among the segments.
 
 Segments of records made by a user operator that keeps no pointers (``source``
-is ``None``) count for no source.
+is ``None``) count for no source. Once a finite input ends, the lanes that still
+made rows for the batch that could not be completed have counted them too (each
+lane counts on its own, so its state does not depend on which lanes a process or
+worker runs).
 """
 
 from __future__ import annotations

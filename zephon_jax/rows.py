@@ -224,18 +224,21 @@ class RowProducer:
             raise
         step = self.step
         self.step += 1
+        try:
+            # Each lane counts its rows on its own (not only when the batch is whole), so
+            # its state is the same whichever lanes a producer or worker runs.
+            for l, elements in taken.items():
+                if elements is not None:
+                    self.lanes[l].count(elements, step)
+        except BaseException as e:
+            self._failure = e
+            raise
         rows: dict[int, list[Element]] = {}
         for l, elements in taken.items():
             if elements is None:
                 self._last = None
                 return None
             rows[l] = elements
-        try:
-            for l, elements in rows.items():
-                self.lanes[l].count(elements, step)
-        except BaseException as e:
-            self._failure = e
-            raise
         picked = [rows[l][i] for l, i in self._picks[size]]
         self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
