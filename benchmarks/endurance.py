@@ -1,14 +1,20 @@
 """Endurance: a long run of a small packing pipeline keeps flat memory and leaks nothing.
 
     python benchmarks/endurance.py --steps 100000 --every 1000 --json /tmp/endurance.json
+    python benchmarks/endurance.py --pipeline llm --steps 200000 --checkpoint-every 1000
 
 Runs ``--steps`` global batches of shuffle -> map -> split -> pack(best_fit) ->
-window_shuffle (with loader workers when ``zephon_jax.workers`` is available)
-and samples, every ``--every`` steps: resident memory of the loader process and
+window_shuffle, or with ``--pipeline llm`` the documented LLM pipeline (two
+``TokenStore`` sources mixed by tokens -> shuffle -> split -> pack ->
+to_training), with loader workers when ``zephon_jax.workers`` is available, and
+samples, every ``--every`` steps: resident memory of the loader process and
 its workers, thread count, open file descriptors, child processes, the loader's
-shared-memory segments in ``/dev/shm`` and the size of ``get_state()``. After
-``close()`` it checks that threads, descriptors, processes and segments are back
-to what they were before the loader started.
+shared-memory segments in ``/dev/shm``, the size of ``get_state()`` and of the
+cache folders a run writes (numba's cache and the checkpoint directory). With
+``--checkpoint-every K`` an Orbax ``CheckpointManager`` (two kept) saves the
+loader every ``K`` steps. After ``close()`` it checks that threads,
+descriptors, processes and segments are back to what they were before the
+loader started.
 
 Asserts (exit status 1 and a list of failures otherwise):
 
@@ -55,6 +61,49 @@ def make_pipeline(batch: int, seq_len: int, num_docs: int) -> zj.BatchedDataset:
         .pack(seq_len, method="best_fit", num_bins=8)
         .window_shuffle(16, seed=2)
         .batch(batch)
+    )
+
+
+def make_llm_pipeline(batch: int, seq_len: int, num_docs: int, folder: str) -> zj.BatchedDataset:
+    """Two TokenStores (long web-like and short chat-like documents) mixed by tokens."""
+    from zephon_jax.sources import write_token_store
+
+    rng = np.random.default_rng(0)
+    stores = []
+    for name, longest in (("web", 4 * seq_len), ("chat", seq_len // 2)):
+        lengths = rng.integers(1, longest, size=num_docs)
+        docs = [rng.integers(2, 32000, size=int(n)).astype(np.int32) for n in lengths]
+        stores.append(write_token_store(os.path.join(folder, name), docs, dtype="int32"))
+    web, chat = (zj.Dataset.source(s) for s in stores)
+    return (
+        zj.Dataset.mix([web, chat], [0.7, 0.3], unit="tokens")
+        .shuffle(seed=0)
+        .split(seq_len)
+        .pack(seq_len)
+        .to_training()
+        .batch(batch)
+    )
+
+
+def folder_bytes(path: str | None) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    if path and os.path.isdir(path):
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except FileNotFoundError:  # removed by a concurrent cleanup
+                    pass
+    return total
+
+
+def numba_cache_folder() -> str | None:
+    """Where numba caches the compiled kernels of this install (its __pycache__)."""
+    import zephon_jax.kernels
+
+    return os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.path.dirname(zephon_jax.kernels.__file__), "__pycache__"
     )
 
 
@@ -124,7 +173,7 @@ def leak_counts(prefix: str) -> dict:
 
 
 # ----- the run ---------------------------------------------------------------------------
-def sample(step: int, it, prefix: str, started: float) -> dict:
+def sample(step: int, it, prefix: str, started: float, folders: dict) -> dict:
     children = child_pids()
     return {
         "step": step,
@@ -138,11 +187,19 @@ def sample(step: int, it, prefix: str, started: float) -> dict:
         "shm": shm_entries(prefix),
         "shm_maps": shm_mappings(),
         "state_bytes": state_bytes(it.get_state()),
+        **{f"{name}_bytes": folder_bytes(path) for name, path in folders.items()},
     }
 
 
 def run(args) -> dict:
-    ds = make_pipeline(args.batch, args.seq_len, args.num_docs)
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="zj-endurance-")
+    if args.pipeline == "llm":
+        ds = make_llm_pipeline(args.batch, args.seq_len, args.num_docs, work)
+    else:
+        ds = make_pipeline(args.batch, args.seq_len, args.num_docs)
+    folders = {"numba_cache": numba_cache_folder(), "checkpoints": os.path.join(work, "ckpt")}
     prefix = f"zj{os.getpid():x}"  # the workers' segment names start with it
     if args.workers:
         # multiprocessing's resource tracker is one process per interpreter, started on first
@@ -150,21 +207,32 @@ def run(args) -> dict:
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
+    # Orbax and TensorStore keep threads and descriptors of their own from the first
+    # manager on: make it before the baseline, so only the loader's are counted.
+    manager = checkpoint_manager(folders["checkpoints"]) if args.checkpoint_every else None
     gc.collect()
     baseline = leak_counts(prefix)
     kwargs = {"num_workers": args.workers} if args.workers else {}
     it = iter(zj.Loader(ds, **kwargs))
     started = time.perf_counter()
-    samples = [sample(0, it, prefix, started)]
+    samples = [sample(0, it, prefix, started, folders)]
     tokens = 0
+    real = "loss_mask" if args.pipeline == "llm" else "tokens_segment_ids"
     for step in range(1, args.steps + 1):
         batch = next(it)
-        tokens += int(np.count_nonzero(batch["tokens_segment_ids"]))
+        tokens += int(np.count_nonzero(batch[real]))
+        if manager is not None and step % args.checkpoint_every == 0:
+            save(manager, step, it)
         if step % args.every == 0 or step == args.steps:
-            samples.append(sample(step, it, prefix, started))
+            if manager is not None:
+                manager.wait_until_finished()  # sample between saves, not during one
+            samples.append(sample(step, it, prefix, started, folders))
             if args.verbose:
                 print(json.dumps(samples[-1]), flush=True)
     elapsed = time.perf_counter() - started
+    if manager is not None:
+        manager.wait_until_finished()
+        manager.close()
     close = getattr(it, "close", None)
     if close is not None:
         close()
@@ -183,6 +251,21 @@ def run(args) -> dict:
     }
 
 
+def checkpoint_manager(path: str):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    return ocp.CheckpointManager(path, options=options)
+
+
+def save(manager, step: int, it) -> None:
+    import orbax.checkpoint as ocp
+
+    import zephon_jax.checkpoint as zc
+
+    manager.save(step, args=ocp.args.Composite(data=zc.Save(it)))
+
+
 def check(result: dict, args) -> list[str]:
     """The failed assertions, as sentences."""
     samples = result["samples"]
@@ -198,11 +281,18 @@ def check(result: dict, args) -> list[str]:
         failures.append(
             f"memory grew by {growth:.1f} MB after warm-up (bound {args.max_growth_mb})"
         )
+    for key in ("numba_cache_bytes", "checkpoints_bytes"):
+        sizes = [s[key] for s in rest]
+        if max(sizes) > 2 * max(1, sizes[0]) + 65536:
+            failures.append(f"{key} grew after warm-up: {sizes[0]} -> {max(sizes)}")
     for key in ("threads", "fds", "children", "shm", "shm_maps"):
         values = sorted({s[key] for s in rest})
-        if len(values) > 1:
+        # Orbax's and TensorStore's pools start and end a thread or two around a save:
+        # with checkpoints, threads and descriptors may move within a small band.
+        band = 2 if args.checkpoint_every and key in ("threads", "fds") else 0
+        if values[-1] - values[0] > band:
             failures.append(f"{key} changed after warm-up: {values}")
-        if result["after_close"][key] != result["baseline"][key]:
+        if result["after_close"][key] > result["baseline"][key]:
             failures.append(
                 f"{key}: {result['after_close'][key]} after close, {result['baseline'][key]} before"
             )
@@ -232,13 +322,19 @@ def summary(result: dict) -> str:
             f"shm {last['shm']}, shm mappings {last['shm_maps']} (during); after close: {result['after_close']} "
             f"(baseline {result['baseline']})",
             f"state bytes: {result.get('state_bytes')}",
+            f"numba cache: {first['numba_cache_bytes']} -> {last['numba_cache_bytes']} bytes; "
+            f"checkpoints: {first['checkpoints_bytes']} -> {last['checkpoints_bytes']} bytes",
         ]
     )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pipeline", choices=("packing", "llm"), default="packing")
     parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="save with Orbax every K steps (0: never)"
+    )
     parser.add_argument("--every", type=int, default=1000, help="sample every K steps")
     parser.add_argument("--warmup", type=int, default=None, help="default: 10%% of --steps")
     parser.add_argument("--workers", type=int, default=2 if HAS_WORKERS else 0)

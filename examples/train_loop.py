@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=32)
     args = p.parse_args(argv)
 
-    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    mesh = zj.data_mesh()  # one Auto "data" axis over every device
     batch_sharding = NamedSharding(mesh, P("data"))
     replicated = NamedSharding(mesh, P())
     loader = zj.Loader(make_dataset(args.batch_size, args.seq_len), sharding=batch_sharding)

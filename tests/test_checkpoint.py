@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,38 @@ def test_restore_checks_the_pipeline_and_completeness(tmp_path, dataset):
         handler.save(directory, args=zc.Save([1, 2]))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "flipped"])
+def test_restore_refuses_a_partially_written_lane_file(tmp_path, dataset, damage):
+    """A lane file cut short (as by a full disk or a kill mid-write) is refused with a
+    StateError naming the file, never loaded; the iterator is unchanged."""
+    directory = tmp_path / "item"
+    directory.mkdir()
+    handler = zc.LoaderCheckpointHandler()
+    it = iter(zj.Loader(dataset))
+    for _ in range(3):
+        next(it)
+    handler.save(directory, args=zc.Save(it))
+    path = directory / zc.lane_file(2)
+    data = path.read_bytes()
+    damaged = {
+        "truncated": data[: len(data) // 2],
+        "empty": b"",
+        "flipped": data[:-5] + bytes([data[-5] ^ 1]) + data[-4:],
+    }[damage]
+    path.write_bytes(damaged)
+    target = iter(zj.Loader(dataset))
+    next(target)
+    message = rf"lane_00002.bin is truncated or corrupt \({len(damaged)} bytes"
+    with pytest.raises(zj.StateError, match=message):
+        handler.restore(directory, args=zc.Restore(target))
+    with pytest.raises(zj.StateError, match=message):
+        zj.load_state(directory)
+    assert target.step == 1
+    path.write_bytes(data)
+    handler.restore(directory, args=zc.Restore(target))
+    assert target.step == 3
+
+
 def test_manager_restore_reports_mismatch(tmp_path, dataset, sharding):
     it = iter(zj.Loader(dataset, sharding=sharding))
     next(it)
@@ -162,6 +195,7 @@ def run_example(workdir: Path, steps: int, devices: int, says: str) -> list[dict
     """Runs examples/train_loop.py; its first line must match the regular expression ``says``."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout
     proc = subprocess.run(
         [
             sys.executable,
@@ -221,3 +255,123 @@ def test_distributed_page_examples_run():
     for block in blocks:
         exec(compile(block, "distributed.md", "exec"), namespace)
     assert namespace["it"].step == namespace["step"] == 3
+
+
+# ----- a training process killed or preempted while a save is in flight -----------------
+
+
+@pytest.fixture(scope="module")
+def trainer_reference():
+    """The uninterrupted run of fault_trainer.py's loop: digest and model after each step."""
+    import fault_trainer
+
+    it = iter(zj.Loader(fault_trainer.make_pipeline()))
+    batches = [next(it) for _ in range(fault_trainer.STEPS)]
+    digests = [fault_trainer.digest(b) for b in batches]
+    models = [fault_trainer.model_after(batches[: t + 1]) for t in range(len(batches))]
+    return digests, models
+
+
+def start_trainer(directory: Path, mode: str, *extra: str) -> subprocess.Popen:
+    # This checkout's zephon_jax, whichever is installed.
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "fault_trainer.py"), str(directory), f"--mode={mode}", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def read_until_mid_save(proc: subprocess.Popen) -> list[dict]:
+    """The step lines the trainer printed until its save was in flight."""
+    steps = []
+    for line in proc.stdout:
+        if line.startswith("MID-SAVE"):
+            return steps
+        steps.append(json.loads(line))
+    proc.wait(timeout=60)
+    raise AssertionError(f"the trainer ended before its save: {proc.stderr.read()[-3000:]}")
+
+
+def restore_and_continue(directory: Path, step: int, reference) -> None:
+    """A new process (this one) restores ``step`` from the manager and continues exactly."""
+    import fault_trainer
+
+    digests, models = reference
+    it = iter(zj.Loader(fault_trainer.make_pipeline()))
+    with ocp.CheckpointManager(directory) as mngr:
+        restored = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                model=ocp.args.StandardRestore({"sum": jnp.zeros((), jnp.int32)}),
+                data=zc.Restore(it),
+            ),
+        )
+    assert int(restored["model"]["sum"]) == models[step - 1]
+    assert it.step == step
+    rest = [fault_trainer.digest(next(it)) for _ in range(len(digests) - step)]
+    assert rest == digests[step:]
+
+
+@pytest.mark.parametrize("stall_in", ["lanes", "finalize"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_trainer_killed_while_a_save_is_in_flight_resumes_from_the_last_complete_step(
+    tmp_path, trainer_reference, mode, stall_in
+):
+    """SIGKILL while the save of step 6 is in flight: with half of the loader's lane files
+    written, or with the item written and Orbax's finalize (the rename of the step's
+    temporary directory) still to come. The manager lists only complete steps; step 6's
+    partial item is refused by zephon_jax; restoring the latest step continues with the
+    uninterrupted run's batches and model."""
+    directory = tmp_path / "ckpt"
+    proc = start_trainer(directory, mode, "--stall-at=6", f"--stall-in={stall_in}")
+    try:
+        printed = read_until_mid_save(proc)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert [s["digest"] for s in printed] == trainer_reference[0][: len(printed)]
+
+    partial = [p for p in directory.iterdir() if p.name.startswith("6.")]
+    assert len(partial) == 1 and "tmp" in partial[0].name, sorted(directory.iterdir())
+    (item,) = partial[0].glob("data*")  # data.orbax-checkpoint-tmp while in flight
+    lanes = sorted(item.glob("lane_*.bin"))
+    if stall_in == "lanes":
+        assert 0 < len(lanes) < 8 and not (item / "meta.json").exists()
+        with pytest.raises(zj.StateError, match=r"incomplete .* no meta.json.*did not finish"):
+            zj.load_state(item)
+    else:
+        assert len(lanes) == 8 and (item / "meta.json").exists()
+    with ocp.CheckpointManager(directory) as mngr:
+        assert mngr.all_steps() == [1, 3] and mngr.latest_step() == 3
+    restore_and_continue(directory, 3, trainer_reference)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_trainer_preempted_with_sigterm_saves_its_step_and_resumes_exactly(
+    tmp_path, trainer_reference, mode
+):
+    """SIGTERM while the save of step 6 is in flight: the recommended handler (a flag the
+    loop reads between steps) lets that save finish, saves the step the loop is in and
+    exits 0; restoring that step continues with the uninterrupted run's batches."""
+    directory = tmp_path / "ckpt"
+    proc = start_trainer(directory, mode, "--stall-at=6", "--stall-s=1.5")
+    try:
+        read_until_mid_save(proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    lines = out.splitlines()
+    assert lines[-1] == "PREEMPTED"
+    last = json.loads(lines[-2])["step"]
+    assert 6 <= last < 12
+    with ocp.CheckpointManager(directory) as mngr:
+        steps = mngr.all_steps()
+        assert 6 in steps and mngr.latest_step() == last, steps
+    restore_and_continue(directory, last, trainer_reference)

@@ -190,3 +190,65 @@ def test_llm_training_page_runs():
         exec(compile(block, "llm_training.md", "exec"), namespace)
     assert namespace["dataset"].batch_size_at(0) == 8
     assert namespace["dataset"].batch_size_at(30) == 16
+
+
+def test_one_version_everywhere():
+    """pyproject.toml and the docs take the version from the package; the changelog has it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "zephon_jax.__version__"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", zj.__version__) and zj.__version__ >= "0.3.0"
+    conf = (DOCS / "conf.py").read_text()
+    assert "release = zephon_jax.__version__" in conf
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## (\d+\.\d+\.\d+)", changelog, flags=re.M)
+    assert sections[0] == zj.__version__ and sections[-1] == "0.1.0"
+    assert sections == sorted(sections, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
+    assert "changelog" in _toctree_entries()
+
+
+def test_reliability_page_states_the_lane_format_and_old_states_are_refused():
+    import json
+
+    import numpy as np
+
+    from zephon_jax.envelope import LANE, STATE
+
+    text = (DOCS / "reliability.md").read_text()
+    row = re.search(r"\| a lane's state .*\| \*\*(\d+)\*\* \|", text)
+    assert row and int(row.group(1)) == LANE.version
+    assert f"this zephon_jax reads version {LANE.version}" in text
+    assert re.search(r"loader state .*\| `zephon_jax.state` \| (\d+) \|", text).group(1) == str(
+        STATE.version
+    )
+    # A state saved by 0.1.0 (lane format 2) for this pipeline is refused, naming the version.
+    saved = json.loads((ROOT / "tests" / "data" / "state_v0_1_0.json").read_text())
+    saved["lanes"] = {k: np.asarray(v, np.uint8) for k, v in saved["lanes"].items()}
+    docs = [{"tokens": np.arange(1, n + 1, dtype=np.int32)} for n in range(1, 40)]
+    ds = zj.Dataset.source(docs).shuffle(seed=0).split(8).pack(8).batch(4)
+    assert saved["fingerprint"] == ds.fingerprint()
+    with pytest.raises(
+        zj.StateError,
+        match=rf"lane 0: the lane state has version 2; this zephon_jax reads version {LANE.version}",
+    ):
+        iter(zj.Loader(ds)).set_state(saved)
+
+
+def test_every_mesh_recipe_gives_auto_axes():
+    """A bare ``jax.make_mesh((n,), ("data",))`` is Explicit from JAX 0.9 on, which Flax NNX
+    models reject: the docs, README, examples and notebooks use zj.data_mesh, a Mesh, or
+    make_mesh with axis_types."""
+    files = [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "examples").glob("*.py")]
+    files += [*(ROOT / "notebooks").glob("*.ipynb"), ROOT / "zephon_jax" / "tools" / "demo.py"]
+    calls = []
+    for path in files:
+        text = path.read_text()
+        for match in re.finditer(r"(?<!`)jax\.make_mesh\(", text):  # code, not `prose`
+            call = text[match.start() : text.find("\n", match.start())]
+            calls.append(call)
+            assert "axis_types=" in call, (path.name, call)
+    assert calls  # the plain-JAX recipe on the distributed page
+    assert "zj.data_mesh()" in (DOCS / "distributed.md").read_text()

@@ -630,6 +630,73 @@ def test_filter_that_drops_every_record_raises_instead_of_hanging():
         first_batches(ds, 1)
 
 
+def test_jsonl_whitespace_lines_are_blank_and_a_bad_line_is_named(tmp_path):
+    from zephon_jax.sources import JsonlSource
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"x": 0}\n  \t \n{"x": 1}\r\n\t\r\nnot json\n \n{"x": 3}\n')
+    src = JsonlSource(path, progress=False)
+    assert len(src) == 4 and src.__getitems__([0, 1, 3]) == [{"x": 0}, {"x": 1}, {"x": 3}]
+    ds = zj.Dataset.source(src).map(lambda r: np.int64(r["x"])).batch(1, num_lanes=1)
+    # The one bad line is named (file, record, byte); the whitespace lines are not records.
+    with pytest.raises(zj.RecordError, match=r"data\.jsonl: record 2 \(line at byte 27\) is not"):
+        first_batches(ds, 1)
+
+
+class CountedReads:
+    """100 records of 1 to 7 tokens (from ``base`` up), counting the records read."""
+
+    def __init__(self, base: int):
+        self.base, self.reads = base, 0
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return {"tokens": np.arange(1 + i % 7, dtype=np.int32) + self.base}
+
+
+def no_tokens(record):
+    return {"tokens": record["tokens"][:0]}
+
+
+STAGED = {0: [0.5, 0.5], 2: [0.3, 0.7]}
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.5], STAGED], ids=["fixed", "staged"])
+@pytest.mark.parametrize("empty", ["filtered", "no_tokens"])
+def test_a_component_giving_no_tokens_in_a_mixture_by_tokens_is_named_early(weights, empty):
+    from zephon_jax.sampler.scheduled_mixture import DRY_DRAWS
+
+    web, code = CountedReads(1000), CountedReads(0)
+    dry = zj.Dataset.source(web, name="web")
+    dry = dry.filter(drop_everything) if empty == "filtered" else dry.map(no_tokens)
+    mixed = zj.Dataset.mix([dry, zj.Dataset.source(code, name="code")], weights, unit="tokens")
+    limit = 16 * len(web) + DRY_DRAWS
+    with pytest.raises(
+        zj.RecordError,
+        match=rf"lane 0: mixture component 0 \(web\) gave no tokens in its last {limit + 1} "
+        r"draws.*filter dropped every record, or its records have empty 'tokens'.*Check the "
+        r"component's filter",
+    ):
+        first_batches(mixed.pack(8).batch(4), 1)
+    # The work is bounded by the component's size: the limit and one read-ahead block.
+    assert web.reads <= limit + 1 + 256 and code.reads <= 256
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.5], STAGED], ids=["fixed", "staged"])
+def test_a_filtered_out_component_of_a_mixture_by_records_leaves_the_others(weights):
+    # By records a dropped record still counts one draw: the other component fills the rows.
+    web, code = CountedReads(1000), CountedReads(0)
+    dry = zj.Dataset.source(web).filter(drop_everything)
+    mixed = zj.Dataset.mix([dry, zj.Dataset.source(code)], weights, unit="records")
+    batches = first_batches(mixed.pack(8).batch(4), 6)
+    tokens = np.concatenate([b["tokens"].ravel() for b in batches])
+    assert tokens.max() < 1000 and (tokens > 0).any()
+    assert web.reads < 4 * code.reads + 512
+
+
 def test_skipped_positions_of_an_exhausted_source_are_not_filter_drops():
     # After the frequent source's single epoch ends, its positions are skipped (a run of
     # ~300,000): only filtered records count towards the all-dropped error.

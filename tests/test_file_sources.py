@@ -88,6 +88,82 @@ def test_jsonl_index_goes_to_the_cache_dir_when_the_data_is_read_only(tmp_path, 
     assert JsonlSource(path)[3] == {"x": 3}  # loads from the cache
 
 
+# Records among lines holding only whitespace (spaces, tabs, \r, \f), CRLF endings,
+# an indented record, and a whitespace-only last line without a newline.
+WHITESPACE_LINES = (
+    b'{"text": "doc 0", "i": 0}\n   \n\t\t\n\r\n \t\r\n  {"text": "doc 1", "i": 1}\n'
+    b'{"text": "doc 2", "i": 2}\r\n\x0c\n\n{"text": "doc 3", "i": 3}\n \t '
+)
+WHITESPACE_RECORDS = [{"text": f"doc {i}", "i": i} for i in range(4)]
+
+
+def test_whitespace_only_lines_are_blank_lines(tmp_path, monkeypatch):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(WHITESPACE_LINES)
+    src = JsonlSource(path, progress=False)
+    assert len(src) == 4 and src.fingerprint().startswith("jsonl-1-4-")
+    assert src.__getitems__(range(4)) == WHITESPACE_RECORDS
+    # Any block size (lines cut between blocks) gives the same offsets.
+    spans = jsonl_module.build_index(str(path))
+    monkeypatch.setattr(jsonl_module, "BLOCK_BYTES", 5)
+    np.testing.assert_array_equal(jsonl_module.build_index(str(path)), spans)
+    # A loader that draws every position for several epochs reads only records.
+    ds = zj.Dataset.source(src).shuffle(seed=1).map(lambda r: {"i": np.int32(r["i"])}).batch(4)
+    it = iter(zj.Loader(ds))
+    drawn = np.concatenate([next(it)["i"] for _ in range(6)])
+    assert sorted(set(drawn.tolist())) == [0, 1, 2, 3]
+
+
+def test_index_lines_are_the_lines_bytes_strip_leaves_non_empty():
+    rng = np.random.default_rng(0)
+    blank, content = b" \t\r\x0b\x0c", b"{x}"
+    for _ in range(50):  # lines of up to 30 bytes, long runs of whitespace, content anywhere
+        lines = []
+        for _ in range(40):
+            n, share = int(rng.integers(0, 30)), rng.random() ** 4
+            lines.append(
+                bytes(
+                    rng.choice(list(content if rng.random() < share else blank)) for _ in range(n)
+                )
+            )
+        data = b"\n".join(lines) + (b"\n" if rng.random() < 0.5 else b"")
+        starts, ends = jsonl_module._line_spans(data, 0)
+        assert [data[a:b] for a, b in zip(starts, ends)] == [line for line in lines if line.strip()]
+
+
+def test_an_index_that_counted_whitespace_lines_is_rebuilt(tmp_path, monkeypatch):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(WHITESPACE_LINES)
+    data = np.frombuffer(WHITESPACE_LINES, np.uint8)
+    newlines = np.flatnonzero(data == 10)
+    starts = np.concatenate([[0], newlines + 1])
+    ends = np.concatenate([newlines, [data.size]])
+    keep = ends > starts  # the old format: every non-empty line a record
+    monkeypatch.setattr(jsonl_module, "INDEX_VERSION", 1)
+    info = jsonl_module.file_info(str(path))
+    old = jsonl_module._encode_index(np.stack([starts[keep], ends[keep]]), info)
+    (tmp_path / "data.jsonl.zjidx").write_bytes(old)
+    monkeypatch.undo()
+    src = JsonlSource(path, progress=False)
+    assert len(src) == 4 and src.__getitems__(range(4)) == WHITESPACE_RECORDS
+    assert JsonlSource(path, progress=False).fingerprint() == src.fingerprint()
+
+
+def test_prepare_and_the_jsonl_source_agree_on_blank_lines(tmp_path):
+    from zephon_jax.sources import TokenStore
+    from zephon_jax.tools.prepare import PrepareOptions, prepare
+    from zephon_jax.tools.tokenizers import byte_detokenize
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(WHITESPACE_LINES)
+    out = tmp_path / "store"
+    summary = prepare(PrepareOptions(inputs=(str(path),), output=str(out), workers=0), None)
+    assert (summary.documents, summary.bad_records) == (4, 0)
+    store = TokenStore(out)
+    texts = [byte_detokenize(d["tokens"]) for d in store.__getitems__(list(range(len(store))))]
+    assert texts == [r["text"] for r in JsonlSource(path, progress=False).__getitems__(range(4))]
+
+
 def test_jsonl_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.jsonl"):
         JsonlSource(tmp_path / "nothing.jsonl")

@@ -167,3 +167,36 @@ def test_what_the_fingerprint_shows():
         f"partial({here}.scale, factor=<builtins.object>)"
     )
     assert len(callable_name(functools.partial(scale, factor="x" * 500))) < 120
+
+
+def training_pipeline(**to_training) -> zj.BatchedDataset:
+    ds = zj.Dataset.source(make_docs(40, 12, seed=2)).split(4).pack(4)
+    return ds.to_training(**to_training).batch(2)
+
+
+@pytest.mark.parametrize(
+    "saved, other",
+    [
+        ({}, {"convention": "maxtext"}),
+        ({"convention": "maxtext"}, {}),
+        ({"field_names": "maxtext"}, {"field_names": "maxtext", "convention": "maxtext"}),
+    ],
+)
+def test_a_state_does_not_restore_into_another_training_convention(saved, other):
+    it = iter(zj.Loader(training_pipeline(**saved)))
+    take(it, 2)
+    state = it.get_state()
+    with pytest.raises(zj.StateMismatchError) as info:
+        iter(zj.Loader(training_pipeline(**other))).set_state(state)
+    assert info.value.field == "transforms"
+    iter(zj.Loader(training_pipeline(**saved))).set_state(state)
+
+
+def test_the_default_convention_keeps_the_fingerprint_of_earlier_versions():
+    fingerprint = training_pipeline(convention="default").fingerprint()
+    assert "convention" not in fingerprint["transforms"]
+    assert fingerprint == training_pipeline().fingerprint()
+    assert (
+        "convention='maxtext'"
+        in training_pipeline(convention="maxtext").fingerprint()["transforms"]
+    )

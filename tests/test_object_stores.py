@@ -20,7 +20,7 @@ from zephon_jax.sources import (
     TokenStoreError,
     write_token_store,
 )
-from zephon_jax.sources.storage import retry_call
+from zephon_jax.sources.storage import RetryPolicy, retry_call
 from zephon_jax.tools.prepare import PrepareError, PrepareOptions, prepare
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -90,15 +90,15 @@ def test_retries_are_bounded_and_logged(caplog):
         return "ok"
 
     with caplog.at_level(logging.WARNING, logger="zephon_jax.storage"):
-        assert retry_call(flaky, "s3://b/k", initial_delay=0.001) == "ok"
+        assert retry_call(flaky, "s3://b/k", policy=RetryPolicy(initial_delay=0.001)) == "ok"
     assert len(calls) == 3 and len(caplog.records) == 2
     assert "s3://b/k" in caplog.records[0].getMessage() and "retry 1 of" in caplog.text
 
     def down():
         raise TimeoutError("timed out")
 
-    with pytest.raises(StorageError, match=r"s3://b/k failed after 2 retries"):
-        retry_call(down, "s3://b/k", max_retries=2, initial_delay=0.001)
+    with pytest.raises(StorageError, match=r"s3://b/k failed after 3 attempts in"):
+        retry_call(down, "s3://b/k", policy=RetryPolicy(attempts=3, initial_delay=0.001))
     denied = []
 
     def forbidden():
@@ -106,7 +106,7 @@ def test_retries_are_bounded_and_logged(caplog):
         raise PermissionError("Access Denied")
 
     with pytest.raises(StorageError, match="s3://b/k"):
-        retry_call(forbidden, "s3://b/k", initial_delay=0.001)
+        retry_call(forbidden, "s3://b/k", policy=RetryPolicy(initial_delay=0.001))
     assert len(denied) == 1  # a permanent error is not retried
 
 

@@ -264,3 +264,32 @@ def test_token_weighted_staged_mixture_with_a_ramp():
         np.testing.assert_array_equal(batch["tokens"], whole[step]["tokens"])
         assert_rows_match(batch, provenance)
         assert provenance == explain_step(ds, step)
+
+
+def test_explain_step_with_a_ramp_needs_only_the_lanes_behind_its_rows():
+    """Each process's own state explains its own rows, before and after the ramp's change."""
+    mixed = zj.Dataset.mix([component(DOCS, "docs"), component(CODE, "code")], [0.7, 0.3])
+    ds = mixed.shuffle(seed=3).split(SEQ).pack(SEQ).batch({0: 4, 5: 8})
+    assert ds.num_lanes == 4
+    _, _, whole = run(zj.Loader(ds), STEPS)
+    its = [iter(zj.Loader(ds, process_index=i, process_count=2)) for i in range(2)]
+    states: dict[int, list] = {}
+    for step in range(7):
+        if step in (3, 6):  # a state before the change (at 5) and one after it
+            states[step] = [it.get_state() for it in its]
+        for it in its:
+            next(it)
+    for at, explained in ((3, (3, 4, 5, 7)), (6, (6, 9))):
+        for p, state in enumerate(states[at]):
+            for step in explained:
+                size = ds.batch_size_at(step)
+                mine = list(range(p * size // 2, (p + 1) * size // 2))
+                want = [whole[step][r] for r in mine]
+                assert explain_step(ds, step, state=state, rows=mine) == want
+    # One row needs only its lane: a state that holds that lane alone explains it.
+    state = states[3][1]
+    alone = {**state, "lanes": {"3": state["lanes"]["3"]}}
+    assert explain_step(ds, 7, state=alone, rows=[7]) == [whole[7][7]]  # 8 rows: lane 3
+    assert explain_step(ds, 4, state=alone, rows=[3]) == [whole[4][3]]  # 4 rows: lane 3
+    with pytest.raises(zj.StateError, match="does not cover lane 2"):
+        explain_step(ds, 7, state=alone, rows=[5])

@@ -213,3 +213,62 @@ def test_transforms_pickle_for_worker_processes(kind):
     keys = [(0, 0, i) for i in range(10)]
     for a, b in zip(copy.apply_batch(records, keys), transform.apply_batch(records, keys)):
         assert a["tokens"].tobytes() == b["tokens"].tobytes()
+
+
+def test_slow_transformers_tokenizers_with_other_merges_do_not_restore(tmp_path):
+    base = tf.slow_bpe_tokenizer(tmp_path / "base")
+    other = tf.slow_bpe_tokenizer(tmp_path / "other", merges_kept=0.5)
+    assert not base.is_fast and base.get_vocab() == other.get_vocab()
+    text = tf.texts(1, seed=3)[0]
+    assert base.encode(text, add_special_tokens=False) != other.encode(
+        text, add_special_tokens=False
+    )
+    it = iter(zj.Loader(_pipeline(base)))
+    next(it)
+    state = it.get_state()
+    with pytest.raises(zj.StateMismatchError) as info:
+        iter(zj.Loader(_pipeline(other))).set_state(state)
+    assert info.value.field == "transforms" and "tokenize(transformers:" in str(info.value)
+    # The same files elsewhere, the vocabulary listed in another order: the same tokenizer.
+    same = iter(zj.Loader(_pipeline(tf.slow_bpe_tokenizer(tmp_path / "copy", reverse_vocab=True))))
+    same.set_state(state)
+    assert next(same)["tokens"].tobytes() == next(it)["tokens"].tobytes()
+
+
+SLOW_IDENTITY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import text_fixtures as tf
+from zephon_jax.tokenizer_adapters import as_text_tokenizer
+print(as_text_tokenizer(tf.slow_bpe_tokenizer(sys.argv[2])).identity)
+"""
+
+
+def test_slow_transformers_identity_follows_what_changes_the_output(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def identity(tokenizer) -> str:
+        return as_text_tokenizer(tokenizer).identity
+
+    base = identity(tf.slow_bpe_tokenizer(tmp_path / "base"))
+    used = tf.slow_bpe_tokenizer(tmp_path / "used", reverse_vocab=True)
+    for text in tf.texts(20, seed=4):  # fills its caches and sets up its normalizer
+        used.encode(text, add_special_tokens=False)
+    assert identity(used) == base
+    env = dict(os.environ, PYTHONHASHSEED="123")  # another process, other str hashes
+    here = os.path.dirname(__file__)
+    script = [sys.executable, "-c", SLOW_IDENTITY, here, str(tmp_path / "elsewhere")]
+    out = subprocess.run(script, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == base
+    added = tf.slow_bpe_tokenizer(tmp_path / "added")
+    added.add_tokens(["quick brown"])
+    changed = {
+        "merges": tf.slow_bpe_tokenizer(tmp_path / "merges", merges_kept=0.9),
+        "added token": added,
+        "special token": tf.slow_bpe_tokenizer(tmp_path / "special", eos_token="<|end|>"),
+        "init kwarg": tf.slow_bpe_tokenizer(tmp_path / "prefix", add_prefix_space=True),
+    }
+    identities = {name: identity(tok) for name, tok in changed.items()}
+    assert len(set(identities.values()) | {base}) == len(changed) + 1, identities

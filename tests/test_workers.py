@@ -6,6 +6,7 @@ import gc
 import os
 import re
 import signal
+import threading
 import time
 
 import numpy as np
@@ -373,3 +374,132 @@ def test_garbage_collection_stops_the_workers():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# ----- faults: a worker killed mid-batch, a hung worker ---------------------------------
+
+
+class StallWhenFlagged:
+    """A map that returns its record, except in the worker whose pid is written in the
+    file ``flag``: there it notes it is inside the map (``flag``.stalled) and waits
+    until the file is removed. Deterministic and the same in every worker: the
+    stall comes from outside, like a stuck read."""
+
+    def __init__(self, flag: str):
+        self.flag = flag
+
+    def __call__(self, record):
+        while True:
+            try:
+                with open(self.flag) as f:
+                    pid = int(f.read())
+            except (FileNotFoundError, ValueError):
+                return record
+            if pid != os.getpid():
+                return record
+            open(self.flag + ".stalled", "w").close()
+            time.sleep(0.01)
+
+
+def stalling_pipeline(flag: str) -> zj.BatchedDataset:
+    return (
+        zj.Dataset.source(DOCS)
+        .shuffle(seed=1)
+        .map(StallWhenFlagged(flag))
+        .split(64)
+        .pack(64, method="first_fit", num_bins=4)
+        .batch(8)
+    )
+
+
+def wait_for(path, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+def kill_when(path: str, pid: int) -> None:
+    wait_for(path)
+    os.kill(pid, signal.SIGKILL)
+
+
+def run_until_error(it, limit: int) -> tuple[list, list, BaseException | None, float]:
+    """Batches and the state after each until an error (or ``limit`` batches), as a
+    training loop that saves every step; the error and the seconds the failing call
+    (``next`` or ``get_state``) took."""
+    batches, states = [], []
+    for _ in range(limit):
+        for call in (lambda: batches.append(next(it)), lambda: states.append(it.get_state())):
+            start = time.monotonic()
+            try:
+                call()
+            except WorkerError as e:
+                return batches, states, e, time.monotonic() - start
+    return batches, states, None, 0.0
+
+
+@pytest.mark.parametrize("fault", ["killed", "map hangs", "stopped"])
+def test_worker_killed_or_hung_mid_batch_fails_clearly_and_resumes_exactly(tmp_path, fault):
+    """A worker killed (SIGKILL, as by the out-of-memory killer) inside a map, or hung in
+    one (or stopped with SIGSTOP): the loader raises a WorkerError naming the worker, its
+    pid and the cause within a bounded time (at once for a death, ``worker_timeout_s``
+    for a hang); the batches delivered before it are the uninterrupted run's, none twice
+    or skipped; the state after the last of them resumes exactly."""
+    flag = str(tmp_path / "stall")
+    reference = run(zj.Loader(stalling_pipeline(flag)), 50)[0]
+    timeout = 3.0
+    it = iter(
+        zj.Loader(
+            stalling_pipeline(flag), num_workers=2, worker_prefetch=2, worker_timeout_s=timeout
+        )
+    )
+    try:
+        first = next(it)  # both workers are up
+        states = [it.get_state()]
+        pid = it._producer.worker_pids()[1]
+        if fault == "stopped":
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            with open(flag + ".tmp", "w") as f:
+                f.write(str(pid))
+            os.replace(flag + ".tmp", flag)
+        if fault == "killed":  # once worker 1 is inside the map, making a batch
+            killer = threading.Thread(target=kill_when, args=(flag + ".stalled", pid))
+            killer.start()
+        batches, more_states, error, took = run_until_error(it, 40)
+        assert error is not None, "the fault went unnoticed"
+        message = str(error)
+        assert re.search(rf"loader worker 1 \(lanes 4-7, pid {pid}\)", message), message
+        assert "set_state" in message
+        if fault == "killed":
+            killer.join()
+            assert "SIGKILL" in message and "out-of-memory" in message and "num_workers" in message
+            assert took < 2
+        else:
+            assert f"sent nothing for {timeout:g} s (worker_timeout_s)" in message
+            assert "worker_timeout_s=" in message and "it was killed" in message
+            assert timeout - 0.5 < took < timeout + 3
+            with pytest.raises(ProcessLookupError):  # the hung worker was killed
+                for _ in range(100):
+                    os.kill(pid, 0)
+                    time.sleep(0.05)
+        delivered = [first, *batches]
+        assert_same_batches(delivered, reference[: len(delivered)])
+        states += more_states  # one per batch, or one fewer if get_state found the fault
+        assert len(delivered) - 1 <= len(states) <= len(delivered)
+        if os.path.exists(flag):
+            os.remove(flag)
+        it.set_state(states[-1])  # restarts the worker
+        assert it._producer.worker_pids()[1] != pid
+        resumed = [next(it) for _ in range(4)]
+        assert_same_batches(resumed, reference[len(states) : len(states) + 4])
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "5", True])
+def test_worker_timeout_must_be_positive_seconds_or_none(bad):
+    with pytest.raises(zj.PipelineError, match="worker_timeout_s needs a number of seconds"):
+        zj.Loader(packing_pipeline(), num_workers=1, worker_timeout_s=bad)
+    assert zj.Loader(packing_pipeline(), worker_timeout_s=None).worker_timeout_s is None

@@ -166,3 +166,34 @@ def make_tokenizer(kind: str):
 def with_full_loss_mask(record: dict) -> dict:
     """Plain text is trained on everywhere: a loss mask of ones next to its tokens."""
     return {"tokens": record["tokens"], "loss_mask": np.ones_like(record["tokens"])}
+
+
+def slow_bpe_tokenizer(directory, merges_kept: float = 1.0, reverse_vocab: bool = False, **kw):
+    """A slow (Python) ``transformers`` byte-level BPE tokenizer, built from the
+    vocab.json and merges.txt of :func:`bpe_tokenizer` written into ``directory``.
+
+    ``merges_kept``: the share of the merges written (the vocabulary stays whole);
+    ``reverse_vocab``: the vocabulary file lists its entries in reverse order.
+    """
+    import json
+    from pathlib import Path
+
+    from transformers import ClvpTokenizer
+
+    model = json.loads(bpe_tokenizer().to_str())["model"]
+    vocab = list(model["vocab"].items())
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    merges = merges[: int(len(merges) * merges_kept)]
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.json").write_text(
+        json.dumps(dict(vocab[::-1] if reverse_vocab else vocab)), encoding="utf-8"
+    )
+    (directory / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8"
+    )
+    kw.setdefault("unk_token", "<unk>")
+    kw.setdefault("bos_token", "<s>")
+    kw.setdefault("eos_token", "</s>")
+    kw.setdefault("pad_token", "<pad>")
+    return ClvpTokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"), **kw)

@@ -22,24 +22,28 @@ from zephon_jax.provenance import explain_step
 from zephon_jax.state import merge_states
 from zephon_jax.state_file import load_state, save_state
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"  # the package version (pyproject.toml and the docs read it)
 
 # Imported on first use, so that ``import zephon_jax`` does not start jax, orbax or
 # tensorstore: ``zj.checkpoint``, ``zj.sharding`` and ``zj.sources`` work after
 # ``import zephon_jax as zj``.
-_LAZY_SUBMODULES: tuple[str, ...] = ("checkpoint", "sharding", "sources")
+_LAZY_SUBMODULES: tuple[str, ...] = ("attention", "checkpoint", "sharding", "sources")
+# Functions that need jax, also imported on first use: name -> module.
+_LAZY_FUNCTIONS = {"data_mesh": "sharding", "segment_mask": "attention"}
 
 
 def __getattr__(name: str):
-    if name in _LAZY_SUBMODULES:
-        import importlib
+    import importlib
 
+    if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"zephon_jax.{name}")
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(f"zephon_jax.{_LAZY_FUNCTIONS[name]}"), name)
     raise AttributeError(f"module 'zephon_jax' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES) | set(_LAZY_FUNCTIONS))
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Checks repeated across the package: positive ints, Grain objects, failed user calls."""
+"""Checks repeated across the package: positive ints, timeouts, Grain objects, failed user
+calls."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def positive_int(value: Any, what: str, allow_none: bool = False) -> int | None:
             f"{what} needs a positive int{' or None' if allow_none else ''}; got {value!r}"
         )
     return int(value)
+
+
+def timeout_seconds(value: Any, what: str) -> float | None:
+    """``value`` as a number of seconds > 0, or ``None`` (no limit); else a PipelineError."""
+    if value is None:
+        return None
+    number = isinstance(value, (int, float, np.integer, np.floating))
+    if isinstance(value, (bool, np.bool_)) or not number or not value > 0:
+        raise PipelineError(
+            f"{what} needs a number of seconds > 0, or None to wait forever; got {value!r}"
+        )
+    return float(value)
 
 
 def unwrap_grain(fn: Any, method: str, what: str) -> Callable:

@@ -243,7 +243,9 @@ class Dataset:
         """
         return self._add_transform(TokenizeChatTransform(tokenizer, field))
 
-    def to_training(self, pad_id: int = 0, *, field_names: str = "default") -> Dataset:
+    def to_training(
+        self, pad_id: int = 0, *, field_names: str = "default", convention: str = "default"
+    ) -> Dataset:
         """Packed rows -> ``inputs``, ``targets``, ``loss_mask``, ``segment_ids``, ``positions``.
 
         ``targets[t]`` is ``tokens[t+1]`` when ``t+1`` is in the same non-padding
@@ -251,10 +253,14 @@ class Dataset:
         carry a ``loss_mask``, when ``loss_mask[t+1]`` is 1. All int32 except
         ``loss_mask`` (float32). ``field_names="maxtext"`` gives ``inputs``,
         ``inputs_segmentation``, ``inputs_position``, ``targets``,
-        ``targets_segmentation`` (0 where no loss), ``targets_position``. Goes
-        anywhere after ``pack`` (e.g. after a ``window_shuffle`` of packed rows).
+        ``targets_segmentation`` (0 where no loss), ``targets_position``.
+        ``convention="maxtext"`` computes targets and mask as MaxText's
+        ``ShiftData`` does (across segment boundaries; a target equal to
+        ``pad_id`` is not trained on; 0 where the next position is padding);
+        see docs/training_batches.md. Goes anywhere after ``pack`` (e.g. after
+        a ``window_shuffle`` of packed rows).
         """
-        transform = ToTrainingTransform(pad_id, field_names)
+        transform = ToTrainingTransform(pad_id, field_names, convention)
         non_packing = (SplitOperator, WindowShuffleOperator, FlatMapOperator)
         if all(isinstance(s.operator, non_packing) for s in self._stages):
             before = " -> ".join(s.operator.describe() for s in self._stages) or "no operator"

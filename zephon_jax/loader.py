@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.checks import positive_int
+from zephon_jax.checks import positive_int, timeout_seconds
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError
 from zephon_jax.gc_pause import paused_gc
@@ -49,7 +49,9 @@ class Loader:
     ``num_workers`` worker processes split this process's lanes between them;
     the batches do not depend on it. Each makes up to ``worker_prefetch``
     batches ahead; the performance guide ("Loader workers") says when workers
-    help.
+    help. A worker that sends nothing for ``worker_timeout_s`` seconds while the
+    loader waits for it (its start, a batch, a state) counts as hung: it is killed
+    and :class:`~zephon_jax.errors.WorkerError` names it (``None``: wait forever).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class Loader:
         process_count: int | None = None,
         num_workers: int = 0,
         worker_prefetch: int = 8,
+        worker_timeout_s: float | None = 300.0,
         sharding: Any = None,
         device_prefetch: int = 2,
     ):
@@ -79,6 +82,7 @@ class Loader:
             raise PipelineError(f"device_prefetch must be an int >= 0; got {device_prefetch!r}")
         self.num_workers = num_workers
         self.worker_prefetch = worker_prefetch
+        self.worker_timeout_s = timeout_seconds(worker_timeout_s, "worker_timeout_s")
         self.device_prefetch = device_prefetch
         self.sharding: Any = None  # a BatchSharding with sharding
         if sharding is None:
@@ -142,7 +146,7 @@ class Loader:
         if not any(self._rows.values()):
             raise PipelineError(
                 f"the devices of process {self.process_index} hold no rows of the batch sharding; "
-                "build the mesh over the devices of every process (e.g. jax.make_mesh)"
+                "build the mesh over the devices of every process (e.g. zj.data_mesh())"
             )
 
     # ----- which process holds what ---------------------------------------------------
@@ -214,6 +218,7 @@ class Loader:
             self.num_workers,
             self.worker_prefetch,
             agree_on_end=agree_on_end,
+            timeout_s=self.worker_timeout_s,
         )
 
     def __iter__(self) -> LoaderIterator:

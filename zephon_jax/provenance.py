@@ -160,8 +160,9 @@ def explain_step(
 
     With ``state`` (a loader state at or before ``step``: from ``get_state``,
     ``merge_states`` or :func:`zephon_jax.load_state`), only the batches between
-    it and ``step`` are produced, and only by the lanes behind ``rows``; without
-    it, the run starts from the beginning. It returns what
+    it and ``step`` are produced, and only by the lanes behind ``rows`` at ``step``
+    (also under a batch-size ramp-up: a state of one process explains that
+    process's rows); without it, the run starts from the beginning. It returns what
     :meth:`~zephon_jax.LoaderIterator.provenance` returns right after batch
     ``step`` on any topology.
     """
@@ -178,10 +179,9 @@ def explain_step(
         raise PipelineError(f"explain_step(step) needs an int >= 0; got {step!r}")
     size = dataset.batch_size_at(int(step))
     rows = checked_rows(dataset, range(size) if rows is None else rows, size)
-    if dataset.is_ramp:  # the rows of other steps have other sizes: produce every row
-        producer = RowProducer(dataset, lambda n: range(n))
-    else:
-        producer = RowProducer(dataset, rows)
+    # Only the lanes behind ``rows`` at ``step`` run (a lane owns rows of every step: its
+    # own block of each batch size); the batches before ``step`` pick no rows.
+    producer = RowProducer(dataset, {n: rows if n == size else [] for n in dataset.batch_sizes})
     start = 0
     if state is not None:
         check_state(state, dataset.fingerprint())
@@ -198,7 +198,4 @@ def explain_step(
                 f"the pipeline's finite input ends at step {t}, before step {step}: there is no "
                 f"global batch {step}"
             )
-    if dataset.is_ramp:
-        every = producer.provenance()
-        return [every[r] for r in rows]
     return producer.provenance()

@@ -10,6 +10,7 @@ module imports ``jax`` itself, so ``import zephon_jax`` stays free of it.
 from __future__ import annotations
 
 import atexit
+import inspect
 import queue
 import threading
 import weakref
@@ -37,6 +38,43 @@ def as_named_sharding(sharding: Any, what: str = "sharding") -> NamedSharding:
         f"{what} must be a jax.sharding.NamedSharding or a (Mesh, PartitionSpec) pair; got "
         f"{type(sharding).__name__}: build one with NamedSharding(mesh, PartitionSpec('data'))"
     )
+
+
+def data_mesh(
+    num_devices: int | None = None, axis_name: str = "data", *, devices: Any = None
+) -> Mesh:
+    """A one-axis mesh for data parallelism whose axis is ``Auto`` on every JAX version.
+
+    ``jax.make_mesh((n,), ("data",))`` gives ``Explicit`` axes from JAX 0.9 on:
+    arrays sharded over it carry their sharding in their type (``int32[8@data,
+    64]``), and a model written for automatic sharding (a Flax NNX ``Embed``, a
+    gather) raises ``ShardingTypeError`` on them. This mesh is ``Auto``, as
+    ``jax.sharding.Mesh`` and ``jax.make_mesh`` before 0.9 give: the same as
+    ``jax.make_mesh((n,), (axis_name,), axis_types=(jax.sharding.AxisType.Auto,))``
+    where that argument exists (JAX 0.5.3 and later).
+
+    ``devices``: the devices of the mesh (default: ``jax.devices()``, every
+    process's); ``num_devices``: use only the first that many of them.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if num_devices is not None:
+        if isinstance(num_devices, bool) or not isinstance(num_devices, int):
+            raise PipelineError(f"data_mesh(num_devices=...) needs an int; got {num_devices!r}")
+        if not 1 <= num_devices <= len(devices):
+            raise PipelineError(
+                f"data_mesh(num_devices={num_devices}) needs between 1 and {len(devices)} "
+                f"devices (there are {len(devices)}); pass fewer, or start more devices"
+            )
+        devices = devices[:num_devices]
+    if not devices:
+        raise PipelineError("data_mesh(devices=...) got no device; pass at least one")
+    if not hasattr(jax, "make_mesh"):  # JAX before 0.4.34: Mesh is Auto
+        return Mesh(np.array(devices), (axis_name,))
+    kwargs: dict[str, Any] = {}
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is not None and "axis_types" in inspect.signature(jax.make_mesh).parameters:
+        kwargs["axis_types"] = (axis_type.Auto,)
+    return jax.make_mesh((len(devices),), (axis_name,), devices=devices, **kwargs)
 
 
 def _is_sharding_leaf(x: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from typing import Any, Iterable, Mapping
 
@@ -20,12 +21,14 @@ import numpy as np
 from zephon_jax import codec
 from zephon_jax.envelope import CHECKPOINT, STATE_FILE, is_int
 from zephon_jax.errors import StateError
+from zephon_jax.lane_state import lane_checksum
 from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
 
 MAGIC = f"{STATE_FILE.format} {STATE_FILE.version}\n".encode()
 CHECKPOINT_FORMAT = CHECKPOINT.format
 CHECKPOINT_VERSION = CHECKPOINT.version
 META_FILE = "meta.json"
+_UNFINISHED = ".orbax-checkpoint-tmp"  # how Orbax names the directory of a save in flight
 
 
 def lane_file(lane: int) -> str:
@@ -74,6 +77,18 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
 def _item_directory(path: str) -> str:
     if os.path.exists(os.path.join(path, META_FILE)):
         return path
+    lanes = [n for n in os.listdir(path) if re.fullmatch(r"lane_\d+\.bin", n)]
+    if lanes:
+        raise StateError(
+            f"{path} is an incomplete zephon_jax checkpoint item: it holds {len(lanes)} lane "
+            f"files but no {META_FILE}, which is written last: the save did not finish (the "
+            "process was killed or failed while saving). Restore an earlier checkpoint step"
+            + (
+                " (this is Orbax's temporary directory of an unfinished save)"
+                if _UNFINISHED in path
+                else ""
+            )
+        )
     items = sorted(d for d in os.listdir(path) if os.path.exists(os.path.join(path, d, META_FILE)))
     if len(items) != 1:
         raise StateError(
@@ -142,6 +157,13 @@ def read_checkpoint_item(
             "removed): restore an earlier checkpoint step"
         )
     for lane in needed:
-        data = (directory / lane_file(lane)).read_bytes()
+        path = directory / lane_file(lane)
+        data = path.read_bytes()
+        if len(data) < 5 or lane_checksum(data[:-4], lane) != data[-4:]:
+            raise StateError(
+                f"{path} is truncated or corrupt ({len(data)} bytes, checksum mismatch): the "
+                "checkpoint was not completely written (a process died while saving, or the "
+                "disk filled up) or was altered since: restore an earlier checkpoint step"
+            )
         state["lanes"][str(lane)] = np.frombuffer(data, dtype=np.uint8)
     return state

@@ -20,7 +20,9 @@ by the module its type comes from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import json
 from typing import Any, Sequence
 
@@ -157,12 +159,148 @@ class HFTokenizersTokenizer(TextTokenizer):
         return (self.tokenizer.to_str(),)
 
 
+# Attributes of a slow transformers tokenizer that do not change what it encodes, or
+# change as it is used (caches, warnings issued), or name where its files were.
+_SLOW_IGNORED = frozenset(
+    {
+        "deprecation_warnings",
+        "_in_target_context_manager",
+        "verbose",
+        "name_or_path",
+        "_name_or_path",
+        "_processor_class",
+        "init_inputs",
+        "files_loaded",
+        "tokens_trie",  # built from the added tokens, which are hashed
+        "model_max_length",
+        "padding_side",
+        "truncation_side",
+        "model_input_names",
+        "clean_up_tokenization_spaces",
+        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+        "_commit_hash",
+        "cache_dir",
+        "local_files_only",
+        "revision",
+        "subfolder",
+        "token",
+        "use_auth_token",
+        "trust_remote_code",
+        "_from_auto",
+        "_from_pipeline",
+    }
+)
+_MAX_DEPTH = 6
+_WARM_UP = "Warm up: 1 a."
+
+
+def _ignored(name: Any) -> bool:
+    if not isinstance(name, str):
+        return False
+    return (
+        name in _SLOW_IGNORED
+        or "cache" in name
+        or name.endswith(("_file", "_files", "_path", "_dir"))
+    )
+
+
+def _qualname(obj: Any) -> str:
+    kind = obj if isinstance(obj, type) else type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether ``value`` is its own canonical form: a str, int, bool or None, or a
+    tuple of them (a BPE merge)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    return kind is tuple and all(type(v) is str or type(v) is int for v in value)
+
+
+def _sorted_items(pairs: list) -> list:
+    """``[key, value]`` pairs sorted by key, whatever order they came in."""
+    try:
+        return sorted(pairs, key=lambda kv: kv[0])
+    except TypeError:  # keys of mixed types
+        return sorted(pairs, key=lambda kv: json.dumps(kv[0], sort_keys=True))
+
+
+def canonical(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data that does not depend on dict or set order, object
+    addresses or the process: what :func:`slow_tokenizer_state` hashes.
+
+    Dicts become sorted ``[key, value]`` pairs; regular expressions their pattern and
+    flags; a SentencePiece model its serialized proto's hash; ``AddedToken`` its content and flags; other objects
+    their type and attributes (less those :func:`_ignored` names), to ``_MAX_DEPTH``
+    levels; functions and classes their names.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, (bytes, bytearray)):
+        return ["bytes", _sha256(bytes(value))]
+    if isinstance(value, dict):
+        if all(map(_is_plain, value)) and all(map(_is_plain, value.values())):
+            pairs = list(value.items())  # a vocabulary or BPE ranks: as they are, fast
+        else:
+            pairs = [(canonical(k, depth + 1), canonical(v, depth + 1)) for k, v in value.items()]
+        return ["dict", _sorted_items(pairs)]
+    if isinstance(value, (list, tuple)):
+        if all(map(_is_plain, value)):
+            return [type(value).__name__, list(value)]
+        return [type(value).__name__, [canonical(v, depth + 1) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        items = [canonical(v, depth + 1) for v in value]
+        return ["set", sorted(items, key=lambda v: json.dumps(v, sort_keys=True))]
+    if hasattr(value, "pattern") and hasattr(value, "flags"):  # re / regex patterns
+        return ["pattern", canonical(value.pattern), int(value.flags)]
+    if callable(getattr(value, "serialized_model_proto", None)):  # SentencePiece
+        return ["sentencepiece", _sha256(value.serialized_model_proto())]
+    if type(value).__name__ == "AddedToken" and hasattr(value, "content"):
+        flags = ("lstrip", "rstrip", "normalized", "single_word", "special")
+        return ["AddedToken", value.content, [bool(getattr(value, f, False)) for f in flags]]
+    if isinstance(value, type) or inspect.isroutine(value):
+        return ["callable", getattr(value, "__module__", ""), getattr(value, "__qualname__", "")]
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and depth < _MAX_DEPTH:
+        return [_qualname(value), canonical(_attributes(attrs), depth + 1)]
+    return [_qualname(value)]
+
+
+def _attributes(attrs: dict) -> dict:
+    """An object's attributes less those ``_ignored`` names, and less the ignored
+    entries of its ``init_kwargs`` (where ``transformers`` keeps loading options)."""
+    out = {k: v for k, v in attrs.items() if not _ignored(k)}
+    if isinstance(out.get("init_kwargs"), dict):
+        out["init_kwargs"] = {k: v for k, v in out["init_kwargs"].items() if not _ignored(k)}
+    return out
+
+
+def slow_tokenizer_state(tokenizer: Any) -> str:
+    """JSON of what decides a slow (Python) ``transformers`` tokenizer's output: its
+    vocabulary and every attribute (BPE ranks, added and special tokens, normalizer
+    settings, init kwargs, a SentencePiece model), canonical (see :func:`canonical`).
+
+    The tokenizer encodes a short text first, so that attributes it sets up on first
+    use (e.g. a normalizer) are there whether or not it was used before.
+    """
+    with contextlib.suppress(Exception):  # errors belong to encoding records, not here
+        tokenizer(_WARM_UP, add_special_tokens=False)
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    state = canonical(_attributes(vars(tokenizer)))
+    return json.dumps([_qualname(tokenizer), vocab, state], ensure_ascii=False)
+
+
 class TransformersTokenizer(TextTokenizer):
     """A ``transformers`` tokenizer (fast or slow).
 
-    Identity: class name, the backend's JSON (fast tokenizers) or the sorted
-    vocabulary (slow ones, plus a SentencePiece model where there is one), the
-    special tokens and the chat template.
+    Identity: class name, the backend's JSON (fast tokenizers) or, for slow
+    (Python) ones, the vocabulary and every attribute that decides the output
+    (BPE merges, added and special tokens, normalizer settings, init kwargs, a
+    SentencePiece model; see :func:`slow_tokenizer_state`), the special tokens
+    and the chat template.
     """
 
     kind = "transformers"
@@ -188,13 +326,7 @@ class TransformersTokenizer(TextTokenizer):
     def _fingerprint_parts(self) -> tuple:
         tok = self.tokenizer
         backend = getattr(tok, "backend_tokenizer", None) if self.batched else None
-        if backend is not None:
-            model = backend.to_str()
-        else:
-            model = json.dumps(sorted(tok.get_vocab().items(), key=lambda kv: kv[1]))
-            sp_model = getattr(tok, "sp_model", None)
-            if sp_model is not None and hasattr(sp_model, "serialized_model_proto"):
-                model += _sha256(sp_model.serialized_model_proto())
+        model = backend.to_str() if backend is not None else slow_tokenizer_state(tok)
         template = getattr(tok, "chat_template", None)
         return (
             type(tok).__name__,

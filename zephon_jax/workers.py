@@ -39,6 +39,7 @@ import select
 import signal
 import struct
 import threading
+import time
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from zephon_jax.checks import timeout_seconds
 from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.gc_pause import paused_gc
 from zephon_jax.operators.packing import OutputPool
@@ -65,6 +67,7 @@ from zephon_jax.worker_pipes import FrameReader, write_frame
 DEFAULT_START_METHOD = "spawn"
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
 _STOP_S = 2.0  # how long close() waits for a worker to exit before terminating it
+DEFAULT_TIMEOUT_S = 300.0  # how long the loader waits for a worker's next message
 _INLINE_BYTES = 4096  # larger loader -> worker messages go as a Parcel (smaller: atomic writes)
 
 Snapshots = dict[int, tuple]  # lane -> Lane.snapshot()
@@ -415,8 +418,11 @@ def _worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
 class _Worker:
     """The parent's handle on one worker process, its slots and its early messages."""
 
-    def __init__(self, ctx, index, incarnation, prefix, payload, rows, lanes, prefetch):
+    def __init__(
+        self, ctx, index, incarnation, prefix, payload, rows, lanes, prefetch, timeout_s=None
+    ):
         self.index = index
+        self.timeout_s = timeout_s
         self.lanes = lanes
         self.prefix = f"{prefix}{index}_{incarnation}_"
         self.slots = SlotReader(self.prefix, prefetch)
@@ -466,8 +472,10 @@ class _Worker:
         return f"loader worker {self.index} ({describe_lanes(self.lanes)}, pid {self.pid})"
 
     def receive(self):
-        """The worker's next message; raises :class:`WorkerError` if it died first."""
+        """The worker's next message; raises :class:`WorkerError` if it died first, or if
+        none came within ``timeout_s`` (the worker is then killed: a restore restarts it)."""
         process = self.process
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             try:
                 frame = self._reader.next()
@@ -479,10 +487,29 @@ class _Worker:
                 if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
                     self.parcels.clear()
                 return message
-            ready = self._readable.wait()  # a message, or the worker's exit
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready = self._readable.wait(left)  # a message, or the worker's exit
             if ready and ready[0] != 0 and not process.is_alive():
                 # exited, its pipe kept open by a process it started
                 raise WorkerError(self._death_message())
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                raise WorkerError(self._hung())
+
+    def _hung(self) -> str:
+        """Kills the worker that sent nothing for ``timeout_s``; the error's message."""
+        stopped = self.process.is_alive()
+        if stopped:
+            self.process.kill()  # also ends a stopped (SIGSTOP) process
+            self.process.join(_STOP_S)
+        doing = "starting" if not self.ready else "making a batch or answering the loader"
+        return (
+            f"{self.describe()} sent nothing for {self.timeout_s:g} s (worker_timeout_s) while "
+            f"{doing}: it is hung (e.g. a map waiting on a lock, a network read or a stopped "
+            f"process){'; it was killed' if stopped else ''}. Restore the last state with "
+            "set_state(...) to restart the workers; if its batches legitimately take longer, "
+            "raise Loader(worker_timeout_s=...) (None: wait forever); run with num_workers=0 "
+            "to debug in-process"
+        )
 
     def _death_message(self) -> str:
         code = self.process.exitcode
@@ -493,7 +520,11 @@ class _Worker:
             except ValueError:
                 how = f"signal {-code}"
             if -code == signal.SIGKILL:
-                how += " (killed, possibly by the out-of-memory killer)"
+                how += (
+                    " (killed, possibly by the out-of-memory killer: check the kernel log or "
+                    "the job's memory limit; fewer num_workers or a smaller worker_prefetch "
+                    "use less memory)"
+                )
         hint = ""
         if not self.ready:
             hint = (
@@ -609,6 +640,9 @@ class WorkerRowProducer:
       prefetch: batches each worker may produce ahead of the caller (>= 1).
       start_method: ``"spawn"`` (default; safe with JAX's threads) or
         ``"forkserver"``; ``"fork"`` only where the process has no threads.
+      timeout_s: how long to wait for a worker's next message (its start, a batch, a
+        state) before it counts as hung: it is killed and :class:`WorkerError` names it
+        (``None``: wait forever).
 
     Output and :meth:`lane_states` are byte-identical to ``RowProducer``'s.
     Call :meth:`close` when done; it also runs on garbage collection and at
@@ -623,11 +657,13 @@ class WorkerRowProducer:
         prefetch: int = 8,
         start_method: str = DEFAULT_START_METHOD,
         agree_on_end: bool = True,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise PipelineError(f"WorkerRowProducer needs num_workers >= 1; got {num_workers!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise PipelineError(f"worker_prefetch must be an int >= 1; got {prefetch!r}")
+        self.timeout_s = timeout_seconds(timeout_s, "worker_timeout_s")
         self.batched = batched
         self._rows = rows_by_size(batched, rows)
         if not any(self._rows.values()):
@@ -704,6 +740,7 @@ class WorkerRowProducer:
             rows,
             lanes,
             self.prefetch,
+            self.timeout_s,
         )
 
     # ----- receiving ------------------------------------------------------------------

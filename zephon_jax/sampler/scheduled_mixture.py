@@ -28,6 +28,14 @@ weights of the stage that holds ``t``; at a stage change the credits restart
 from zero and every component continues from its ``next_sub``, so each
 component's own order is kept across stages. A drawn record's lineage is
 ``(position, component, sub)``: restoring reads it back directly.
+
+By tokens, a draw that gives no tokens (a record its component's filter
+dropped, or one with empty ``tokens``) leaves the credits as they were, so the
+same component is drawn again: a component that never gives tokens would take
+every draw while the others wait. A lane raises a :class:`RecordError` naming
+the component once ``16 * size + DRY_DRAWS`` draws of it in a row gave no
+tokens (``size`` the records of its sources), the bound the lanes' own
+no-progress guard uses with the component's size in place of all sources'.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ UNITS = ("records", "tokens")
 _ONE = 1 << 32
 _FIRST_CHUNK = 8
 _MAX_CHUNK = 256
+# Draws of a component in a row without tokens allowed on top of 16 times its size (see
+# the module docstring): enough for a random filter keeping 1% (0.99**4096 < 1e-17).
+DRY_DRAWS = 4096
 
 
 def _check_stage_weights(num_components: int) -> Callable[[Any, str], tuple[float, ...]]:
@@ -171,6 +182,11 @@ class MixtureDrawer:
         self._rotation = derive_key(node.node_key, lane) % k
         self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
         self._chunk = [_FIRST_CHUNK] * k
+        # Draws of each component in a row that gave no tokens (not state: a guard).
+        self._dry = [0] * k
+        self._dry_limit = [
+            16 * sum(leaf.size for leaf in leaves(child)) + DRY_DRAWS for child in node.children
+        ]
         self.stage = 0
         self.credits = [0] * k
         self.next_sub = [0] * k
@@ -199,6 +215,7 @@ class MixtureDrawer:
         self.stage = plain[0]
         self.credits = [int(c) for c in plain[1]]
         self.next_sub = [int(s) for s in plain[2]]
+        self._dry = [0] * k
         for ahead in self._ahead:
             ahead.clear()
 
@@ -234,7 +251,12 @@ class MixtureDrawer:
             if entry.data is None:  # a draw of a nested mixture past one source's epochs
                 continue
             n = entry.tokens
-            if n:
+            if not n and self.node.unit == "tokens":
+                self._dry[best] += 1
+                if self._dry[best] > self._dry_limit[best]:
+                    self._raise_dry(best, sub)
+            elif n:
+                self._dry[best] = 0
                 total = 0
                 for j, q in enumerate(quanta):
                     if q and ((end := ends[j]) is None or next_sub[j] < end or j == best):
@@ -242,6 +264,26 @@ class MixtureDrawer:
                         total += q
                 credits[best] -= total * n
             return self._finish(entry.data, position, best, sub)
+
+    def _raise_dry(self, component: int, sub: int) -> None:
+        from zephon_jax.sampler.resolve import leaves
+        from zephon_jax.sampler.source import source_label
+
+        count = self._dry[component]
+        labels = ", ".join(
+            leaf.name if leaf.name is not None else source_label(leaf.source)
+            for leaf in leaves(self.node.children[component])
+        )
+        raise RecordError(
+            f"lane {self.lane}: mixture component {component} ({labels}) gave no tokens in its "
+            f"last {count} draws (component draws {sub - count + 1}..{sub}, 16 times its size "
+            f"plus {DRY_DRAWS}): its filter dropped every record, or its records have empty "
+            "'tokens'. A mixture by tokens draws the component owed the most tokens until "
+            "one of its records gives some, so the other components would never be drawn and "
+            "the loader would wait forever. Check the component's filter and transforms (a "
+            "field renamed? a threshold inverted?), or leave it out of the mixture (weight 0 "
+            "in the stages where it is empty)"
+        )
 
     def _finish(self, data: Any, position: int, component: int, sub: int) -> Any:
         if data is DROP:

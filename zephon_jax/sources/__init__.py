@@ -8,7 +8,7 @@ wrapper: :meth:`zephon_jax.Dataset.source` reads them directly, in batches.
 from zephon_jax.sources.array_record import ArrayRecordTokens
 from zephon_jax.sources.jsonl import JsonlSource
 from zephon_jax.sources.parquet import ParquetSource
-from zephon_jax.sources.storage import StorageError
+from zephon_jax.sources.storage import RetryPolicy, StorageError, retry_policy, set_retry_policy
 from zephon_jax.sources.token_array import TokenArray
 from zephon_jax.sources.token_store import (
     TokenStore,
@@ -21,10 +21,13 @@ __all__ = [
     "ArrayRecordTokens",
     "JsonlSource",
     "ParquetSource",
+    "RetryPolicy",
     "StorageError",
     "TokenArray",
     "TokenStore",
     "TokenStoreError",
     "TokenStoreWriter",
+    "retry_policy",
+    "set_retry_policy",
     "write_token_store",
 ]

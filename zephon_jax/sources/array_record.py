@@ -24,14 +24,27 @@ class ArrayRecordTokens:
     """A random-access source over ArrayRecord files written by ``prepare``.
 
     ``path`` is a prepare output directory (dtype and shards come from its
-    ``prepare.json``, only committed shards are read) or a list of
-    ``.array_record`` files with an explicit ``dtype``. Record ``i`` is
+    ``prepare.json``, only committed shards are read; one whose job has not
+    finished is refused unless ``allow_partial``) or a list of ``.array_record``
+    files with an explicit ``dtype``. Record ``i`` is
     ``{"tokens": 1-D array}``, like :class:`zephon_jax.sources.TokenStore`.
     """
 
-    def __init__(self, path: str | os.PathLike | Sequence[str], dtype: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike | Sequence[str],
+        dtype: str | None = None,
+        allow_partial: bool = False,
+    ):
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
             manifest = json.loads((Path(path) / MANIFEST).read_text())
+            if not manifest.get("complete") and not allow_partial:
+                raise PipelineError(
+                    f"{os.fspath(path)!r} is an incomplete `zephon-jax prepare` output: its "
+                    f"{MANIFEST} does not record a finished job (it was stopped, killed or ran "
+                    "out of disk space). Rerun the same prepare command to finish it, or pass "
+                    "allow_partial=True to read the shards committed so far"
+                )
             shards = int(manifest["committed"]["shards"])
             files = [
                 str(Path(path) / ARRAY_RECORD_DIR / f"part-{i:05d}.array_record")

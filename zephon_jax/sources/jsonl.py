@@ -4,7 +4,13 @@ Index sidecar format (``FILE.zjidx`` beside ``FILE``, or in the cache directory 
 the data's location is not writable): one JSON header line ``{"format", "version",
 "size", "version_tag", "records"}``, then ``records`` little-endian int64 line starts,
 then ``records`` int64 line ends (the newline excluded). The index is rebuilt when the
-file's size or version tag (mtime locally, etag on object stores) changes.
+file's size or version tag (mtime locally, etag on object stores) changes, or when it
+was written by another version of the format (version 1 counted whitespace-only lines
+as records).
+
+A line is blank, and not a record, when it holds nothing but ASCII whitespace (space,
+tab, ``\r``, ``\v``, ``\f``): the lines ``bytes.strip`` empties, as ``zephon-jax
+prepare`` skips them.
 """
 
 from __future__ import annotations
@@ -24,15 +30,18 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.sources.files import INDEX_SUFFIX, checked_indices, expand_paths, file_info
-from zephon_jax.sources.storage import filesystem, retry_call
+from zephon_jax.sources.storage import ShortReadError, filesystem, retry_call
 
 __all__ = ["JsonlSource"]
 
 INDEX_FORMAT = "zephon_jax.jsonl_index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 BLOCK_BYTES = 8 << 20
 COALESCE_BYTES = 64 << 10
 JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+# The bytes a blank line may hold: those bytes.strip() removes, less the newline.
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\r\x0b\x0c")] = True
 
 
 def _cache_dir() -> Path:
@@ -41,23 +50,53 @@ def _cache_dir() -> Path:
 
 
 def _line_spans(data: bytes, base: int) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends (newline excluded) of the non-blank lines of a whole-lines buffer."""
+    """Starts and ends (newline excluded) of the non-blank lines of a whole-lines buffer.
+
+    A line is blank when it is empty or holds only the bytes of ``_BLANK``.
+    """
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == 10)
     starts = np.concatenate([[0], newlines + 1]).astype(np.int64)
     ends = np.concatenate([newlines, [buf.size]]).astype(np.int64)
     if starts[-1] == buf.size:  # the buffer ends with a newline
         starts, ends = starts[:-1], ends[:-1]
-    lengths = ends - starts
-    cr_only = np.zeros(lengths.shape, dtype=bool)
-    one = lengths == 1
-    cr_only[one] = buf[starts[one]] == 13
-    keep = (lengths > 0) & ~cr_only
-    return starts[keep] + base, ends[keep] + base
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    # Only a line that starts with a blank byte can be blank (JSON lines rarely do).
+    maybe = np.flatnonzero(_BLANK[buf[starts]]) if starts.size else starts
+    if maybe.size:
+        keep = np.ones(starts.size, dtype=bool)
+        keep[maybe] = _has_content(data, buf, starts[maybe], ends[maybe])
+        starts, ends = starts[keep], ends[keep]
+    return starts + base, ends + base
 
 
-def build_index(url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
-    """``(2, records)`` int64 array of line starts and ends, by one sequential read of ``url``."""
+def _has_content(data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each non-empty line ``[starts, ends)`` of ``data`` (``buf``: its bytes)
+    holds a byte that is not blank, given that its first byte is blank."""
+    out = np.zeros(starts.size, dtype=bool)
+    todo = np.arange(starts.size)
+    for offset in range(1, 9):  # the first bytes of every line at once (indentation)
+        pos = starts[todo] + offset
+        inside = pos < ends[todo]
+        todo, pos = todo[inside], pos[inside]
+        hit = ~_BLANK[buf[pos]]
+        out[todo[hit]] = True
+        todo = todo[~hit]
+        if not todo.size:
+            return out
+    for i in todo.tolist():  # longer runs of whitespace: bytes.strip, as prepare
+        out[i] = bool(data[starts[i] : ends[i]].strip())
+    return out
+
+
+def build_index(
+    url: str, storage_options: Mapping[str, Any] | None = None, size: int | None = None
+) -> np.ndarray:
+    """``(2, records)`` int64 array of line starts and ends, by one sequential read of ``url``.
+
+    With ``size`` (the file's size), a read that ends early is tried again, never indexed.
+    """
     fs, inner = filesystem(url, storage_options)
     parts: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -77,6 +116,8 @@ def build_index(url: str, storage_options: Mapping[str, Any] | None = None) -> n
                     carry = data[cut:]
                 else:
                     carry = data
+        if size is not None and base + len(carry) != size:
+            raise ShortReadError(f"{url}: read {base + len(carry)} of its {size} bytes")
         if carry:
             parts.append(_line_spans(carry, base))
 
@@ -131,14 +172,18 @@ def load_or_build_index(
     fs, inner = filesystem(url, storage_options)
     sidecar = inner + INDEX_SUFFIX
     cached = _cache_path(url)
-    for reader in (lambda: fs.cat_file(sidecar), cached.read_bytes):
+
+    def read_sidecar() -> bytes:
+        return retry_call(lambda: fs.cat_file(sidecar), url + INDEX_SUFFIX)
+
+    for reader in (read_sidecar, cached.read_bytes):
         try:
             spans = _decode_index(reader(), info)
         except (OSError, ValueError):
             continue
         if spans is not None:
             return spans, False
-    spans = build_index(url, storage_options)
+    spans = build_index(url, storage_options, info["size"])
     if info != file_info(url, storage_options):
         raise RuntimeError(f"{url} changed while it was being indexed; open the source again")
     data = _encode_index(spans, info)
@@ -160,6 +205,20 @@ def _write_beside(fs: Any, sidecar: str, data: bytes) -> None:
         os.replace(tmp, sidecar)
     else:
         fs.pipe_file(sidecar, data)
+
+
+def _whole(blob: Any, path: str, start: int, end: int) -> bytes:
+    """``blob`` if it holds every byte of ``[start, end)``; raises (transient) otherwise.
+
+    A response cut short is never taken as data: ShortReadError makes the read try again.
+    """
+    if isinstance(blob, BaseException):
+        raise blob
+    if len(blob) != end - start:
+        raise ShortReadError(
+            f"{path}: asked for bytes {start}..{end} ({end - start} bytes), got {len(blob)}"
+        )
+    return blob
 
 
 class _Progress:
@@ -189,7 +248,8 @@ class JsonlSource:
 
     ``paths``: a path or URL (``s3://``, ``gs://``), a directory or prefix (its ``.jsonl``,
     ``.json`` and ``.ndjson`` files), a glob, or a list of them. Files are taken sorted by
-    path, lines in file order; blank lines are skipped. Random access goes through a
+    path, lines in file order; blank lines (empty or only spaces, tabs and other ASCII
+    whitespace) are skipped. Random access goes through a
     byte-offset index per file, built once (files in parallel, with progress on stderr)
     and cached beside the file (``FILE.zjidx``) when that is writable, else in
     ``$ZEPHON_JAX_CACHE/jsonl_index``; it is rebuilt when the file's size, mtime or etag
@@ -294,16 +354,19 @@ class JsonlSource:
     def _read_ranges(self, fss, file_of, paths, starts, ends) -> list[bytes]:
         fs = fss[int(file_of[0])][0]
         shared = all(fss[int(f)][0] is fs for f in np.unique(file_of))
-        label = self.paths[int(file_of[0])] if len(set(paths)) == 1 else f"{len(set(paths))} files"
+        label = self.paths[int(file_of[0])]
+        if len(set(paths)) > 1:
+            label += f" and {len(set(paths)) - 1} more file{'s' if len(set(paths)) > 2 else ''}"
         if shared:
-            blobs = retry_call(lambda: fs.cat_ranges(paths, starts, ends, on_error="raise"), label)
-        else:
-            by_path = {p: fs_ for fs_, p in fss}
-            blobs = [
-                retry_call(partial(by_path[p].cat_file, p, start=a, end=b), p)
-                for p, a, b in zip(paths, starts, ends)
-            ]
-        for blob in blobs:
-            if isinstance(blob, BaseException):
-                raise blob
-        return blobs
+
+            def read_all() -> list[bytes]:
+                blobs = fs.cat_ranges(paths, starts, ends, on_error="raise")
+                return [_whole(b, p, a, e) for b, p, a, e in zip(blobs, paths, starts, ends)]
+
+            return retry_call(read_all, label)
+        by_path = {p: fs_ for fs_, p in fss}
+
+        def read_one(p: str, a: int, b: int) -> bytes:
+            return _whole(by_path[p].cat_file(p, start=a, end=b), p, a, b)
+
+        return [retry_call(partial(read_one, p, a, b), p) for p, a, b in zip(paths, starts, ends)]

@@ -18,24 +18,29 @@ scheme        environment                                            ``storage_o
 ============  =====================================================  ==========================
 
 Any other scheme raises :class:`StorageError`: a URL is never taken as a local path.
-Transient errors (connection resets, timeouts, throttling, 5xx) are retried with
-bounded exponential backoff, each retry logged on the ``zephon_jax.storage``
-logger; a permanent error (missing object, denied access) raises at once and
-names the URL.
+Transient errors (connection resets, timeouts, throttling, 5xx, responses cut
+short) are retried within one budget per read, :class:`RetryPolicy` (set by
+``ZEPHON_JAX_STORAGE_RETRY`` or :func:`set_retry_policy`), whatever library makes
+the requests: the libraries' own retries are turned off. Each retry is logged on
+the ``zephon_jax.storage`` logger; a permanent error (missing object, denied
+access) raises at once and names the URL.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +48,16 @@ from zephon_jax.errors import ZephonError
 
 __all__ = [
     "Location",
+    "RetryPolicy",
+    "ShortReadError",
     "StorageError",
     "filesystem",
     "is_url",
     "join",
     "kvstore_spec",
     "retry_call",
+    "retry_policy",
+    "set_retry_policy",
     "split_url",
 ]
 
@@ -56,9 +65,6 @@ log = logging.getLogger("zephon_jax.storage")
 
 SUPPORTED_SCHEMES = ("s3", "gs", "gcs", "file")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
-MAX_RETRIES = 6
-INITIAL_DELAY_S = 0.1
-MAX_DELAY_S = 5.0
 
 T = TypeVar("T")
 
@@ -125,6 +131,7 @@ def fsspec_options(scheme: str | None, storage_options: Mapping[str, Any] | None
             opts["client_kwargs"] = {"region_name": region}
         if "profile" in given:
             opts["profile"] = given.pop("profile")
+        opts["config_kwargs"] = {**_botocore_config(), **given.pop("config_kwargs", {})}
         opts.update(given)
         return opts
     if scheme == "gs":
@@ -136,10 +143,29 @@ def fsspec_options(scheme: str | None, storage_options: Mapping[str, Any] | None
     return given
 
 
+def _botocore_config() -> dict[str, Any]:
+    """botocore settings of an s3fs filesystem: the policy's timeouts, no retries of its own."""
+    policy = retry_policy()
+    return {
+        "connect_timeout": policy.timeout,
+        "read_timeout": policy.timeout,
+        "retries": {"total_max_attempts": 1},
+    }
+
+
 def filesystem(
-    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    path: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    stream: bool = False,
 ) -> tuple[Any, str]:
-    """``(fsspec filesystem, path inside it)`` for a local path or a URL."""
+    """``(fsspec filesystem, path inside it)`` for a local path or a URL.
+
+    An s3fs filesystem makes one try per request (its own retries and botocore's are off),
+    with the timeouts of :func:`retry_policy`: :func:`retry_call` retries within one budget.
+    With ``stream``, for a file read from start to end that no caller can restart, it is
+    a filesystem of its own whose requests s3fs tries up to ``attempts`` times each.
+    """
     import fsspec
 
     scheme, rest = split_url(path)
@@ -150,13 +176,18 @@ def filesystem(
         # access to the real service; plain JSON-API access works everywhere.
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     try:
-        fs = fsspec.filesystem(scheme, **fsspec_options(scheme, storage_options))
+        options = fsspec_options(scheme, storage_options)
+        if stream and scheme == "s3":
+            options["skip_instance_cache"] = True
+        fs = fsspec.filesystem(scheme, **options)
     except ImportError as e:
         extra = "s3" if scheme == "s3" else "gcs"
         raise StorageError(
             f"reading {os.fspath(path)!r} needs the {extra!r} extra: pip install "
             f"'zephon_jax[{extra}]' ({e})"
         ) from e
+    if scheme == "s3":  # s3fs's own loop: one try, retry_call retries; or the budget's tries
+        fs.retries = retry_policy().attempts if stream else 1
     return fs, rest
 
 
@@ -236,44 +267,220 @@ CACHE_POOL_BYTES = 64 << 20
 
 
 def tensorstore_context_spec() -> dict[str, Any]:
-    """Bounded request retries for the object-store drivers, and a bounded cache pool.
+    """No request retries of its own for the object-store drivers, and a bounded cache pool.
 
-    The cache pool keeps shard indexes and recently decoded chunks, so that a random
-    read of a TokenStore on an object store costs about one request, not two.
+    zephon_jax retries each read within one budget (:class:`RetryPolicy`), so TensorStore's
+    retries are turned off: one try of a read is one request per key. The cache pool keeps
+    shard indexes and recently decoded chunks, so that a random read of a TokenStore on an
+    object store costs about one request, not two.
     """
-    retries = {
-        "max_retries": MAX_RETRIES,
-        "initial_delay": f"{INITIAL_DELAY_S}s",
-        "max_delay": f"{MAX_DELAY_S}s",
-    }
+    no_retries = {"max_retries": 0}
     return {
-        "s3_request_retries": retries,
-        "gcs_request_retries": retries,
+        "s3_request_retries": no_retries,
+        "gcs_request_retries": no_retries,
         "cache_pool": {"total_bytes_limit": CACHE_POOL_BYTES},
     }
 
 
+def _set_tensorstore_timeouts(policy: RetryPolicy) -> None:
+    """The policy's request timeout for TensorStore's HTTP transport (unless set already).
+
+    A request that connects in no more than ``timeout`` seconds and then receives less than
+    one byte a second for ``timeout`` seconds is abandoned. TensorStore reads these
+    variables when it first makes an HTTP request in a process.
+    """
+    seconds = str(max(1, math.ceil(policy.timeout)))
+    os.environ.setdefault("TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", seconds)
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", seconds)
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+
+
 # ----- retries -------------------------------------------------------------------------
+
+RETRY_ENV = "ZEPHON_JAX_STORAGE_RETRY"
+_POLICY_KEYS = {
+    "attempts": "attempts",
+    "seconds": "seconds",
+    "timeout": "timeout",
+    "delay": "initial_delay",
+    "max_delay": "max_delay",
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The retry budget of one read (or write) of an object store, whatever library performs it.
+
+    A read is tried at most ``attempts`` times (the first try included); no retry starts more
+    than ``seconds`` after the first try began, and the waits between tries (exponential from
+    ``initial_delay``, doubling up to ``max_delay``, with random jitter) are cut to fit. A
+    request that receives nothing for ``timeout`` seconds is abandoned, which fails its try.
+    An outage is therefore reported within ``seconds`` plus one ``timeout`` (a refused
+    connection: within ``seconds``). The libraries' own request retries (TensorStore, s3fs,
+    botocore) are turned off, so this budget is the only one.
+    """
+
+    attempts: int = 6
+    seconds: float = 6.0
+    timeout: float = 10.0
+    initial_delay: float = 0.1
+    max_delay: float = 2.0
+
+    def __post_init__(self) -> None:
+        a = self.attempts
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1:
+            raise StorageError(f"RetryPolicy.attempts must be an int >= 1, got {a!r}")
+        for name in ("seconds", "timeout", "initial_delay", "max_delay"):
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < 0 or (name == "timeout" and v == 0):
+                least = "> 0" if name == "timeout" else ">= 0"
+                raise StorageError(
+                    f"RetryPolicy.{name} must be a finite number of seconds {least}, got {v!r}"
+                )
+
+    def to_env(self) -> str:
+        """This policy as the value of ``ZEPHON_JAX_STORAGE_RETRY``."""
+        return ",".join(f"{k}={getattr(self, f)!r}" for k, f in _POLICY_KEYS.items())
+
+    @classmethod
+    def from_env(cls, text: str) -> RetryPolicy:
+        """A policy from ``"attempts=6,seconds=6,timeout=10"`` (keys left out keep defaults)."""
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            field = _POLICY_KEYS.get(key.strip())
+            if not sep or field is None:
+                raise StorageError(
+                    f"{RETRY_ENV}={text!r}: cannot read {item!r}; write comma-separated "
+                    f"KEY=VALUE pairs with keys among {sorted(_POLICY_KEYS)}, e.g. "
+                    f"'attempts=10,seconds=60'"
+                )
+            try:
+                values[field] = int(value) if field == "attempts" else float(value)
+            except ValueError:
+                raise StorageError(
+                    f"{RETRY_ENV}={text!r}: {key.strip()} must be a number, got {value.strip()!r}"
+                ) from None
+        try:
+            return cls(**values)
+        except StorageError as e:
+            raise StorageError(f"{RETRY_ENV}={text!r}: {e}") from None
+
+
+_policy_cache: tuple[str, RetryPolicy] | None = None
+
+
+def retry_policy() -> RetryPolicy:
+    """The retry budget in force: ``ZEPHON_JAX_STORAGE_RETRY``, else the defaults."""
+    global _policy_cache
+    text = os.environ.get(RETRY_ENV, "")
+    cached = _policy_cache
+    if cached is not None and cached[0] == text:
+        return cached[1]
+    policy = RetryPolicy.from_env(text)
+    _policy_cache = (text, policy)
+    return policy
+
+
+def set_retry_policy(
+    policy: RetryPolicy | None = None,
+    *,
+    attempts: int | None = None,
+    seconds: float | None = None,
+    timeout: float | None = None,
+) -> RetryPolicy:
+    """Sets the retry budget of every object-store read; returns the previous policy.
+
+    Give a :class:`RetryPolicy`, or the fields to change in the current one. The policy is
+    stored in ``ZEPHON_JAX_STORAGE_RETRY``, so loader worker processes started afterwards
+    use it too. TensorStore reads its request timeout once per process, when it first
+    opens an object store.
+    """
+    previous = retry_policy()
+    new = policy if policy is not None else previous
+    changes: dict[str, Any] = {"attempts": attempts, "seconds": seconds, "timeout": timeout}
+    new = replace(new, **{k: v for k, v in changes.items() if v is not None})
+    os.environ[RETRY_ENV] = new.to_env()
+    return previous
+
 
 _TRANSIENT_TEXT = re.compile(
     r"UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|ABORTED|SlowDown|Throttl|"
     r"RequestTimeout|InternalError|ServiceUnavailable|Connection reset|timed out|"
-    r"\b50[0234]\b",
+    r"reduce your request rate|was not satisfied by response|File too short|\b50[0234]\b",
 )
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR}
+# s3fs reports throttling (SlowDown) as EBUSY.
+_TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET}
+# Network errors of the HTTP libraries under fsspec, which are not OSErrors.
+_TRANSIENT_CLASSES = (
+    ("aiohttp", ("ClientPayloadError", "ClientConnectionError", "ServerTimeoutError")),
+    (
+        "botocore.exceptions",
+        ("HTTPClientError", "IncompleteReadError", "ResponseStreamingError"),
+    ),
+    ("urllib3.exceptions", ("ProtocolError", "IncompleteRead", "TimeoutError")),
+)
+
+
+class ShortReadError(OSError):
+    """A response had fewer bytes than were asked for: transient, the read is tried again."""
+
+
+def _network_error(error: BaseException) -> bool:
+    for module_name, names in _TRANSIENT_CLASSES:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        classes = tuple(c for c in (getattr(module, n, None) for n in names) if c is not None)
+        if classes and isinstance(error, classes):
+            return True
+    return False
+
+
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+# How TensorStore and ArrayRecord report a full disk or quota (as text, in other errors).
+_NO_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='28'")
+
+
+def is_no_space(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or quota
+    (ENOSPC, EDQUOT), as an ``OSError`` or in the text of another library's error."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
+            return True
+        if _NO_SPACE_TEXT.search(str(error)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether ``error`` is worth retrying (network trouble, throttling, 5xx)."""
+    """Whether ``error`` is worth retrying (network trouble, throttling, 5xx, short
+    reads); a full disk is not: it does not go away by waiting a second."""
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, StorageError)):
         return False
-    if isinstance(error, (ConnectionError, TimeoutError)):
+    if is_no_space(error):
+        return False
+    if isinstance(error, (ConnectionError, TimeoutError, ShortReadError)) or _network_error(error):
         return True
     if isinstance(error, OSError) and error.errno in _PERMANENT_ERRNOS:
         return False
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+        return True
     if isinstance(error, (OSError, ValueError, RuntimeError)):
-        return bool(_TRANSIENT_TEXT.search(str(error)))
-    return False
+        if _TRANSIENT_TEXT.search(str(error)):
+            return True
+    cause = error.__cause__ or error.__context__
+    return cause is not None and cause is not error and is_transient(cause)
+
+
+def backoff(policy: RetryPolicy, retry: int) -> float:
+    """The wait before retry number ``retry`` (1, 2, ...): exponential, capped, jittered."""
+    base = min(policy.max_delay, policy.initial_delay * 2 ** (retry - 1))
+    return base * (0.5 + random.random() / 2)
 
 
 def retry_call(
@@ -281,18 +488,21 @@ def retry_call(
     url: str,
     what: str = "reading",
     *,
-    max_retries: int = MAX_RETRIES,
-    initial_delay: float = INITIAL_DELAY_S,
-    max_delay: float = MAX_DELAY_S,
+    policy: RetryPolicy | None = None,
 ) -> T:
-    """``fn()``, retried on transient errors with bounded, logged, jittered backoff.
+    """``fn()``, retried on transient errors within one budget (:func:`retry_policy`).
 
-    A permanent error, or a transient one after ``max_retries`` retries, raises
-    StorageError naming ``url`` (the original error chained as ``__cause__``); a
-    missing object raises FileNotFoundError naming ``url``.
+    Each retry is logged on the ``zephon_jax.storage`` logger. A permanent error raises at
+    once: StorageError naming ``url`` (FileNotFoundError for a missing object), the original
+    error chained as ``__cause__``. When the budget runs out (``attempts`` tries, or no time
+    left for another), StorageError names ``url``, the tries made, the time spent, the last
+    error and the fix.
     """
-    delay = initial_delay
-    for attempt in range(max_retries + 1):
+    policy = policy or retry_policy()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return fn()
         except Exception as e:
@@ -301,19 +511,42 @@ def retry_call(
                     raise
                 if isinstance(e, FileNotFoundError):
                     raise FileNotFoundError(f"{what} {url}: not found ({e})") from e
+                if is_no_space(e):
+                    full = StorageError(
+                        f"{what} {url} failed: no space left on device (ENOSPC; {e!r}); free "
+                        "space on that filesystem, or write to one with room"
+                    )
+                    full.errno = errno.ENOSPC
+                    raise full from e
                 raise StorageError(f"{what} {url} failed: {e!r}") from e
-            if attempt == max_retries:
-                raise StorageError(
-                    f"{what} {url} failed after {max_retries} retries: {e!r}; check the "
-                    "endpoint and the network, then rerun"
-                ) from e
-            wait = min(max_delay, delay) * (0.5 + random.random() / 2)
+            spent = time.monotonic() - start
+            wait = backoff(policy, attempt)
+            if attempt >= policy.attempts or spent + wait > policy.seconds:
+                raise StorageError(_budget_message(what, url, attempt, spent, policy, e)) from e
             log.warning(
-                "%s %s: %r; retry %d of %d in %.2f s", what, url, e, attempt + 1, max_retries, wait
+                "%s %s: %r; retry %d of at most %d in %.2f s",
+                what,
+                url,
+                e,
+                attempt,
+                policy.attempts - 1,
+                wait,
             )
             time.sleep(wait)
-            delay *= 2
-    raise AssertionError("unreachable")
+
+
+def _budget_message(
+    what: str, url: str, attempts: int, spent: float, policy: RetryPolicy, error: BaseException
+) -> str:
+    return (
+        f"{what} {url} failed after {attempts} attempt{'s' if attempts != 1 else ''} in "
+        f"{spent:.1f} s (retry budget: {policy.attempts} attempts, {policy.seconds:g} s, "
+        f"request timeout {policy.timeout:g} s); last error: {error!r}. Check the credentials, "
+        f"the endpoint (AWS_ENDPOINT_URL or storage_options['endpoint_url'] for s3://) and the "
+        f"network; if the store is only slow or throttling, raise the budget: "
+        f"{RETRY_ENV}='attempts=10,seconds=60' or "
+        f"zephon_jax.sources.set_retry_policy(attempts=10, seconds=60)"
+    )
 
 
 # ----- a directory of keys: a local directory or an object-store prefix -----------------
@@ -323,12 +556,13 @@ _context: tuple[int, Any] | None = None
 
 
 def ts_context() -> Any:
-    """One TensorStore context per process (with bounded request retries), recreated after a fork."""
+    """One TensorStore context per process (:func:`tensorstore_context_spec`), new after a fork."""
     import tensorstore as ts
 
     global _context
     with _context_lock:
         if _context is None or _context[0] != os.getpid():
+            _set_tensorstore_timeouts(retry_policy())
             _context = (os.getpid(), ts.Context(tensorstore_context_spec()))
         return _context[1]
 

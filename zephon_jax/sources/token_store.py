@@ -33,6 +33,7 @@ __all__ = ["TokenStore", "TokenStoreError", "TokenStoreWriter", "write_token_sto
 FORMAT = "zephon_jax.TokenStore"
 VERSION = 1
 META_FILE = "meta.json"
+PREPARE_RECORD = "prepare.json"  # the job record of `zephon-jax prepare`, beside its store
 TOKENS_DIR = "tokens"
 OFFSETS_DIR = "offsets"
 SUPPORTED_DTYPES = ("uint16", "uint32", "int32")
@@ -198,6 +199,25 @@ def _validate_offsets(path: str, offsets: np.ndarray, num_tokens: int) -> None:
         )
 
 
+def _check_prepared(loc: Location, num_docs: int) -> None:
+    """Raises if ``loc`` is the output of a ``zephon-jax prepare`` job that did not finish."""
+    raw = loc.read(PREPARE_RECORD)
+    if raw is None:  # not written by prepare
+        return
+    try:
+        record = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if isinstance(record, dict) and record.get("complete") is True:
+        return
+    raise TokenStoreError(
+        f"{loc.name!r} is an incomplete `zephon-jax prepare` output: its {PREPARE_RECORD} does "
+        f"not record a finished job (it was stopped, killed or ran out of disk space after "
+        f"committing {num_docs:,} documents). Rerun the same prepare command to finish it, or "
+        "pass allow_partial=True to read the documents committed so far"
+    )
+
+
 @dataclass(frozen=True)
 class _Opened:
     pid: int
@@ -268,10 +288,18 @@ class TokenStore:
         path: str | os.PathLike[str],
         *,
         storage_options: dict[str, Any] | None = None,
+        allow_partial: bool = False,
     ) -> None:
-        """Open and validate the store at ``path``; raise TokenStoreError if it is not valid."""
+        """Open and validate the store at ``path``; raise TokenStoreError if it is not valid.
+
+        A ``zephon-jax prepare`` output whose job has not finished (it was stopped,
+        killed, or ran out of disk space) is refused unless ``allow_partial``: it
+        holds only the documents committed so far.
+        """
         self._init(os.fspath(path), storage_options)
         self._opened: _Opened | None = _open_store(self._loc)
+        if not allow_partial:
+            _check_prepared(self._loc, self._opened.meta["num_docs"])
 
     def _init(self, path: str, storage_options: dict[str, Any] | None) -> None:
         self._loc = Location(path, storage_options)

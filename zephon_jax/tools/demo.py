@@ -108,7 +108,7 @@ def _child(cfg: DemoConfig, mode: str, checkpoint_dir: str) -> dict[str, Any]:
     from zephon_jax import checkpoint as zjc
 
     devices = jax.device_count()
-    mesh = jax.make_mesh((devices,), ("data",))
+    mesh = zj.data_mesh()
     sharding = NamedSharding(mesh, PartitionSpec("data"))
     batched = build_pipeline(cfg, corpus_sources(cfg))
     iterator = iter(zj.Loader(batched, sharding=sharding))

@@ -41,7 +41,14 @@ import numpy as np
 from zephon_jax.errors import ZephonError
 from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
 from zephon_jax.sources.files import expand_paths, file_info
-from zephon_jax.sources.storage import Location, StorageError, filesystem, is_url, split_url
+from zephon_jax.sources.storage import (
+    Location,
+    StorageError,
+    filesystem,
+    is_no_space,
+    is_url,
+    split_url,
+)
 from zephon_jax.tools.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,
@@ -157,8 +164,8 @@ def check_output(opts: PrepareOptions) -> None:
 
 
 def _open(path: str, storage_options: dict[str, Any] | None = None):
-    """A binary file object for a local path or a URL."""
-    fs, inner = filesystem(path, storage_options)
+    """A binary file object for a local path or a URL (each request retried, see filesystem)."""
+    fs, inner = filesystem(path, storage_options, stream=True)
     return fs.open(inner, "rb")
 
 
@@ -444,7 +451,9 @@ class _Outputs:
             pending = manifest.get("pending")
             pending = _Position(**pending) if pending else None
             if self.want_store:
-                have = TokenStore(out, storage_options=self.opts.storage_options).num_docs
+                have = TokenStore(
+                    out, storage_options=self.opts.storage_options, allow_partial=True
+                ).num_docs
                 if have == committed.docs:
                     chosen = committed
                 elif pending is not None and have == pending.docs:
@@ -543,8 +552,11 @@ class _Outputs:
     def abandon(self) -> None:
         """Drops what was appended since the last commit (the next run redoes it)."""
         if self.shard_writer is not None:
-            self.shard_writer.close()
-            self.shard_writer = None
+            writer, self.shard_writer = self.shard_writer, None
+            try:
+                writer.close()
+            except Exception:  # e.g. a full disk: the shard stays a .tmp file, redone
+                pass
 
 
 def _only_an_empty_start(loc: Location) -> bool:
@@ -708,6 +720,33 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
     check_output(opts)
     inputs = _describe_inputs(opts)
+    try:
+        return _run(opts, stream, inputs)
+    except Exception as e:
+        if not is_no_space(e):
+            raise
+        raise _disk_full(opts, e) from e
+
+
+def _disk_full(opts: PrepareOptions, error: BaseException) -> PrepareError:
+    """The error of a job stopped by a full disk (or quota): what is kept, and the fix."""
+    committed = "none of its documents are committed"
+    try:
+        raw = Location(opts.output, opts.storage_options).read(MANIFEST)
+        docs = json.loads(raw.decode())["committed"]["docs"] if raw is not None else 0
+        committed = f"the {docs:,} documents committed before it are kept"
+    except Exception:  # the record itself may be what could not be written
+        pass
+    return PrepareError(
+        f"no space left on device (ENOSPC) while writing {opts.output}: {error}. The output is "
+        f"incomplete ({committed}; readers refuse it until it is complete). Free space on that "
+        "filesystem, or move the output directory to one with room, then rerun the same "
+        "command: it resumes after the last commit"
+    )
+
+
+def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[_Input]) -> PrepareSummary:
+    """The job of :func:`prepare`, after its checks."""
     outputs = _Outputs(opts, _job_identity(opts, inputs))
     if outputs.complete:
         _check_not_empty(outputs.position, outputs.complete, opts, BadRecordCauses())
@@ -908,7 +947,9 @@ def _summary(outputs: _Outputs, seconds: float, run_bytes: float) -> PrepareSumm
     if outputs.want_store:
         from zephon_jax.sources.token_store import TokenStore
 
-        lengths = TokenStore(outputs.out, storage_options=outputs.opts.storage_options).doc_lengths
+        lengths = TokenStore(
+            outputs.out, storage_options=outputs.opts.storage_options, allow_partial=True
+        ).doc_lengths
     else:
         lengths = ArrayRecordTokens(outputs.out).lengths()
     return PrepareSummary(

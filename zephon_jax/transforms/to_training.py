@@ -15,6 +15,20 @@ All outputs are int32 except ``loss_mask``, which is float32 (0.0 or 1.0), so
 that ``(loss * loss_mask).sum() / loss_mask.sum()`` needs no cast.
 ``field_names="maxtext"`` gives MaxText's names instead (all int32, the loss
 mask folded into ``targets_segmentation``).
+
+``convention="maxtext"`` computes targets and loss mask as MaxText's Grain
+pipeline does after packing (its ``ShiftData`` over a row whose targets hold
+``pad_id`` on masked prompt tokens and 0 on padding): with ``y[t]`` equal to
+``tokens[t]`` on a trained token, ``pad_id`` on a masked one (``loss_mask``
+0) and 0 on padding,
+
+* ``targets[t] = y[t + 1]``, and ``pad_id`` at the last position;
+* the loss weight ``targets_segmentation[t]`` is ``segment_ids[t + 1]`` (0 at
+  the last position), set to 0 wherever ``targets[t] == pad_id``; the
+  ``loss_mask`` of the default names is ``targets_segmentation != 0``.
+
+So the last token of a segment predicts the first token of the next one, and
+a target equal to ``pad_id`` is never trained on, also inside a document.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import numpy as np
 from zephon_jax.errors import PipelineError
 
 FIELD_NAMES = ("default", "maxtext")
+CONVENTIONS = ("default", "maxtext")
 PACKED_FIELDS = ("tokens", "tokens_segment_ids", "tokens_positions")
 
 
@@ -75,10 +90,33 @@ def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
     }
 
 
+def maxtext_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
+    """``inputs``, ``targets``, ``targets_segmentation``, ``segment_ids``, ``positions``
+    of a packed row under MaxText's convention (see the module docstring)."""
+    tokens, segment_ids, positions, mask = _packed(row)
+    segment_ids = segment_ids.astype(np.int32, copy=False)
+    inputs = tokens.astype(np.int32)
+    trained = segment_ids != 0 if mask is None else (segment_ids != 0) & (mask == 1)
+    unshifted = np.where(trained, inputs, np.int32(pad_id))
+    unshifted[segment_ids == 0] = 0
+    targets = np.full(len(tokens), pad_id, np.int32)
+    targets[:-1] = unshifted[1:]
+    weights = np.zeros(len(tokens), np.int32)
+    weights[:-1] = segment_ids[1:]
+    weights[targets == pad_id] = 0
+    return {
+        "inputs": inputs,
+        "targets": targets,
+        "targets_segmentation": weights,
+        "segment_ids": segment_ids,
+        "positions": positions.astype(np.int32, copy=False),
+    }
+
+
 class ToTrainingTransform:
     """A packed row -> training fields (see the module docstring). Pure, per row."""
 
-    def __init__(self, pad_id: int = 0, field_names: str = "default"):
+    def __init__(self, pad_id: int = 0, field_names: str = "default", convention: str = "default"):
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
             raise PipelineError(f"to_training(pad_id=...) needs an int token id; got {pad_id!r}")
         if not np.iinfo(np.int32).min <= pad_id <= np.iinfo(np.int32).max:
@@ -87,23 +125,43 @@ class ToTrainingTransform:
             raise PipelineError(
                 f"to_training(field_names={field_names!r}) is unknown; use one of {FIELD_NAMES}"
             )
+        if convention not in CONVENTIONS:
+            raise PipelineError(
+                f"to_training(convention={convention!r}) is unknown; use one of {CONVENTIONS}"
+            )
         self.pad_id = int(pad_id)
         self.field_names = field_names
+        self.convention = convention
         self.name = self.describe()
 
     def apply(self, row: Any, rng_key: tuple) -> dict[str, np.ndarray]:
-        out = training_arrays(row, self.pad_id)
+        if self.convention == "maxtext":
+            out = maxtext_arrays(row, self.pad_id)
+            weights = out["targets_segmentation"]
+            loss_mask = (weights != 0).astype(np.float32)
+        else:
+            out = training_arrays(row, self.pad_id)
+            loss_mask = out["loss_mask"]
+            weights = np.where(loss_mask > 0, out["segment_ids"], 0).astype(np.int32)
         if self.field_names == "default":
-            return out
-        segment_ids = out["segment_ids"]
+            return {
+                "inputs": out["inputs"],
+                "targets": out["targets"],
+                "loss_mask": loss_mask,
+                "segment_ids": out["segment_ids"],
+                "positions": out["positions"],
+            }
         return {
             "inputs": out["inputs"],
-            "inputs_segmentation": segment_ids,
+            "inputs_segmentation": out["segment_ids"],
             "inputs_position": out["positions"],
             "targets": out["targets"],
-            "targets_segmentation": np.where(out["loss_mask"] > 0, segment_ids, 0).astype(np.int32),
+            "targets_segmentation": weights,
             "targets_position": out["positions"].copy(),
         }
 
     def describe(self) -> str:
-        return f"to_training(pad_id={self.pad_id}, field_names={self.field_names!r})"
+        """The transform's identity in the pipeline fingerprint; the convention is named
+        only when it is not the default, so older fingerprints stay valid."""
+        convention = f", convention={self.convention!r}" if self.convention != "default" else ""
+        return f"to_training(pad_id={self.pad_id}, field_names={self.field_names!r}{convention})"
