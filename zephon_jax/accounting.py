@@ -21,6 +21,15 @@ over every delivered step gives, segment by segment:
   (``start`` is 0 or ``None``, and ``output``, after ``flat_map``, absent or 0);
 * ``epoch``: the highest epoch among the segments.
 
+A lane counts in bulk, not per batch: as rows reach its queue of finished rows
+it keeps a compact block of what will be counted of them (for rows out of
+``pack``, whose other operators are ``split`` or passthrough, two int64 arrays of
+their pieces, taken from the rows' lineages or, on the compiled path, from the
+kernel's output), and it counts the delivered ones (those no longer queued) every
+few hundred rows, at the end of a mixture stage, when a skip passes over rows,
+and when a state is encoded, vectorized over all of them. Any other pipeline
+keeps the rows' lineages and walks them to their records as provenance does.
+
 Segments of records made by a user operator that keeps no pointers (``source``
 is ``None``) count for no source. Once a finite input ends, the lanes that still
 made rows for the batch that could not be completed have counted them too (each
@@ -31,15 +40,18 @@ worker runs).
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from zephon_jax.envelope import is_int
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Opaque
+from zephon_jax.lineage import PIECE_BITS, PIECE_MASK, Opaque, plain_lineage
 
 # Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
+Locate = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 LEAF_FIELDS = 4
 
 
@@ -52,15 +64,45 @@ def record_tokens(data: Any) -> int:
     return int(shape[0]) if shape else 0
 
 
+def fast_cut(plan: Any) -> int | None:
+    """For a pipeline whose rows come out of ``pack`` with every other operator a
+    ``split`` (at most one) or a passthrough (and no mixture by tokens or stages), the
+    split's ``max_len`` (0 without split): its rows' pieces are read from their
+    lineages directly, many rows at once. None for any other pipeline."""
+    from zephon_jax.operators.pack import BinPackOperator
+    from zephon_jax.operators.split import SplitOperator
+
+    ops = plan.operators
+    if plan.mixture is not None or not ops or type(ops[-1]) is not BinPackOperator:
+        return None
+    splits = [op for op in ops[:-1] if type(op) is SplitOperator]
+    if len(splits) > 1 or any(not op.passthrough for op in ops[:-1] if op not in splits):
+        return None
+    return splits[0].max_len if splits else 0
+
+
 class Tally:
-    """A lane's counters of delivered and skipped data (see the module docstring)."""
+    """A lane's counters of delivered and skipped data (see the module docstring).
 
-    __slots__ = ("skipped", "leaves", "stages", "component_of", "stage_schedule", "_components")
+    Rows are counted in bulk: :meth:`add` takes the lineages of many delivered rows
+    at once (a lane hands over those delivered since it last counted, see
+    :meth:`Lane.count_delivered <zephon_jax.lane.Lane.count_delivered>`), with
+    ``stage`` the mixture stage they were delivered in.
+    """
 
-    def __init__(self, plan: Any):
+    __slots__ = (
+        "skipped", "leaves", "stages", "stage", "component_of", "stage_schedule",
+        "_components", "_plan", "_lane", "_cut",
+    )  # fmt: skip
+
+    def __init__(self, plan: Any, lane: int = 0):
         from zephon_jax.sampler.resolve import leaves
 
+        self._plan = plan
+        self._lane = lane
+        self._cut = fast_cut(plan)
         self.skipped = 0
+        self.stage = 0  # the mixture stage of the rows delivered and not yet counted
         self.leaves = [0] * (LEAF_FIELDS * len(plan.leaves))
         mixture = plan.mixture
         if mixture is None:
@@ -76,18 +118,91 @@ class Tally:
             self._components = len(mixture.children)
             self.stages = [0] * (len(mixture.stages.starts) * self._components)
 
-    def add(self, rows: Sequence[Sequence[Any]], located: Mapping[Any, tuple], datas, step: int):
-        """Counts rows delivered at global step ``step``: ``rows`` their sampler-level
-        pieces (see :func:`~zephon_jax.provenance.row_pieces`), ``located`` the
-        ``(leaf, record, epoch)`` of each piece's root, ``datas`` the rows' data."""
+    @property
+    def counts_packed(self) -> bool:
+        """Whether rows are counted from their pieces' arrays (see :func:`fast_cut`)."""
+        return self._cut is not None
+
+    def block(self, rows: Sequence[Any]) -> tuple:
+        """What :meth:`add` counts of ``rows`` (elements, in the order they were made),
+        kept until they are delivered: for rows out of ``pack`` (see :func:`fast_cut`) the
+        arrays ``(codes, lengths, ends)`` of their pieces (a position, or a
+        :func:`~zephon_jax.lineage.piece_code`, and a length each; ``ends[i]``: the pieces
+        of rows ``0..i``); else ``(lineages, record tokens or None)``."""
+        lineages = [row.lineage for row in rows]
+        if self._cut is not None:
+            packed = packed_block(lineages)
+            if packed is not None:
+                return packed
+        tokens = [record_tokens(row.data) for row in rows] if self._cut is None else None
+        return (lineages, tokens)
+
+    def add(self, blocks: Sequence[tuple], locate: Locate | None = None) -> None:
+        """Counts the delivered rows of ``blocks`` (see :meth:`block`) in stage
+        :attr:`stage`; ``locate(positions)`` gives the leaf and epoch of lane-local
+        positions (default: the sampler resolves them)."""
+        packed = [b for b in blocks if len(b) == 3]
+        if packed:
+            codes = np.concatenate([b[0] for b in packed])
+            lengths = np.concatenate([b[1] for b in packed])
+            self._add_packed(codes, lengths, locate)
+        for block in blocks:
+            if len(block) == 2:
+                self._add_traced(*block)
+
+    def _add_packed(self, codes: np.ndarray, lengths: np.ndarray, locate: Locate | None) -> None:
+        """Counts pieces of rows out of ``pack``: ``codes`` positions (>= 0) of whole
+        records or split pieces (< 0), ``lengths`` their tokens; vectorized."""
+        if not len(codes):
+            return
+        pieces = codes < 0
+        code = ~codes
+        positions = np.where(pieces, code >> PIECE_BITS, codes)
+        firsts = ~pieces | ((code & PIECE_MASK) == 0)  # starts at its record's first token
+        if locate is None:
+            from zephon_jax.sampler.resolve import resolve
+
+            plan = self._plan
+            unique, where = np.unique(positions, return_inverse=True)
+            res = resolve(plan.sampler, self._lane, unique, plan.num_lanes)
+            leaf, epoch = res.leaf[where], res.epoch[where]
+        else:
+            leaf, epoch = locate(positions)
+        n = len(self.leaves) // LEAF_FIELDS
+        figures: list
+        if n == 1:
+            figures = [[int(lengths.sum()), len(codes), int(firsts.sum()), int(epoch.max()) + 1]]
+        else:
+            tokens = np.zeros(n, np.int64)
+            np.add.at(tokens, leaf, lengths)
+            segments = np.bincount(leaf, minlength=n)
+            documents = np.bincount(leaf[firsts], minlength=n)
+            epochs = np.zeros(n, np.int64)
+            np.maximum.at(epochs, leaf, epoch + 1)
+            figures = list(
+                zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist())
+            )
+        counts = self.leaves
+        for i, (t, g, d, e) in enumerate(figures):
+            at = LEAF_FIELDS * i
+            counts[at] += t
+            counts[at + 1] += g
+            counts[at + 2] += d
+            if e > counts[at + 3]:
+                counts[at + 3] = e
+
+    def _add_traced(self, lineages: Sequence[Any], tokens: Sequence[int] | None) -> None:
+        """Counts rows by walking each one's lineage to its records, as provenance does."""
+        from zephon_jax.provenance import locate_pieces, row_pieces
+
+        plan = self._plan
+        rows = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in lineages]
+        located = locate_pieces(plan, self._lane, rows)
         counts = self.leaves
         component_of = self.component_of
         stage_tokens = self.stages
-        base_stage = 0
-        schedule = self.stage_schedule
-        if schedule is not None:
-            base_stage = schedule.index_at(step) * self._components
-        for pieces, data in zip(rows, datas):
+        base_stage = self.stage * self._components
+        for r, pieces in enumerate(rows):
             alone = len(pieces) == 1
             for piece in pieces:
                 lineage = piece.lineage
@@ -96,27 +211,36 @@ class Tally:
                 leaf, _, epoch = located[lineage if type(lineage) is tuple else int(lineage)]
                 start, stop = piece.start, piece.stop
                 if stop is not None:
-                    tokens = stop - (start or 0)
+                    n = stop - (start or 0)
                 else:
-                    tokens = record_tokens(data) if alone else 0
+                    n = tokens[r] if alone and tokens is not None else 0
                 at = LEAF_FIELDS * leaf
-                counts[at] += tokens
+                counts[at] += n
                 counts[at + 1] += 1
                 if not start and not piece.output:  # starts at its record's first token
                     counts[at + 2] += 1
                 if epoch >= counts[at + 3]:
                     counts[at + 3] = epoch + 1
                 if component_of is not None:
-                    stage_tokens[base_stage + component_of[leaf]] += tokens
+                    stage_tokens[base_stage + component_of[leaf]] += n
 
     def saved(self) -> tuple:
         """The counters as plain data: ``(skipped, leaf counters, stage tokens)``."""
         return (self.skipped, tuple(self.leaves), tuple(self.stages))
 
-    def load(self, saved: tuple, lane: int) -> None:
+    def copy(self) -> Tally:
+        """An independent copy (the same pipeline and lane)."""
+        other = Tally.__new__(Tally)
+        for name in Tally.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.leaves = list(self.leaves)
+        other.stages = list(self.stages)
+        return other
+
+    def load(self, saved: Any, lane: int) -> None:
         """Takes the counters of ``saved`` (see :meth:`saved`), checked against this
         pipeline's sources and stages."""
-        skipped, counts, stages = saved
+        skipped, counts, stages = plain_tally(saved)
         if len(counts) != len(self.leaves) or len(stages) != len(self.stages):
             raise StateError(
                 f"lane {lane}: the state's accounting has {len(counts) // LEAF_FIELDS} sources "
@@ -128,8 +252,138 @@ class Tally:
         self.stages = list(stages)
 
 
+def _split_pieces(parents: list) -> np.ndarray | None:
+    """Pieces of ``split`` written in full, ``((position,), piece)``, as
+    :func:`~zephon_jax.lineage.piece_code` ints; None if ``parents`` are not all such."""
+    try:
+        positions = np.array([p[0] for p in parents], np.int64)
+        pieces = np.array([p[1] for p in parents], np.int64)
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return _mixed_pieces(parents)
+    if positions.shape != (len(parents), 1) or pieces.shape != (len(parents),):
+        return None
+    if len(parents) and (positions.min() < 0 or pieces.min() < 0 or pieces.max() > PIECE_MASK):
+        return None
+    return ~((positions[:, 0] << PIECE_BITS) | pieces)
+
+
+def _mixed_pieces(parents: list) -> np.ndarray | None:
+    """As :func:`_split_pieces` for parents some of which are codes already."""
+    codes = []
+    for p in parents:
+        if type(p) is int:
+            codes.append(p)
+            continue
+        if not (
+            type(p) is tuple
+            and len(p) == 2
+            and type(p[0]) is tuple
+            and len(p[0]) == 1
+            and type(p[0][0]) is int
+            and type(p[1]) is int
+            and p[0][0] >= 0
+            and 0 <= p[1] <= PIECE_MASK
+        ):
+            return None
+        codes.append(~((p[0][0] << PIECE_BITS) | p[1]))
+    try:
+        return np.array(codes, np.int64)
+    except OverflowError:
+        return None
+
+
+def packed_block(lineages: Sequence[Any]) -> tuple | None:
+    """``(codes, lengths, ends)`` of rows out of ``pack`` of ``lineages`` (see
+    :meth:`Tally.block`), or None where a parent is not a position or a piece of split."""
+    try:
+        parents = [lineage[0] for lineage in lineages]
+        flat = list(chain.from_iterable(parents))
+        lengths = np.fromiter(chain.from_iterable(map(itemgetter(1), lineages)), np.int64)
+    except (TypeError, IndexError):
+        return None
+    try:
+        codes = np.array(flat, np.int64)  # ints: positions and split's pieces as codes
+    except (TypeError, ValueError, OverflowError):
+        split = _split_pieces(flat)
+        if split is None:
+            return None
+        codes = split
+    if codes.ndim != 1 or len(codes) != len(lengths):
+        return None
+    ends = np.fromiter(map(len, parents), np.int64, len(parents)).cumsum()
+    return (codes, lengths, ends)
+
+
+def block_rows(block: tuple) -> int:
+    """The rows of a block (see :meth:`Tally.block`)."""
+    return len(block[2]) if len(block) == 3 else len(block[0])
+
+
+def take_blocks(blocks: list, n: int) -> tuple[list, list]:
+    """The blocks of the first ``n`` rows of ``blocks``, and those of the rest (new
+    lists; ``blocks`` is not changed)."""
+    taken = []
+    for i, block in enumerate(blocks):
+        rows = block_rows(block)
+        if n >= rows:
+            taken.append(block)
+            n -= rows
+            if n == 0:
+                return taken, blocks[i + 1 :]
+            continue
+        rest: tuple
+        if len(block) == 3:
+            codes, lengths, ends = block
+            cut = int(ends[n - 1])
+            taken.append((codes[:cut], lengths[:cut], ends[:n]))
+            rest = (codes[cut:], lengths[cut:], ends[n:] - cut)
+        else:
+            lineages, tokens = block
+            taken.append((lineages[:n], None if tokens is None else tokens[:n]))
+            rest = (lineages[n:], None if tokens is None else tokens[n:])
+        return taken, [rest, *blocks[i + 1 :]]
+    return taken, []
+
+
+class DeliveredTally:
+    """A lane's counters as a snapshot took them: those counted, and the rows delivered
+    since, counted only when the saved form is asked for (a snapshot is taken every
+    batch and must stay cheap). Pickles as the plain saved tuple."""
+
+    __slots__ = ("_tally", "_blocks", "_done", "_saved")
+
+    def __init__(self, tally: Tally, blocks: list, done: int):
+        self._tally = tally.copy()
+        self._blocks: list | None = blocks  # never changed in place by the lane
+        self._done = done
+        self._saved: tuple | None = None
+
+    def saved(self) -> tuple:
+        """The plain saved form (see :meth:`Tally.saved`)."""
+        if self._saved is None:
+            if self._done > 0 and self._blocks is not None:
+                self._tally.add(take_blocks(self._blocks, self._done)[0])
+            self._saved = self._tally.saved()
+            self._blocks = None
+        return self._saved
+
+    def __reduce__(self):
+        return (tuple, (self.saved(),))
+
+    def __eq__(self, other: object) -> bool:
+        return plain_tally(self) == plain_tally(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def plain_tally(saved: Any) -> Any:
+    """A snapshot's accounting as plain data (a :class:`DeliveredTally` counted)."""
+    return saved.saved() if type(saved) is DeliveredTally else saved
+
+
 def check_saved_tally(saved: Any, lane: int) -> None:
     """Raises a StateError unless ``saved`` has the form :meth:`Tally.saved` writes."""
+    saved = plain_tally(saved)
     if not (isinstance(saved, tuple) and len(saved) == 3):
         raise StateError(
             f"lane {lane}: the state's accounting is {saved!r:.80}, not (skipped, sources, "

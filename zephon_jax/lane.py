@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.accounting import Tally
+from zephon_jax.accounting import DeliveredTally, Tally, take_blocks
 from zephon_jax.checks import TransformFailed, user_error
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.lane_blocks import MIN_BLOCK, block_cap, first_block, next_block
@@ -43,11 +43,11 @@ from zephon_jax.lane_columns import (
     take_columns,
 )
 from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
-from zephon_jax.lineage import Element, Opaque, is_derived, plain_lineage, root_position
+from zephon_jax.lineage import Element, is_derived, root_position
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.split import SplitOperator
-from zephon_jax.provenance import leaf_labels, row_pieces
+from zephon_jax.provenance import leaf_labels
 from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import (
     can_end,
@@ -71,6 +71,9 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
 _lineage = operator.attrgetter("lineage")
+# Rows a lane lets wait, delivered and uncounted, before it counts them (see
+# Lane.count_delivered): their lineages only, which the rows had anyway.
+COUNT_EVERY = 512
 _LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
@@ -143,7 +146,11 @@ class Lane:
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
-        self.tally = Tally(plan)  # what this lane delivered (see zephon_jax.accounting)
+        self.tally = Tally(plan, lane)  # what this lane delivered (see zephon_jax.accounting)
+        # What the tally counts of the rows made since the lane last counted, in blocks
+        # (see Tally.block): those no longer pending are delivered, uncounted.
+        self._made: list = []
+        self._made_rows = 0
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
@@ -383,11 +390,18 @@ class Lane:
         op = self.plan.operators[stage]
         raise user_error(op.describe(), self.where(element.lineage), error) from error
 
-    def _row_reached(self, rows) -> None:
+    def _row_reached(self, rows, packed: tuple | None = None) -> None:
+        """Rows made: they wait in ``pending``; the tally keeps what it will count of them
+        (``packed``: their pieces' codes, lengths and row ends, where the caller has them
+        as arrays; see :meth:`~zephon_jax.accounting.Tally.block`)."""
         if rows:
             self.pending.extend(rows)
             self._without_row = 0
             self._deepest = -1
+            self._made.append(self.tally.block(rows) if packed is None else packed)
+            self._made_rows += len(rows)
+            if self._made_rows - len(self.pending) > COUNT_EVERY:
+                self.count_delivered()
 
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
@@ -433,20 +447,55 @@ class Lane:
         self.step += 1
         return rows
 
-    def count(self, rows: Sequence[Element], step: int) -> None:
-        """Adds ``rows``, this lane's rows of global step ``step``, now delivered, to its
-        accounting (their provenance, see :mod:`zephon_jax.accounting`)."""
-        operators = self.plan.operators
-        pieces = [row_pieces(operators, plain_lineage(row.lineage)) for row in rows]
-        roots = {
-            p.lineage if type(p.lineage) is tuple else int(p.lineage)
-            for row in pieces
-            for p in row
-            if type(p.lineage) is not Opaque
-        }
-        ordered = sorted(roots)
-        located = dict(zip(ordered, self.locate(ordered))) if roots else {}
-        self.tally.add(pieces, located, [row.data for row in rows], step)
+    def count_delivered(self, keep: bool = True) -> None:
+        """Counts the rows this lane has handed over since it last counted (every row it
+        made that is no longer pending: rows leave ``pending`` in the order they were
+        made) into its accounting, in the tally's stage; ``keep=False`` passes over them
+        uncounted (skipped batches).
+
+        Rows are counted in bulk, not per batch: the lane keeps compact blocks of what
+        the tally counts of the rows it made (:meth:`_row_reached`), and counts the
+        delivered ones when a state is encoded, a mixture stage ends, a skip passes over
+        rows, or more than ``COUNT_EVERY`` rows wait to be counted.
+        """
+        done = self._made_rows - len(self.pending)
+        if done <= 0:
+            return
+        # A new list, not changed in place: a snapshot's DeliveredTally may hold the old.
+        delivered, self._made = take_blocks(self._made, done)
+        self._made_rows -= done
+        if keep:
+            self.tally.add(delivered, self.locate_array)
+
+    def locate_array(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf and epoch of each lane-local position in ``positions`` (an int64
+        array), from the blocks this lane resolved when it read them where it still
+        keeps them (see :meth:`locate`), else resolved again."""
+        leaf = np.zeros(len(positions), np.int64)
+        epoch = np.full(len(positions), -1, np.int64)
+        missing = np.ones(len(positions), bool)
+        for first, last, read, table in reversed(self._located):  # newest first
+            inside = missing & (positions >= first) & (positions <= last)
+            if not inside.any():
+                continue
+            at = positions[inside]
+            if read is None:
+                j = at - first
+            else:  # not contiguous (a restore's reads)
+                j = np.minimum(np.searchsorted(read, at), len(read) - 1)
+                found = read[j] == at
+                inside[inside] = found
+                j = j[found]
+            epoch[inside] = table[-1, j]
+            if len(table) == 3:
+                leaf[inside] = table[0, j]
+            missing &= ~inside
+        if missing.any():
+            plan = self.plan
+            res = resolve(plan.sampler, self.lane, positions[missing], plan.num_lanes)
+            leaf[missing] = res.leaf
+            epoch[missing] = res.epoch
+        return leaf, epoch
 
     def _take(self, n: int) -> list[Element] | None:
         if self.plan.columnar is not None:
@@ -565,7 +614,7 @@ class Lane:
             pending,
             self.step,
             mixture,
-            self.tally.saved(),
+            DeliveredTally(self.tally, self._made, self._made_rows - len(self.pending)),
         )
 
     def get_state(self) -> bytes:
@@ -598,6 +647,9 @@ class Lane:
         self.tally.load(snapshot.tally, self.lane)
         self.carries = carries
         self.pending = pending
+        rows = list(pending)
+        self._made = [self.tally.block(rows)] if rows else []
+        self._made_rows = len(rows)
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead = None

@@ -235,6 +235,7 @@ def _place(
     place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
     several = len(tokens) > 1
     rows: list[Element] = []
+    counted: list[tuple] = []  # what the lane's tally counts of the rows (Tally.block)
     k = j = 0
     while True:
         out, row_end = carry.out, carry.row_end
@@ -243,6 +244,9 @@ def _place(
             positions, k, j, cut, seq_len, max_segments, best, out, row_end,
         )  # fmt: skip
         if n_rows:
+            ends = row_end[:n_rows].astype(np.int64)
+            used = int(ends[-1])
+            counted.append((out[0, :used].astype(np.int64), out[2, :used].astype(np.int64), ends))
             codes, starts, lengths, sources = out[:, :n_out].tolist()
             begin = 0
             for end in row_end[:n_rows].tolist():
@@ -264,7 +268,16 @@ def _place(
         else:
             carry.grow_rows()
     if rows:
-        lane._row_reached(rows)
+        if len(counted) > 1:
+            shift = np.cumsum([0] + [int(c[2][-1]) for c in counted[:-1]])
+            counted = [
+                (
+                    np.concatenate([c[0] for c in counted]),
+                    np.concatenate([c[1] for c in counted]),
+                    np.concatenate([c[2] + d for c, d in zip(counted, shift)]),
+                )
+            ]
+        lane._row_reached(rows, counted[0] if lane.tally.counts_packed else None)
     else:  # the stage the records reached, for the no-progress error
         index = bases[leaves] + records
         placed = bool((offsets[index + 1] > offsets[index]).any())

@@ -8,7 +8,8 @@ as their lineages; in memory, the held lineages may be kept as
 ``pending`` the lineages of the finished rows not yet
 batched, ``step`` the global step the lane produces next and ``mixture`` the
 carry of plain ints of a mixture by tokens or with weight stages (else None)
-and ``tally`` the lane's counters of delivered data (see :mod:`zephon_jax.accounting`).
+and ``tally`` the lane's counters of delivered data (see :mod:`zephon_jax.accounting`;
+in memory a :class:`~zephon_jax.accounting.DeliveredTally`, counted when encoded).
 Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
@@ -21,7 +22,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from zephon_jax import codec
-from zephon_jax.accounting import check_saved_tally
+from zephon_jax.accounting import DeliveredTally, check_saved_tally
 from zephon_jax.envelope import LANE, is_int
 from zephon_jax.errors import StateError
 from zephon_jax.lineage import plain_lineage
@@ -40,7 +41,7 @@ class LaneSnapshot(NamedTuple):
     pending: tuple
     step: int
     mixture: Any
-    tally: tuple
+    tally: Any  # (skipped, sources, stages); in memory, a DeliveredTally until encoded
 
 
 def lane_checksum(body: bytes, lane: int) -> bytes:
@@ -66,6 +67,8 @@ def plain_snapshot(snapshot: tuple) -> tuple:
     pending = snapshot[4]
     if isinstance(pending, tuple):  # rows from pack keep compact lineages until here
         snapshot = snapshot[:4] + (tuple(map(plain_lineage, pending)),) + snapshot[5:]
+    if len(snapshot) > 7 and type(snapshot[7]) is DeliveredTally:  # counted only now
+        snapshot = snapshot[:7] + (snapshot[7].saved(),) + snapshot[8:]
     return snapshot
 
 

@@ -82,19 +82,7 @@ def lane_provenance(
     positions (default: the sampler, a pure function); nothing is read.
     """
     rows = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in lineages]
-    positions = sorted(
-        {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
-    )
-    located: dict[Any, tuple[int, int, int]] = {}
-    if positions:
-        if locate is not None:
-            found = locate(positions)
-        elif isinstance(plan.sampler, ScheduledMixtureNode):
-            found = locate_roots(plan.sampler, lane, plan.num_lanes, positions)
-        else:
-            res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
-            found = list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
-        located = dict(zip(positions, found))
+    located = locate_pieces(plan, lane, rows, locate)
     labels = plan.leaf_labels
     out = []
     for pieces in rows:
@@ -116,6 +104,26 @@ def lane_provenance(
             segments.append(segment)
         out.append(segments)
     return out
+
+
+def locate_pieces(
+    plan: Any, lane: int, rows: Sequence[Sequence[_Piece]], locate: Locate | None = None
+) -> dict[Any, tuple[int, int, int]]:
+    """``{root: (leaf, record, epoch)}`` of the roots of the pieces ``rows`` (see
+    :func:`row_pieces`) of ``lane``; ``locate`` as in :func:`lane_provenance`."""
+    positions = sorted(
+        {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
+    )
+    if not positions:
+        return {}
+    if locate is not None:
+        found = locate(positions)
+    elif isinstance(plan.sampler, ScheduledMixtureNode):
+        found = locate_roots(plan.sampler, lane, plan.num_lanes, positions)
+    else:
+        res = resolve(plan.sampler, lane, np.array(positions, np.int64), plan.num_lanes)
+        found = list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
+    return dict(zip(positions, found))
 
 
 def _root(lineage: Any) -> Any:

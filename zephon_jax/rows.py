@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -187,6 +188,7 @@ class RowProducer:
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
         self._last: list[tuple[int, Any]] | None = None
+        self._count_at = 0  # the next step at which the lanes count by mixture stage
 
     @property
     def rows(self) -> list[int]:
@@ -212,6 +214,8 @@ class RowProducer:
         After an error the producer refuses to continue until :meth:`restore`.
         """
         self._check_usable()
+        if self.step >= self._count_at:
+            self._stage_changed()
         size = self.batched.batch_size_at(self.step)
         per_lane = size // self.batched.num_lanes
         try:
@@ -222,17 +226,7 @@ class RowProducer:
         except BaseException as e:
             self._failure = e
             raise
-        step = self.step
         self.step += 1
-        try:
-            # Each lane counts its rows on its own (not only when the batch is whole), so
-            # its state is the same whichever lanes a producer or worker runs.
-            for l, elements in taken.items():
-                if elements is not None:
-                    self.lanes[l].count(elements, step)
-        except BaseException as e:
-            self._failure = e
-            raise
         rows: dict[int, list[Element]] = {}
         for l, elements in taken.items():
             if elements is None:
@@ -248,7 +242,12 @@ class RowProducer:
         neither returned nor counted as delivered; each lane counts a skipped step.
         False (nothing skipped) once a finite input ends."""
         self._check_usable()
+        if self.step >= self._count_at:
+            self._stage_changed()
         size = self.batched.batch_size_at(self.step)
+        lanes = self.lanes.values()
+        for lane in lanes:
+            lane.count_delivered()  # the rows delivered before, not those skipped now
         try:
             with paused_gc():
                 taken = take_lanes(self.lanes, size // self.batched.num_lanes)
@@ -257,11 +256,30 @@ class RowProducer:
             raise
         self.step += 1
         self._last = None
+        for lane in lanes:
+            lane.count_delivered(keep=False)
         if any(elements is None for elements in taken.values()):
             return False
-        for lane in self.lanes.values():
+        for lane in lanes:
             lane.tally.skipped += 1
         return True
+
+    def _stage_changed(self) -> None:
+        """At the first step of a mixture stage (and after a start or restore): each lane
+        counts the rows delivered in the stage before, and counts on in this one."""
+        schedule = None
+        first = next(iter(self.lanes.values()), None)
+        if first is not None:
+            schedule = first.tally.stage_schedule
+        if schedule is None:
+            self._count_at = sys.maxsize
+            return
+        index = schedule.index_at(self.step)
+        for lane in self.lanes.values():
+            lane.count_delivered()
+            lane.tally.stage = index
+        starts = schedule.starts
+        self._count_at = starts[index + 1] if index + 1 < len(starts) else sys.maxsize
 
     def last_picks(self) -> list[tuple[int, Any]] | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""
@@ -341,3 +359,4 @@ class RowProducer:
         self.step = steps.pop() if steps else int(state["step"])
         self._failure = None
         self._last = None
+        self._count_at = 0
