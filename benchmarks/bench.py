@@ -1,60 +1,72 @@
-"""zephon_jax against Grain and against two floors (Python, memory copy), side by side in one process.
+"""zephon_jax against Grain, a lean Python reference and a contiguous copy, in one process.
 
-    python benchmarks/bench.py --json bench.json --plots docs/_static   # full run, a few minutes
-    python benchmarks/bench.py --quick                                  # under a minute
+    python benchmarks/bench.py --json bench.json            # one run, every case
+    python benchmarks/bench.py --quick                      # tiny corpus and windows
+    python benchmarks/run_set.py --runs 5 --out DIR         # N runs, each a fresh process
 
 Cases (every rate is real, non-padding tokens/s unless said otherwise):
 
+* ``llm``: the documented LLM pipeline, two ``TokenStore`` corpora mixed by tokens,
+  ``mix -> shuffle -> split(2048) -> pack(2048) -> to_training -> batch(64)``,
+  against Grain as MaxText configures it (``documented_pipelines.py``).
+* ``readme``: the README example (a mixture, ``filter``, ``split``, best-fit
+  ``pack``, ``window_shuffle``) at ``S=2048``, ``B=64``, against Grain doing the same.
 * ``packing``: a log-normal corpus (mean about 600 tokens, about 4 % of the
   documents longer than ``seq_len``), ``shuffle -> split(S) -> pack(S) ->
   batch(B)`` at ``S=2048``, ``B=64`` and ``B=256``. zephon_jax with its defaults
-  (best fit, 32 open rows per lane, one lane per row) against Grain's first fit
-  and best fit with one bin per batch row and ``read_threads=0``, against
-  the Python floor (``python_floor.py``: the same packing with the least Python
-  per record, no lineage, state or checks) and against the copy floor: fresh
-  arrays of the batch's shapes filled by ``np.copyto``.
-* ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit with 32
-  bins on all three sides, ``B=32``.
+  (best fit, 32 open rows per lane, one lane per row: ``32 x B`` open rows in all)
+  against Grain's first fit and best fit with ``num_packing_bins=B`` and
+  ``read_threads=0``, against the lean Python reference (``lean_reference.py``:
+  the same packing with little Python per record, no lineage, state or checks; 32
+  open rows in all) and against a contiguous copy: fresh arrays of the batch's
+  shapes filled by ``np.copyto`` from contiguous memory.
+* ``uniform``: lengths uniform in 1..2048 (nothing to split), first fit, ``B=32``:
+  zephon_jax 32 open rows per lane x 32 lanes, Grain and the reference 32 bins.
 
-  In both, zephon_jax runs twice: over the documents as a Python list (what Grain
-  reads) and over the same documents as one ``TokenArray`` (flat tokens and
-  offsets), which lanes read column-wise and pack with compiled kernels when
-  numba is installed (the ``fast`` extra).
+  In both, zephon_jax runs over the documents as a Python list (what Grain reads)
+  and, where the compiled kernels run (numba installed, the ``fast`` extra, and
+  ``ZEPHON_JAX_COMPILED`` not ``0``), also over the same documents as one
+  ``TokenArray``, which lanes read column-wise and pack with those kernels.
 * ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
-* ``lanes``: ``B=1024`` rows made by 8, 64, 256 or 1024 lanes: tokens/s, resident
-  memory per lane, ``get_state`` time, state bytes per lane, and ``set_state`` plus
-  the first batch after ``--steps`` batches (checked equal to the uninterrupted run);
-  twice, the documents as a list and as a ``TokenArray``.
+* ``lanes`` / ``lanes_token_array``: ``B=1024`` rows made by 8, 64, 256 or 1024
+  lanes: tokens/s, resident memory per lane, ``get_state`` time, state bytes per
+  lane, and the restore after ``--steps`` batches in a fresh process
+  (``restore_probe.py``: building the pipeline, ``load_state``, ``set_state`` and
+  the first batch, checked equal to the uninterrupted run's), over the documents
+  as a list and as a ``TokenArray``.
 * ``workers``: a Python-heavy map, alone and before packing, with 0, 1 and 2
   loader worker processes (records/s, tokens/s; the batches are the same for
   every worker count), with the CPU time per batch of every process, the
-  same lanes in Grain's own worker processes (``grain_workers.py``), and the
-  machine's floor: the map alone in one process and in two
-  (``process_floor.py``), interleaved with them.
+  same lanes run by Grain's worker pool (``grain_workers.py``, at the same
+  prefetch depth), and the machine's own scaling: the map alone in one process
+  and in two (``process_floor.py``), interleaved with them.
 * ``tokenize``: texts of log-normal lengths (mean about 300 words, a tenth of
   them rare words) through ``shuffle -> tokenize -> pack(concat) -> batch(8)``
   at ``S=2048``, with a byte-level BPE (``tokenizers``) and a ``tiktoken``
   encoding, both trained here: zephon_jax's ``tokenize`` (one encode call per
   block of records) against the same tokenizer called once per record in a
-  ``map``, and against Grain's ``map`` of that per-record call with 0 and with
-  its default 16 read threads (records/s and tokens/s; see ``tokenize_bench.py``).
+  ``map``, against Grain's ``map`` of that per-record call with 0 and with its
+  default 16 read threads, and against Grain encoding batches
+  (``batch -> map(encode the batch) -> unbatch``; see ``tokenize_bench.py``).
 
 The sides of a case run interleaved (see ``measure.py``): ratios are between
 medians of windows taken in turns (``tokenize``: between overall rates, see
-``TOKENIZE_TIMING``). ``--json`` writes every figure; ``--plots``
-draws the figures of ``docs/performance.md`` from them (see ``plots.py``).
+``TOKENIZE_TIMING``). ``--json`` writes every figure with the environment;
+``run_set.py`` repeats runs in fresh processes and ``report.py`` gives each
+figure's median and range over them.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
+import inspect
 import json
 import os
-import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -63,13 +75,16 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 import corpus as corpus_mod  # noqa: E402
+import documented_pipelines as documented  # noqa: E402
 import grain_baselines as grain_side  # noqa: E402
 import grain_workers  # noqa: E402
 import heavy  # noqa: E402
+import lean_reference  # noqa: E402
 import measure  # noqa: E402
 import numpy as np  # noqa: E402
 import process_floor  # noqa: E402
-import python_floor  # noqa: E402
+import restore_probe  # noqa: E402
+import run_set  # noqa: E402
 import tokenize_bench  # noqa: E402
 import zephon_side  # noqa: E402
 
@@ -82,11 +97,26 @@ SEQ_LEN = 2048
 TOKEN_ARRAY_SIDE = "zephon_jax %s, TokenArray"
 
 
+COPY = "contiguous copy"
+LEAN = "lean Python reference"
+
+
+def compiled_kernels() -> bool:
+    """Whether this process packs token arrays with the compiled kernels (the fast extra)."""
+    from zephon_jax.kernels import kernels
+
+    return kernels() is not None
+
+
 def _token_array_settings(ds: zj.BatchedDataset) -> str:
     from zephon_jax.lane import LanePlan
 
-    path = "compiled kernels" if LanePlan(ds).columnar is not None else "general path (no numba)"
+    path = "compiled kernels" if LanePlan(ds).columnar is not None else "general path"
     return f"the same pipeline over a TokenArray of the documents, {ds.num_lanes} lanes, {path}"
+
+
+def _bins(batch_size: int, per_lane: int = 32) -> str:
+    return f"{per_lane} open rows per lane x {batch_size} lanes = {per_lane * batch_size} open rows"
 
 
 def log(msg: str) -> None:
@@ -96,14 +126,14 @@ def log(msg: str) -> None:
 # ----- cases ---------------------------------------------------------------------------
 
 
-def _floor_side(sample: dict[str, np.ndarray], source: np.ndarray) -> measure.Side:
-    floor = measure.CopyFloor(measure.batch_layout(sample), source)
-    return measure.Side("copy floor", floor, measure.count_batches)
+def _copy_side(sample: dict[str, np.ndarray], source: np.ndarray) -> measure.Side:
+    copy = measure.ContiguousCopy(measure.batch_layout(sample), source)
+    return measure.Side(COPY, copy, measure.count_batches)
 
 
-PYTHON_FLOOR = (
-    "python_floor.PythonFloor: shuffled reads, pieces as views, placement over plain ints, "
-    "batch assembled as zephon_jax's; no lineage, state or checks"
+LEAN_REFERENCE = (
+    "lean_reference.LeanPythonReference: shuffled reads, pieces as views, placement over plain "
+    "ints, batch assembled as zephon_jax's; no lineage, state or checks"
 )
 
 
@@ -115,24 +145,46 @@ def _shares(result: dict[str, Any], key: str, reference: float) -> dict[str, flo
 def _with_batches_per_s(result: dict[str, Any], batch_size: int, seq_len: int) -> None:
     """Adds batches/s (median) to token sides: tokens/s / real tokens per batch."""
     for name, r in result.items():
-        if name != "copy floor" and r.get("fill"):
+        if name != COPY and r.get("fill"):
             r["batches_per_s"] = r["rate_median"] / (r["fill"] * batch_size * seq_len)
+
+
+def _ratios(result: dict[str, Any], sides: dict[str, str], grains: tuple[str, ...]) -> dict:
+    """``{prefix}ratio_to_{grain side}`` for each zephon_jax side (key: result name)."""
+    out = {}
+    for prefix, name in sides.items():
+        if name in result:
+            for g in grains:
+                out[f"{prefix}ratio_to_{g.replace(' ', '_')}"] = measure.ratio(
+                    result[name], result[g]
+                )
+    return out
 
 
 def packing_case(
     docs: list, tokens: Any, source: np.ndarray, batch_size: int, timing: measure.Timing
 ) -> dict[str, Any]:
-    """zephon_jax defaults (documents as a list, and as a TokenArray) vs Grain first/best
-    fit (one bin per row) vs the Python and copy floors."""
+    """zephon_jax defaults (documents as a list, and as a TokenArray where the kernels run)
+    vs Grain first/best fit (one bin per row) vs the lean Python reference and the copy."""
     zds = zephon_side.packing(docs, SEQ_LEN, batch_size)
     z_it = iter(zj.Loader(zds))
     sample = next(z_it)
-    t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size)
-    t_it = iter(zj.Loader(t_ds))
-    next(t_it)
-    sides = [
-        measure.Side("zephon_jax best_fit", z_it, measure.count_packed),
-        measure.Side(TOKEN_ARRAY_SIDE % "best_fit", t_it, measure.count_packed),
+    sides = [measure.Side("zephon_jax best_fit", z_it, measure.count_packed)]
+    settings = {
+        "seq_len": SEQ_LEN,
+        "batch_size": batch_size,
+        "zephon_jax": repr(zds) + f", best_fit, {_bins(batch_size)}",
+        "grain": f"read_threads=0, num_packing_bins={batch_size}, split by FlatMapTransform",
+        "copy": "np.empty + np.copyto of the batch's three int32 fields from contiguous memory",
+        "lean_reference": LEAN_REFERENCE + ", best_fit over 32 open rows in all",
+    }
+    if compiled_kernels():
+        t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size)
+        t_it = iter(zj.Loader(t_ds))
+        next(t_it)
+        sides.append(measure.Side(TOKEN_ARRAY_SIDE % "best_fit", t_it, measure.count_packed))
+        settings["zephon_jax_token_array"] = _token_array_settings(t_ds)
+    sides += [
         measure.Side(
             "grain first_fit",
             iter(grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit")),
@@ -144,36 +196,24 @@ def packing_case(
             measure.count_packed,
         ),
         measure.Side(
-            "python floor",
-            python_floor.PythonFloor(docs, SEQ_LEN, batch_size),
+            LEAN,
+            lean_reference.LeanPythonReference(docs, SEQ_LEN, batch_size),
             measure.count_packed,
         ),
-        _floor_side(sample, source),
+        _copy_side(sample, source),
     ]
     result = measure.interleave(sides, timing)
     _with_batches_per_s(result, batch_size, SEQ_LEN)
-    floor = result["copy floor"]["rate_median"]
-    z = result["zephon_jax best_fit"]
-    t = result[TOKEN_ARRAY_SIDE % "best_fit"]
     out = {
-        "settings": {
-            "seq_len": SEQ_LEN,
-            "batch_size": batch_size,
-            "zephon_jax": repr(zds) + f", {zds.num_lanes} lanes, best_fit, 32 bins per lane",
-            "zephon_jax_token_array": _token_array_settings(t_ds),
-            "grain": f"read_threads=0, num_packing_bins={batch_size}, split by FlatMapTransform",
-            "floor": "np.empty + np.copyto of the batch's three int32 fields, cold source",
-            "python_floor": PYTHON_FLOOR + ", best_fit over 32 bins",
-        },
+        "settings": settings,
         "sides": result,
-        "ratio_to_grain_first_fit": measure.ratio(z, result["grain first_fit"]),
-        "ratio_to_grain_best_fit": measure.ratio(z, result["grain best_fit"]),
-        "token_array_ratio_to_grain_first_fit": measure.ratio(t, result["grain first_fit"]),
-        "token_array_ratio_to_grain_best_fit": measure.ratio(t, result["grain best_fit"]),
-        "share_of_floor": _shares(result, "batches_per_s", floor),
-        "share_of_python_floor": _shares(
-            result, "rate_median", result["python floor"]["rate_median"]
+        **_ratios(
+            result,
+            {"": "zephon_jax best_fit", "token_array_": TOKEN_ARRAY_SIDE % "best_fit"},
+            ("grain first_fit", "grain best_fit"),
         ),
+        "share_of_copy": _shares(result, "batches_per_s", result[COPY]["rate_median"]),
+        "share_of_lean_reference": _shares(result, "rate_median", result[LEAN]["rate_median"]),
     }
     for it in (s.iterator for s in sides):
         measure.close(it)
@@ -183,50 +223,114 @@ def packing_case(
 def uniform_case(
     docs: list, source: np.ndarray, batch_size: int, bins: int, timing: measure.Timing
 ) -> dict[str, Any]:
-    """first_fit with ``bins`` bins on both sides, uniform lengths (no split needed)."""
+    """first_fit, ``bins`` open rows per zephon_jax lane and ``bins`` Grain bins, uniform
+    lengths (no split needed)."""
     zds = zephon_side.packing(docs, SEQ_LEN, batch_size, "first_fit", num_bins=bins, split=False)
     z_it = iter(zj.Loader(zds))
     sample = next(z_it)
-    tokens = TokenArray.from_documents(docs)
-    t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size, "first_fit", bins, split=False)
-    t_it = iter(zj.Loader(t_ds))
-    next(t_it)
+    sides = [measure.Side("zephon_jax first_fit", z_it, measure.count_packed)]
+    settings = {
+        "seq_len": SEQ_LEN,
+        "batch_size": batch_size,
+        "bins": bins,
+        "zephon_jax": f"first_fit, {_bins(zds.num_lanes, bins)}",
+        "grain": f"first_fit, num_packing_bins={bins}, read_threads=0",
+        "lean_reference": LEAN_REFERENCE + f", first_fit over {bins} open rows in all",
+    }
+    if compiled_kernels():
+        tokens = TokenArray.from_documents(docs)
+        t_ds = zephon_side.packing(tokens, SEQ_LEN, batch_size, "first_fit", bins, split=False)
+        t_it = iter(zj.Loader(t_ds))
+        next(t_it)
+        sides.append(measure.Side(TOKEN_ARRAY_SIDE % "first_fit", t_it, measure.count_packed))
+        settings["zephon_jax_token_array"] = _token_array_settings(t_ds)
     g_ds = grain_side.packing(docs, SEQ_LEN, batch_size, "first_fit", bins, split=False)
-    sides = [
-        measure.Side("zephon_jax first_fit", z_it, measure.count_packed),
-        measure.Side(TOKEN_ARRAY_SIDE % "first_fit", t_it, measure.count_packed),
+    sides += [
         measure.Side("grain first_fit", iter(g_ds), measure.count_packed),
         measure.Side(
-            "python floor",
-            python_floor.PythonFloor(docs, SEQ_LEN, batch_size, "first_fit", bins, split=False),
+            LEAN,
+            lean_reference.LeanPythonReference(
+                docs, SEQ_LEN, batch_size, "first_fit", bins, split=False
+            ),
             measure.count_packed,
         ),
-        _floor_side(sample, source),
+        _copy_side(sample, source),
     ]
     result = measure.interleave(sides, timing)
     _with_batches_per_s(result, batch_size, SEQ_LEN)
-    floor = result["copy floor"]["rate_median"]
-    return {
-        "settings": {
-            "seq_len": SEQ_LEN,
-            "batch_size": batch_size,
-            "bins": bins,
-            "zephon_jax": f"first_fit, {bins} bins per lane, {zds.num_lanes} lanes",
-            "zephon_jax_token_array": _token_array_settings(t_ds),
-            "grain": f"first_fit, num_packing_bins={bins}, read_threads=0",
-            "python_floor": PYTHON_FLOOR + f", first_fit over {bins} bins",
-        },
+    out = {
+        "settings": settings,
         "sides": result,
-        "ratio_to_grain_first_fit": measure.ratio(
-            result["zephon_jax first_fit"], result["grain first_fit"]
+        **_ratios(
+            result,
+            {"": "zephon_jax first_fit", "token_array_": TOKEN_ARRAY_SIDE % "first_fit"},
+            ("grain first_fit",),
         ),
-        "token_array_ratio_to_grain_first_fit": measure.ratio(
-            result[TOKEN_ARRAY_SIDE % "first_fit"], result["grain first_fit"]
-        ),
-        "share_of_floor": _shares(result, "batches_per_s", floor),
-        "share_of_python_floor": _shares(
-            result, "rate_median", result["python floor"]["rate_median"]
-        ),
+        "share_of_copy": _shares(result, "batches_per_s", result[COPY]["rate_median"]),
+        "share_of_lean_reference": _shares(result, "rate_median", result[LEAN]["rate_median"]),
+    }
+    for it in (s.iterator for s in sides):
+        measure.close(it)
+    return out
+
+
+README_NO_WINDOW = "grain without window_shuffle (not the same pipeline)"
+
+
+def documented_case(
+    which: str, docs: list, uniform: list, timing: measure.Timing, batch_size: int = 64
+) -> dict[str, Any]:
+    """A documented pipeline (``llm`` or ``readme``, see ``documented_pipelines.py``) on both
+    sides, interleaved: real tokens/s, fill, and the ratio to Grain."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if which == "llm":
+            stores = documented.write_stores([docs, uniform], tmp)
+            zds = documented.llm_zephon(stores, SEQ_LEN, batch_size)
+            g_ds = documented.llm_grain(stores, SEQ_LEN, batch_size)
+            count: measure.Counter = documented.count_training
+            settings = {
+                "pipeline": "mix([TokenStore, TokenStore], token shares "
+                f"{documented.LLM_TOKEN_SHARES}, unit='tokens') -> shuffle -> split(2048) -> "
+                "pack(2048) -> to_training -> batch(64)",
+                "zephon_jax": f"best_fit (the default), {_bins(batch_size)}",
+                "grain": "MapDataset.mix by records (weights "
+                f"{[round(w, 4) for w in documented.record_weights(stores, documented.LLM_TOKEN_SHARES)]}"
+                ": the same token shares in expectation) -> shuffle -> repeat, read_threads=0, "
+                f"split by FlatMapTransform, FirstFitPackIterDataset(num_packing_bins={batch_size}), "
+                "map(the to_training shift), batch",
+            }
+        else:
+            zds = documented.readme_zephon([docs, uniform], SEQ_LEN, batch_size)
+            g_ds = documented.readme_grain([docs, uniform], SEQ_LEN, batch_size)
+            count = measure.count_packed
+            settings = {
+                "pipeline": f"mix(weights {documented.README_WEIGHTS}) -> shuffle -> filter -> "
+                "split(2048) -> pack(2048, best_fit) -> window_shuffle(16) -> batch(64)",
+                "zephon_jax": f"best_fit, {_bins(batch_size)}",
+                "grain": "MapDataset.mix -> shuffle -> repeat -> filter, read_threads=0, split by "
+                f"FlatMapTransform, BestFitPackIterDataset(num_packing_bins={batch_size}), "
+                "WindowShuffleIterDataset(16), batch",
+                "grain_without_window_shuffle": "the same Grain pipeline without "
+                "WindowShuffleIterDataset, whose index_shuffle per element is slow for small "
+                "windows; shown beside, not compared",
+            }
+        z_it = iter(zj.Loader(zds))
+        next(z_it)
+        sides = [
+            measure.Side("zephon_jax", z_it, count),
+            measure.Side("grain", iter(g_ds), count),
+        ]
+        if which == "readme":
+            g_plain = documented.readme_grain([docs, uniform], SEQ_LEN, batch_size, window=False)
+            sides.append(measure.Side(README_NO_WINDOW, iter(g_plain), count))
+        result = measure.interleave(sides, timing)
+        for side in sides:
+            measure.close(side.iterator)
+    settings.update(seq_len=SEQ_LEN, batch_size=batch_size)
+    return {
+        "settings": settings,
+        "sides": result,
+        "ratio_to_grain": measure.ratio(result["zephon_jax"], result["grain"]),
     }
 
 
@@ -255,6 +359,7 @@ TOKENIZE_SIDES = {
     "zephon_jax map, one by one": "one by one",
     "grain map, read_threads=0": 0,
     "grain map, 16 read threads": None,
+    "grain batch -> map(encode batch) -> unbatch": "grain batched",
 }
 # A lane reads (and encodes) a block of up to 256 records every few dozen rows: one
 # lane makes the 8 rows, so that a timed window holds several blocks (with one lane
@@ -281,6 +386,9 @@ def tokenize_case(
             "max_words": int(words.max()),
             "pipeline": "shuffle -> tokenize(eos) -> pack(concat) -> batch, 1 lane",
             "grain": "MapDataset.map(per-record encode) -> ConcatThenSplitIterDataset -> batch",
+            "grain_batched": "MapDataset.batch(256) -> map(apply_batch, the call tokenize makes "
+            "per block) -> unbatch (FlatMapTransform), read_threads=0 -> "
+            "ConcatThenSplitIterDataset -> batch",
             "cpu_count": os.cpu_count(),
             "rates": "overall: timed tokens / timed seconds over interleaved windows",
         }
@@ -289,7 +397,9 @@ def tokenize_case(
         log(f"  tokenize: {kind}")
         tallies, sides = {}, []
         for name, how in TOKENIZE_SIDES.items():
-            if isinstance(how, str):
+            if how == "grain batched":
+                it = tokenize_bench.grain_batched_pipeline(records, tokenizer, SEQ_LEN, batch_size)
+            elif isinstance(how, str):
                 ds = tokenize_bench.zephon_pipeline(
                     records, tokenizer, SEQ_LEN, batch_size, how == "blocks", num_lanes=1
                 )
@@ -312,6 +422,8 @@ def tokenize_case(
             "ratio_to_one_by_one": z / result["zephon_jax map, one by one"]["rate_overall"],
             "ratio_to_grain": z / result["grain map, read_threads=0"]["rate_overall"],
             "ratio_to_grain_threads": z / result["grain map, 16 read threads"]["rate_overall"],
+            "ratio_to_grain_batched": z
+            / result["grain batch -> map(encode batch) -> unbatch"]["rate_overall"],
             "load_average_1min": [load_before, os.getloadavg()[0]],
         }
     return out
@@ -346,11 +458,34 @@ def _pooled_bytes(it: Any) -> int:
     return sum(a.nbytes for kept in arrays.values() for a in kept)
 
 
+def fresh_restore(
+    state: dict, source: str, num_docs: int, lanes: int, batch_size: int
+) -> dict[str, Any]:
+    """Runs ``restore_probe.py`` on ``state`` in a new interpreter: its seconds and digest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "state.bin")
+        zj.save_state(state, path)
+        cmd = [sys.executable, os.path.join(_HERE, "restore_probe.py"), "--state", path]
+        cmd += ["--source", source, "--num-docs", str(num_docs), "--lanes", str(lanes)]
+        cmd += ["--batch-size", str(batch_size)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"restore_probe.py failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def lane_sweep(
-    docs: Any, lane_counts: list[int], batch_size: int, steps: int, timing: measure.Timing
+    docs: Any,
+    lane_counts: list[int],
+    batch_size: int,
+    steps: int,
+    timing: measure.Timing,
+    num_docs: int,
 ) -> dict[str, Any]:
     """The same batches made by different lane counts: speed, memory, state, restore
-    (``docs``: the documents as a list or as a TokenArray)."""
+    (``docs``: the ``num_docs`` documents of the log-normal corpus as a list or as a
+    TokenArray; the restore rebuilds them in a fresh process)."""
+    source = "token_array" if isinstance(docs, TokenArray) else "list"
     rows: dict[int, dict[str, Any]] = {}
     sides = []
     for lanes in lane_counts:
@@ -377,7 +512,8 @@ def lane_sweep(
             measure.close(it2)
             return batch
 
-        restore_s, restore_best_s, got = measure.median_time(restore, 3)
+        warm_s, _, got = measure.median_time(restore, 3)
+        fresh = fresh_restore(state, source, num_docs, lanes, batch_size)
         rows[lanes] = {
             "num_lanes": lanes,
             "rows_per_lane": batch_size // lanes,
@@ -388,9 +524,10 @@ def lane_sweep(
             "snapshot_s": _snapshot_time(it),
             "state_bytes_per_lane": sum(lane_sizes) / len(lane_sizes),
             "state_bytes_per_lane_max": max(lane_sizes),
-            "restore_first_batch_s": restore_s,
-            "restore_first_batch_best_s": restore_best_s,
-            "restore_exact": _batches_equal(expected, got),
+            "restore_fresh_process_s": fresh["restore_s"],
+            "restore_warm_s": warm_s,
+            "restore_exact": _batches_equal(expected, got)
+            and fresh["digest"] == restore_probe.batch_digest(expected),
         }
         del expected, got
         sides.append(measure.Side(f"{lanes} lanes", it, measure.count_packed))
@@ -413,9 +550,16 @@ def lane_sweep(
             "steps_before_restore": steps,
             "pipeline": "shuffle -> split(2048) -> pack(2048, best_fit, 32 bins) -> batch",
             "source": type(docs).__name__,
+            "restore": "restore_fresh_process_s: a fresh interpreter, modules imported and corpus "
+            "made untimed; build the pipeline + load_state + set_state + first batch (kernel "
+            "compile or cache load included); restore_warm_s: median of 3 in this process",
         },
         "rows": [rows[n] for n in lane_counts],
     }
+
+
+# zephon_jax's default depth; Grain's pool gets the same (per_worker_buffer_size).
+WORKER_PREFETCH = inspect.signature(zj.Loader).parameters["worker_prefetch"].default
 
 
 def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
@@ -448,8 +592,11 @@ def _cpu_per_batch(it: Any, seconds: float) -> dict[str, float]:
     }
 
 
+GRAIN_POOL = "zephon_jax lanes in grain's mp_prefetch, 2 workers"
+
+
 def _label(side: str) -> str:
-    return side.split("=")[1] if side.startswith("workers=") else "grain_2"
+    return side.split("=")[1] if side.startswith("workers=") else "grain_pool_2"
 
 
 def workers_case(
@@ -467,7 +614,15 @@ def workers_case(
             measure.count_packed,
         ),
     }
-    out: dict[str, Any] = {"settings": {"batch_size": batch_size, "cpu_count": os.cpu_count()}}
+    out: dict[str, Any] = {
+        "settings": {
+            "batch_size": batch_size,
+            "cpu_count": os.cpu_count(),
+            "worker_prefetch": WORKER_PREFETCH,
+            "grain_pool": "the same lanes run by Grain's mp_prefetch worker pool, "
+            f"per_worker_buffer_size={WORKER_PREFETCH} (grain_workers.py)",
+        }
+    }
     for name, (ds, count) in pipelines.items():
         log(f"  workers: {name}")
         its = []
@@ -480,10 +635,10 @@ def workers_case(
         if name == "heavy map + pack" and 2 in counts:
             # The same lanes in Grain's own worker processes (see grain_workers.py).
             t0 = time.perf_counter()
-            it = grain_workers.GrainWorkerBatches(ds, 2)
+            it = grain_workers.GrainWorkerBatches(ds, 2, prefetch=WORKER_PREFETCH)
             next(it)
             its.append((2, it, time.perf_counter() - t0))
-            sides.append(measure.Side("grain mp_prefetch, 2 workers", it, count))
+            sides.append(measure.Side(GRAIN_POOL, it, count))
         # The map alone in one process and in two, in the same rounds.
         floors = [process_floor.ProcessFloor(p) for p in (1, 2)]
         floor_sides = [
@@ -524,19 +679,14 @@ def workers_case(
 
 
 def machine_info() -> dict[str, Any]:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
+    """The environment a run's figures hold for: versions, CPU, cores, load, kernels."""
+    env = run_set.environment()
     return {
-        "cpu_count": os.cpu_count(),
+        **env,
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "versions": {d: version(d) for d in ("grain", "numpy", "zephon_jax")},
-        "load_average_at_start": os.getloadavg(),
+        "zephon_jax_compiled_env": os.environ.get("ZEPHON_JAX_COMPILED"),
+        "compiled_kernels": compiled_kernels(),
+        "load_average_at_start": env.pop("load_average"),
     }
 
 
@@ -548,120 +698,54 @@ def _source_buffer(docs: list) -> np.ndarray:
     return np.asarray(base)
 
 
-def _python_floor_line(case: dict[str, Any], side: str) -> str:
-    floor = case["sides"].get("python floor")
-    if floor is None:
-        return ""
-    share = case["share_of_python_floor"]
-    return (
-        f"; python floor {floor['rate_median'] / 1e6:.1f} M, zephon_jax at "
-        f"{share[side]:.2f} of it (grain first_fit {share['grain first_fit']:.3f})"
-    )
-
-
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """The headline figures, one line each."""
+    """One line per case: each side's median rate and the case's ratios (``report.py`` gives
+    the tables, and medians with ranges over a set of runs)."""
     lines = []
-    for key, case in results.get("packing", {}).items():
-        s = case["sides"]
-        z, gf, gb = s["zephon_jax best_fit"], s["grain first_fit"], s["grain best_fit"]
-        lines.append(
-            f"packing {key}: zephon_jax {z['rate_median'] / 1e6:.1f} M tok/s (fill "
-            f"{z['fill']:.3f}); grain first_fit {gf['rate_median'] / 1e6:.2f} M "
-            f"(fill {gf['fill']:.3f}), best_fit {gb['rate_median'] / 1e6:.2f} M; ratio "
-            f"{case['ratio_to_grain_first_fit']:.1f}x / {case['ratio_to_grain_best_fit']:.1f}x; "
-            f"share of copy floor {case['share_of_floor']['zephon_jax best_fit']:.3f} "
-            f"(grain first_fit {case['share_of_floor']['grain first_fit']:.4f})"
-            + _python_floor_line(case, "zephon_jax best_fit")
+    cases = [(k, results[k]) for k in ("llm", "readme", "uniform", "map_batch") if k in results]
+    cases += [(f"packing {b}", c) for b, c in results.get("packing", {}).items()]
+    for name, case in cases:
+        rates = ", ".join(
+            f"{side} {r['rate_median'] / 1e6:.2f} M"
+            + (f" (fill {r['fill']:.3f})" if r["fill"] else "")
+            for side, r in case["sides"].items()
         )
-        t = s.get(TOKEN_ARRAY_SIDE % "best_fit")
-        if t is not None:
+        ratios = ", ".join(f"{k} {v:.2f}x" for k, v in case.items() if "ratio" in k)
+        lines.append(f"{name}: {rates}; {ratios}")
+    for which in ("lanes", "lanes_token_array"):
+        for r in results.get(which, {}).get("rows", []):
             lines.append(
-                f"packing {key}, TokenArray: zephon_jax {t['rate_median'] / 1e6:.1f} M tok/s "
-                f"(fill {t['fill']:.3f}); ratio {case['token_array_ratio_to_grain_first_fit']:.1f}x"
-                f" / {case['token_array_ratio_to_grain_best_fit']:.1f}x"
-                + _python_floor_line(case, TOKEN_ARRAY_SIDE % "best_fit")
+                f"{which} {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, state "
+                f"{r['state_bytes_per_lane']:.0f} B/lane, restore in a fresh process "
+                f"{r['restore_fresh_process_s']:.2f} s (exact: {r['restore_exact']})"
             )
-    if "uniform" in results:
-        case = results["uniform"]
-        s = case["sides"]
-        lines.append(
-            f"uniform first_fit 32 bins: zephon_jax "
-            f"{s['zephon_jax first_fit']['rate_median'] / 1e6:.1f} M (fill "
-            f"{s['zephon_jax first_fit']['fill']:.3f}), grain "
-            f"{s['grain first_fit']['rate_median'] / 1e6:.2f} M (fill "
-            f"{s['grain first_fit']['fill']:.3f}); ratio {case['ratio_to_grain_first_fit']:.1f}x"
-            + _python_floor_line(case, "zephon_jax first_fit")
-        )
-        t = s.get(TOKEN_ARRAY_SIDE % "first_fit")
-        if t is not None:
-            lines.append(
-                f"uniform first_fit 32 bins, TokenArray: zephon_jax {t['rate_median'] / 1e6:.1f} M"
-                f" (fill {t['fill']:.3f}); ratio {case['token_array_ratio_to_grain_first_fit']:.1f}x"
-                + _python_floor_line(case, TOKEN_ARRAY_SIDE % "first_fit")
-            )
-    if "map_batch" in results:
-        case = results["map_batch"]
-        lines.append(
-            f"map+batch: zephon_jax {case['sides']['zephon_jax']['rate_median'] / 1e3:.0f} k "
-            f"records/s, grain {case['sides']['grain']['rate_median'] / 1e3:.0f} k; ratio "
-            f"{case['ratio_to_grain']:.1f}x"
-        )
-    sweeps = [
-        (w, r) for w in ("lanes", "lanes_token_array") for r in results.get(w, {}).get("rows", [])
-    ]
-    for which, r in sweeps:
-        lines.append(
-            f"{which} {r['num_lanes']:>4}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s "
-            f"({r['speed_vs_fewest_lanes']:.2f}x), RSS {r['rss_bytes_per_lane'] / 1024:7.1f} "
-            f"KiB/lane, state {r['state_bytes_per_lane']:.0f} B/lane, get_state "
-            f"{r['get_state_s'] * 1e3:.1f} ms, set_state+1st batch "
-            f"{r['restore_first_batch_s'] * 1e3:.0f} ms (exact: {r['restore_exact']})"
-        )
     for name in ("heavy map", "heavy map + pack"):
         w = results.get("workers", {}).get(name)
         if w:
-            speedups = ", ".join(
-                f"{k[len('speedup_') :]} workers {v:.2f}x"
-                for k, v in w.items()
-                if k.startswith("speedup")
-            )
-            bound = ", ".join(
-                f"{k[len('cpu_bound_speedup_') :]} workers {v:.2f}x"
-                for k, v in w.items()
-                if k.startswith("cpu_")
-            )
+            speedups = ", ".join(f"{k} {v:.2f}x" for k, v in w.items() if k.startswith("speedup"))
             lines.append(
-                f"workers {name}: {speedups} over none (load {w['load_average_1min']}); "
-                f"by CPU time of the busiest process: {bound}; the map alone in two "
-                f"processes over one: {w['process_floor']['speedup_2']:.2f}x"
+                f"workers {name}: {speedups}; the map alone, 2 processes over 1: "
+                f"{w['process_floor']['speedup_2']:.2f}x"
             )
     for kind, case in results.get("tokenize", {}).items():
-        if kind == "settings":
-            continue
-        s = case["sides"]
-        rates = ", ".join(
-            f"{name} {r['records_per_s'] / 1e3:.1f} k rec/s ({r['rate_overall'] / 1e6:.2f} M tok/s)"
-            for name, r in s.items()
-        )
-        lines.append(
-            f"tokenize {kind}: {rates}; ratio {case['ratio_to_one_by_one']:.2f}x one by one, "
-            f"{case['ratio_to_grain']:.2f}x grain, {case['ratio_to_grain_threads']:.2f}x grain "
-            f"16 threads (load {case['load_average_1min']})"
-        )
+        if kind != "settings":
+            ratios = ", ".join(f"{k} {v:.2f}x" for k, v in case.items() if "ratio" in k)
+            lines.append(f"tokenize {kind}: {ratios}")
     return lines
+
+
+ALL_CASES = "llm,readme,packing,uniform,map_batch,lanes,lanes_token_array,workers,tokenize"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small corpus, short windows")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
-    parser.add_argument("--plots", metavar="DIR", help="draw the plots into DIR (PNG)")
     parser.add_argument(
         "--only",
         metavar="CASES",
-        default="packing,uniform,map_batch,lanes,workers,tokenize",
-        help="comma-separated cases to run",
+        default=ALL_CASES,
+        help=f"comma-separated cases to run (default {ALL_CASES})",
     )
     parser.add_argument("--num-docs", type=int, default=None, help="corpus size (documents)")
     parser.add_argument("--steps", type=int, default=None, help="steps before the restore")
@@ -679,6 +763,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     cases = set(args.only.split(","))
+    unknown = cases - set(ALL_CASES.split(","))
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; choose from {ALL_CASES}")
     timing = measure.QUICK if args.quick else measure.FULL
     num_docs = args.num_docs or (5000 if args.quick else 20_000)
     steps = args.steps or (10 if args.quick else 200)
@@ -701,6 +788,10 @@ def main(argv: list[str] | None = None) -> int:
     source = _source_buffer(docs)
     tokens = TokenArray.from_documents(docs)
     t_start = time.perf_counter()
+    for which in ("llm", "readme"):
+        if which in cases:
+            log(f"{which} (documented pipeline)")
+            results[which] = documented_case(which, docs, uniform, timing)
     if "packing" in cases:
         results["packing"] = {}
         for b in (64, 256):
@@ -714,9 +805,12 @@ def main(argv: list[str] | None = None) -> int:
         results["map_batch"] = map_batch_case(timing)
     if "lanes" in cases:
         log("lane sweep")
-        results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing)
+        results["lanes"] = lane_sweep(docs, lane_counts, lane_batch, steps, timing, num_docs)
+    if "lanes_token_array" in cases:
         log("lane sweep, TokenArray")
-        results["lanes_token_array"] = lane_sweep(tokens, lane_counts, lane_batch, steps, timing)
+        results["lanes_token_array"] = lane_sweep(
+            tokens, lane_counts, lane_batch, steps, timing, num_docs
+        )
     if "workers" in cases:
         log("workers")
         counts = (0, 2) if args.quick else (0, 1, 2)
@@ -746,11 +840,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=float)
         log(f"wrote {args.json}")
-    if args.plots:
-        import plots
-
-        for path in plots.draw_all(results, args.plots):
-            log(f"wrote {path}")
     return 0
 
 

@@ -83,12 +83,15 @@ class _LaneBlockIterator(grain.DatasetIterator):
 class GrainWorkerBatches:
     """Batches of ``batched`` from ``num_workers`` Grain worker processes."""
 
-    def __init__(self, batched: zj.BatchedDataset, num_workers: int):
+    def __init__(self, batched: zj.BatchedDataset, num_workers: int, prefetch: int = 8):
+        """``prefetch``: Grain's ``per_worker_buffer_size``, the batches each worker makes
+        ahead (a worker's element is its share of one batch), as ``worker_prefetch``."""
         flags_parsed()
         rows = list(range(batched.global_batch_size))
-        ds = LaneBlocks(batched, rows).mp_prefetch(
-            grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2)
+        options = grain.MultiprocessingOptions(
+            num_workers=num_workers, per_worker_buffer_size=prefetch
         )
+        ds = LaneBlocks(batched, rows).mp_prefetch(options)
         import psutil
 
         before = {c.pid for c in psutil.Process().children()}

@@ -1,4 +1,4 @@
-"""Timing and memory helpers shared by every benchmark: interleaved windows, RSS, the copy floor.
+"""Timing and memory helpers shared by every benchmark: interleaved windows, RSS, a contiguous copy.
 
 Every comparison runs its sides *interleaved* in one process: each side gets a
 warm-up, then the sides take turns, one timed window each, for ``repeats``
@@ -109,16 +109,17 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     return a["rate_median"] / b["rate_median"]
 
 
-# ----- the memory-copy floor ----------------------------------------------------------
+# ----- a contiguous copy of the batch's bytes ------------------------------------------
 
 
-class CopyFloor:
-    """Batches made of nothing but copies: the memory-traffic floor of a loader.
+class ContiguousCopy:
+    """Batches made of nothing but copies: a reference for a batch's memory traffic.
 
     Each batch allocates fresh arrays of the given shapes and dtypes (as a loader
-    does) and fills each with ``np.copyto`` from the next slice of ``source``, a
-    buffer larger than the caches (cold reads, like a loader reading its corpus).
-    Its rate in batches/s bounds any loader producing batches of these bytes.
+    does) and fills each with ``np.copyto`` from the next contiguous slice of
+    ``source``, a buffer larger than the caches. A loader reads documents
+    scattered through its corpus, so this is a reference point for moving a
+    batch's bytes, not a bound a loader could reach.
     """
 
     def __init__(self, fields: dict[str, tuple[tuple[int, ...], np.dtype]], source: np.ndarray):
@@ -126,7 +127,7 @@ class CopyFloor:
         self.source = np.ascontiguousarray(source).view(np.uint8).reshape(-1)
         self.offset = 0
 
-    def __iter__(self) -> CopyFloor:
+    def __iter__(self) -> ContiguousCopy:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The machine's floor for worker processes: the heavy map alone in one process and in two.
+"""The machine's own scaling for worker processes: the heavy map alone in one process and two.
 
 ``ProcessFloor(p)`` runs ``heavy.heavy_record_map`` in ``p`` spawned processes and
 nothing else: each batch is 1024 calls, split evenly, with one short message per

@@ -5,6 +5,8 @@ Usage::
     python notebooks/_build_notebooks.py              # write the notebooks, no outputs
     python notebooks/_build_notebooks.py --execute    # write, then run each at full size
     python notebooks/_build_notebooks.py --execute 02_elastic_resume.ipynb
+    python notebooks/_build_notebooks.py --execute --figures   # also docs/_static/*.png
+    python notebooks/_build_notebooks.py --keep-outputs   # new sources, committed outputs
 
 Edit the notebooks here, not in Jupyter, so that they stay easy to review. Every
 notebook reads ``ZEPHON_NB_STEPS`` to choose its size; the tests run them small.
@@ -65,6 +67,29 @@ else:
         raise ZephonJaxMissing(message)  # stops "run all" here
     importlib.invalidate_caches()
     print(f"installed zephon_jax from {requirement}")
+"""
+
+# Notebook 04 also needs a tokenizer library and Jinja (its chat template): the same
+# packages as the `notebooks` extra, installed by its install cell when missing.
+LLM_SFT_NEEDS = """
+# This notebook also trains a tokenizer (tokenizers), wraps it for chat (transformers)
+# and renders its chat template (jinja2): installed here when missing.
+needs = {
+    "tokenizers": "tokenizers>=0.19",
+    "transformers": "transformers>=4.45",
+    "jinja2": "jinja2>=3.1",
+}
+missing = [req for module, req in needs.items() if importlib.util.find_spec(module) is None]
+if missing:
+    print(f"installing {' '.join(missing)} ...")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-color", *missing]
+    result = subprocess.run(pip, capture_output=True, text=True)
+    if result.returncode != 0:
+        pip_said = [line for line in result.stderr.splitlines() if line.strip()] or ["nothing"]
+        message = f"pip could not install {' '.join(missing)}. pip said: {pip_said[-1].strip()}"
+        raise ZephonJaxMissing(message)  # stops "run all" here
+    importlib.invalidate_caches()
+    print(f"installed {' '.join(missing)}")
 """
 
 
@@ -687,10 +712,10 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
             ax.set_ylim(low - 0.1, max(zephon_reference[5:].max(), standard_reference[5:].max()) + 0.1)
         fig.tight_layout()
 
-        # Only a full-size run updates the figure used by the documentation.
-        figure_path = "../docs/_static/elastic_resume.png"
-        if "ZEPHON_NB_STEPS" not in os.environ and os.path.isdir(os.path.dirname(figure_path)):
-            fig.savefig(figure_path, dpi=110)
+        # The documentation's figure is written only when asked, by a full-size run of
+        # `python notebooks/_build_notebooks.py --execute --figures` (ZEPHON_NB_FIGURES=1).
+        if os.environ.get("ZEPHON_NB_FIGURES") == "1":
+            fig.savefig("../docs/_static/elastic_resume.png", dpi=110)
         plt.show()
         """,
     ),
@@ -1051,7 +1076,7 @@ LLM_SFT = [
           on the same held-out set.
         """,
     ),
-    ("code", COLAB_INSTALL),
+    ("code", COLAB_INSTALL + LLM_SFT_NEEDS),
     (
         "code",
         _devices_cell(
@@ -1764,10 +1789,10 @@ LLM_SFT += [
         axes[2].legend(fontsize=8, loc="upper left")
         fig.tight_layout()
 
-        # Only a full-size run updates the figure used by the documentation.
-        figure_path = "../docs/_static/llm_sft_eval.png"
-        if "ZEPHON_NB_STEPS" not in os.environ and os.path.isdir(os.path.dirname(figure_path)):
-            fig.savefig(figure_path, dpi=110)
+        # The documentation's figure is written only when asked, by a full-size run of
+        # `python notebooks/_build_notebooks.py --execute --figures` (ZEPHON_NB_FIGURES=1).
+        if os.environ.get("ZEPHON_NB_FIGURES") == "1":
+            fig.savefig("../docs/_static/llm_sft_eval.png", dpi=110)
         plt.show()
         """,
     ),
@@ -1836,6 +1861,18 @@ def build(cells) -> nbformat.NotebookNode:
     return nb
 
 
+def keep_outputs(nb: nbformat.NotebookNode, committed: nbformat.NotebookNode) -> None:
+    """Copies ``committed``'s metadata, and its code cells' outputs, execution counts and
+    metadata, into ``nb``'s cells of the same id (the cells' order and kinds must not
+    have changed), so that only the sources change."""
+    nb.metadata = committed.metadata
+    old = {c["id"]: c for c in committed.cells if c.cell_type == "code"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell["id"] in old:
+            for key in ("outputs", "execution_count", "metadata"):
+                cell[key] = old[cell["id"]][key]
+
+
 def execute(nb: nbformat.NotebookNode, timeout: int = 1200) -> nbformat.NotebookNode:
     """Runs ``nb`` in a fresh kernel with this directory as its working directory."""
     from nbclient import NotebookClient
@@ -1850,12 +1887,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="notebooks to write (default: all)")
     parser.add_argument("--execute", action="store_true", help="run them and keep the outputs")
+    parser.add_argument(
+        "--figures",
+        action="store_true",
+        help="with --execute: also write the documentation's figures (docs/_static/*.png)",
+    )
+    parser.add_argument(
+        "--keep-outputs",
+        action="store_true",
+        help="without --execute: keep each cell's committed outputs (for edits that leave them as they are)",
+    )
     args = parser.parse_args(argv)
+    if args.figures and not args.execute:
+        parser.error("--figures needs --execute (the figures come from a full-size run)")
+    if args.keep_outputs and args.execute:
+        parser.error("--keep-outputs and --execute exclude each other")
     names = args.names or list(NOTEBOOKS)
     if args.execute:
         os.environ.pop("ZEPHON_NB_STEPS", None)  # full size
+        os.environ.pop("ZEPHON_NB_FIGURES", None)
+        if args.figures:
+            os.environ["ZEPHON_NB_FIGURES"] = "1"
     for name in names:
         nb = build(NOTEBOOKS[name])
+        if args.keep_outputs:
+            keep_outputs(nb, nbformat.read(HERE / name, as_version=4))
         if args.execute:
             start = time.perf_counter()
             execute(nb)

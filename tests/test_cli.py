@@ -329,3 +329,57 @@ def test_sources_is_loaded_lazily():
         "assert {'sources', 'checkpoint'} <= set(dir(zj))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_demo_child_ignores_a_zephon_jax_folder_in_the_cwd(tmp_path, monkeypatch):
+    """Run from the folder that holds a clone named ``zephon_jax``, the demo's child
+    processes still import the package the parent uses (not the folder)."""
+    from zephon_jax.tools import demo
+
+    clone = tmp_path / "zephon_jax"
+    clone.mkdir()
+    (clone / "__init__.py").write_text("")  # a folder named like the package, not it
+    monkeypatch.chdir(tmp_path)
+    cfg = demo.DemoConfig(
+        steps=2,
+        resume_at=1,
+        global_batch_size=2,
+        seq_len=64,
+        devices=(2, 1),
+        max_files=4,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    proc = demo._start_child(cfg, 1, "save", str(tmp_path / "ckpt"))
+    result = demo._finish_child(proc, "child")
+    assert result["devices"] == 1
+    assert len(result["fingerprints"]) == 2
+
+
+def test_prepare_num_workers_is_a_hidden_deprecated_alias_of_workers(tmp_path, capsys):
+    parser = build_parser()
+    prep = parser._subparsers._group_actions[0].choices["prepare"]
+    text = prep.format_help()
+    assert "--workers" in text and "--num-workers" not in text
+    assert "--eos-id" in text
+    # What the help says of directories is what prepare does (tests/test_prepare.py).
+    assert "its other files are skipped, and listed in a note" in " ".join(text.split())
+    data = tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
+    assert main(["prepare", str(data), "-o", str(tmp_path / "old"), "--num-workers", "1"]) == 0
+    assert "--num-workers is deprecated; use --workers" in capsys.readouterr().err
+    assert main(["prepare", str(data), "-o", str(tmp_path / "new"), "--workers", "1"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert (tmp_path / "old" / "prepare.json").is_file()
+    with pytest.raises(SystemExit, match="disagree"):
+        main(
+            [
+                "prepare",
+                str(data),
+                "-o",
+                str(tmp_path / "x"),
+                "--workers",
+                "2",
+                "--num-workers",
+                "1",
+            ]
+        )

@@ -137,6 +137,30 @@ def test_docs_build_with_warnings_as_errors(tmp_path):
     for name in ("Dataset.pack", "Loader", "LoaderIterator.set_state", "merge_states", "Operator"):
         assert name in api, name
     assert "Packs records into rows of" in api
+    # No docstring markup left raw (``jax.Array``s is not a literal followed by "s").
+    assert "``" not in api
+
+
+def test_docstrings_have_no_inline_literal_glued_to_a_word():
+    """reST ends an inline literal only before a space or punctuation: ``x``s and a``x``
+    show their backticks on the API page."""
+    glued = re.compile(r"[A-Za-z0-9]``[A-Za-z0-9]")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "zephon_jax").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if glued.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_table_code_never_breaks_a_name_mid_word():
+    css = (DOCS / "_static" / "custom.css").read_text()
+    assert "custom.css" in (DOCS / "conf.py").read_text()
+    rules = dict(re.findall(r"([^{}]+)\{([^{}]*)\}", re.sub(r"/\*.*?\*/", "", css, flags=re.S)))
+    table_code = next(body for selector, body in rules.items() if "table code" in selector)
+    assert "overflow-wrap: normal" in table_code and "word-break: normal" in table_code
+    assert "anywhere" not in table_code and "break-all" not in table_code
 
 
 def test_custom_operator_page_runs():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -200,3 +201,52 @@ def test_the_default_convention_keeps_the_fingerprint_of_earlier_versions():
         "convention='maxtext'"
         in training_pipeline(convention="maxtext").fingerprint()["transforms"]
     )
+
+
+def _seeded(seed, second=None):
+    """A mixture shuffled by ``seed``; with ``second``, its parts shuffled by ``seed`` and
+    ``second`` instead."""
+    a = zj.Dataset.source(make_docs(40, 12, seed=1))
+    b = zj.Dataset.source(make_docs(30, 6, seed=2))
+    if second is None:
+        ds = zj.Dataset.mix([a, b], [0.5, 0.5]).shuffle(seed)
+    else:
+        ds = zj.Dataset.mix([a.shuffle(seed), b.shuffle(second)], [0.5, 0.5])
+    return ds.pack(16, num_bins=2).batch(4)
+
+
+@pytest.mark.parametrize(
+    "saved, now, state_shows, pipeline_shows",
+    [
+        ((1,), (2,), "shuffle(1)", "shuffle(2)"),
+        ((1, 2), (1, 3), "shuffle seeds [1, 2]", "shuffle seeds [1, 3]"),
+    ],
+)
+def test_a_seed_mismatch_shows_the_seeds_as_written(saved, now, state_shows, pipeline_shows):
+    it = iter(zj.Loader(_seeded(*saved)))
+    take(it, 2)
+    state = it.get_state()
+    with pytest.raises(zj.StateMismatchError) as info:
+        iter(zj.Loader(_seeded(*now))).set_state(state)
+    message = str(info.value)
+    assert info.value.field == "seeds"
+    assert f"  state:    {state_shows}\n  pipeline: {pipeline_shows}\n" in message
+    # The fingerprint keeps the derived per-node seeds, which the message does not show.
+    assert info.value.saved == state["fingerprint"]["seeds"]
+    assert str(json.loads(info.value.saved)[0]) not in message
+    # A state without the seeds as written (an older one) shows the fingerprint's values.
+    del state["fingerprint"]["seeds_given"]
+    with pytest.raises(zj.StateMismatchError) as info:
+        iter(zj.Loader(_seeded(*now))).set_state(state)
+    assert f"  state:    {state['fingerprint']['seeds']!r}" in str(info.value)
+
+
+def test_the_seeds_as_written_do_not_enter_the_comparison():
+    state = {**zj.Loader(_seeded(3)).dataset.fingerprint()}
+    assert json.loads(state["seeds_given"]) == [3]
+    changed = {**state, "seeds_given": "[4]"}
+    it = iter(zj.Loader(_seeded(3)))
+    take(it, 1)
+    full = it.get_state()
+    full["fingerprint"] = changed
+    iter(zj.Loader(_seeded(3))).set_state(full)  # restores: only the derived seeds count

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
 import re
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -52,8 +61,97 @@ def test_committed_notebook_matches_its_generator_and_has_outputs(name):
 def test_every_notebook_starts_with_the_install_cell(name):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
-    assert first.source == GENERATOR.COLAB_INSTALL.strip("\n")
+    assert first.source.startswith(GENERATOR.COLAB_INSTALL.strip("\n"))
     assert 'ZEPHON_JAX_SOURCE = ""' in first.source
+
+
+def _requirement_names(requirements) -> set[str]:
+    return {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+# Packages a notebook needs without importing them (what transformers needs for a chat template).
+NEEDED_BY = {"chat_template": "jinja2"}
+
+
+def _third_party_needs(name) -> set[str]:
+    """The distributions notebook ``name`` imports (or needs, by NEEDED_BY), zephon_jax aside."""
+    modules = set()
+    for kind, source in GENERATOR.NOTEBOOKS[name]:
+        if kind != "code":
+            continue
+        source = textwrap.dedent(source)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                modules.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+        modules.update(module for marker, module in NEEDED_BY.items() if marker in source)
+    modules -= set(sys.stdlib_module_names) | {"zephon_jax"}
+    dists = importlib.metadata.packages_distributions()
+    return {dists[m][0].lower() for m in modules}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_notebooks_extra_and_the_install_cell_cover_the_notebooks_needs(name):
+    config = tomllib.loads((NOTEBOOKS.parent / "pyproject.toml").read_text())
+    installed = _requirement_names(config["project"]["dependencies"]) | _requirement_names(
+        config["project"]["optional-dependencies"]["notebooks"]
+    )
+    base = _requirement_names(config["project"]["dependencies"])
+    needs = _third_party_needs(name)
+    assert needs - installed == set(), "add these to the `notebooks` extra"
+    # What the package does not bring, the install cell installs (matplotlib: Colab has it).
+    install_cell = next(source for kind, source in GENERATOR.NOTEBOOKS[name] if kind == "code")
+    for dist in needs - base - {"matplotlib", "grain"}:
+        assert f'"{dist}>=' in install_cell, f"{name}'s install cell does not install {dist}"
+
+
+def test_the_llm_install_cell_installs_what_is_missing(tmp_path, monkeypatch):
+    """With tokenizers missing, notebook 04's install cell tries to install it and, when pip
+    cannot, stops with a one-line message naming it."""
+    cell = next(source for kind, source in GENERATOR.LLM_SFT if kind == "code")
+    outputs = _run_cell(
+        tmp_path, monkeypatch, "import sys\nsys.modules['tokenizers'] = None\n" + cell
+    )
+    assert _text(outputs).endswith("installing tokenizers>=0.19 ...\n")
+    (error,) = [o for o in outputs if o.output_type == "error"]
+    assert len(error.traceback) == 1
+    assert error.traceback[0].startswith(
+        "ZephonJaxMissing: pip could not install tokenizers>=0.19."
+    )
+
+
+def _savefig_guards(source: str) -> list[str]:
+    """For each ``savefig`` call in ``source``: the source of the ``if`` tests around it."""
+    tree = ast.parse(source)
+    guards = []
+
+    def visit(node, tests):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "savefig":
+            guards.append(" and ".join(tests))
+        if isinstance(node, ast.If):
+            tests = [*tests, ast.unparse(node.test)]
+        for child in ast.iter_child_nodes(node):
+            visit(child, tests)
+
+    visit(tree, [])
+    return guards
+
+
+def test_notebooks_write_the_docs_figures_only_when_asked():
+    guards = [
+        guard
+        for cells in GENERATOR.NOTEBOOKS.values()
+        for kind, source in cells
+        if kind == "code"
+        for guard in _savefig_guards(textwrap.dedent(source))
+    ]
+    assert len(guards) == 2
+    for guard in guards:
+        assert guard == "os.environ.get('ZEPHON_NB_FIGURES') == '1'"
+    # Off by default, and only a full-size --execute --figures build turns it on.
+    with pytest.raises(SystemExit):
+        GENERATOR.main(["--figures"])
 
 
 def _run_install_cell(tmp_path, monkeypatch, *, hide_package: bool, source: str = ""):
@@ -68,6 +166,11 @@ def _run_install_cell(tmp_path, monkeypatch, *, hide_package: bool, source: str 
         'ZEPHON_JAX_SOURCE = ""', f"ZEPHON_JAX_SOURCE = {source!r}"
     )
     prelude = "import sys\nsys.modules['zephon_jax'] = None\n" if hide_package else ""
+    return _run_cell(tmp_path, monkeypatch, prelude + cell)
+
+
+def _run_cell(tmp_path, monkeypatch, code: str):
+    """Runs ``code`` in a Jupyter kernel, pip limited as for :func:`_run_install_cell`."""
     for name, value in {
         "PIP_TARGET": str(tmp_path / "target"),
         "PIP_NO_INDEX": "1",
@@ -76,7 +179,7 @@ def _run_install_cell(tmp_path, monkeypatch, *, hide_package: bool, source: str 
     }.items():
         monkeypatch.setenv(name, value)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(prelude + cell)]
+    nb.cells = [nbformat.v4.new_code_cell(code)]
     client = nbclient.NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,

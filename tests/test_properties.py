@@ -15,7 +15,9 @@ topologies only, so it stays fast).
 The normal suite runs a small derandomized profile. Set
 ``ZEPHON_PROPERTY_EXAMPLES=N`` to run ``N`` examples instead,
 ``ZEPHON_PROPERTY_SEED=S`` to draw them from seed ``S`` (to run a large search in
-chunks), and ``ZEPHON_PROPERTY_WORKERS=0`` to search without loader workers.
+chunks), ``ZEPHON_PROPERTY_WORKERS=0`` to search without loader workers, and
+``ZEPHON_PROPERTY_PROGRESS=K`` to print a line to stderr every ``K`` examples
+checked (with how many ran loader workers), for a long search.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import importlib.util
 import json
 import os
 import signal
+import sys
 import zlib
 
 import numpy as np
@@ -49,6 +52,8 @@ WORKER_COUNTS = (
 )
 BATCH_SIZES = (1, 2, 3, 4, 6, 8)
 REFERENCE_TIMEOUT_S = 60
+PROGRESS_EVERY = int(os.environ.get("ZEPHON_PROPERTY_PROGRESS", "0"))
+CHECKED = {"examples": 0, "with_workers": 0}
 
 
 # ----- pipeline pieces (module level, so that they pickle for worker processes) ----------
@@ -591,6 +596,20 @@ def check(spec: dict) -> None:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert_batches_equal(run_phases(ds, spec), expected)
+    count_checked(spec)
+
+
+def count_checked(spec: dict) -> None:
+    """Counts a checked example; prints progress every ``PROGRESS_EVERY`` of them."""
+    CHECKED["examples"] += 1
+    CHECKED["with_workers"] += any(workers for _, workers in spec["phases"])
+    if PROGRESS_EVERY and CHECKED["examples"] % PROGRESS_EVERY == 0:
+        print(
+            f"property search: {CHECKED['examples']} examples checked, "
+            f"{CHECKED['with_workers']} with loader workers",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # The searches over random pipelines: EXAMPLES each, reproducible from SEED when given.

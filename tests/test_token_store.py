@@ -206,6 +206,17 @@ def test_missing_directory(tmp_path):
         TokenStore(tmp_path / "nope")
 
 
+def test_a_file_is_not_a_token_store_and_the_error_says_how_to_make_one(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"text": "a"}\n')
+    with pytest.raises(TokenStoreError) as info:
+        TokenStore(path)
+    message = str(info.value)
+    assert f"{str(path)!r} is a file, and a TokenStore is a directory" in message
+    assert f"`zephon-jax prepare {path} -o STORE_DIR`" in message
+    assert "does not exist" not in message
+
+
 def test_missing_meta(store_path):
     (store_path / "meta.json").unlink()
     with pytest.raises(TokenStoreError, match="meta.json.*missing.*TokenStoreWriter"):

@@ -503,3 +503,38 @@ def test_worker_timeout_must_be_positive_seconds_or_none(bad):
     with pytest.raises(zj.PipelineError, match="worker_timeout_s needs a number of seconds"):
         zj.Loader(packing_pipeline(), num_workers=1, worker_timeout_s=bad)
     assert zj.Loader(packing_pipeline(), worker_timeout_s=None).worker_timeout_s is None
+
+
+WORKERS_FROM_ANOTHER_CWD = """
+import sys
+
+sys.path.insert(0, {root!r})  # as an installed zephon_jax would be found
+import numpy as np
+
+import zephon_jax as zj
+
+if __name__ == "__main__":
+    docs = [{{"x": np.arange(3) + i}} for i in range(32)]
+    it = iter(zj.Loader(zj.Dataset.source(docs).shuffle(0).batch(4), num_workers=2))
+    print(next(it)["x"].shape, zj.__file__)
+    it.close()
+"""
+
+
+def test_workers_ignore_a_zephon_jax_folder_in_the_cwd(tmp_path):
+    """Spawned workers import the package their parent uses, even when the working
+    directory holds a folder named ``zephon_jax`` (the clone, seen from its parent)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(zj.__file__)))
+    (tmp_path / "zephon_jax").mkdir()
+    (tmp_path / "zephon_jax" / "__init__.py").write_text("")
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "run.py"
+    script.write_text(WORKERS_FROM_ANOTHER_CWD.format(root=root))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["(4,", "3)", zj.__file__]

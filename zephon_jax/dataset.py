@@ -63,10 +63,14 @@ def _with_transforms(node, transforms: tuple):
 
 
 def _shuffle_node(node, seed: int, path: tuple = ()):
+    """``node`` shuffled by ``seed``: each node's seed derives from it and the node's path
+    (and each keeps ``seed`` itself as ``given_seed``, for messages)."""
     if isinstance(node, SourceNode):
-        return dataclasses.replace(node, shuffle_seed=derive_key(seed, *path))
+        return dataclasses.replace(node, shuffle_seed=derive_key(seed, *path), given_seed=seed)
     children = tuple(_shuffle_node(c, seed, path + (i,)) for i, c in enumerate(node.children))
-    return dataclasses.replace(node, children=children, order_seed=derive_key(seed, *path, -1))
+    return dataclasses.replace(
+        node, children=children, order_seed=derive_key(seed, *path, -1), given_seed=seed
+    )
 
 
 def _repeat_node(node, num_epochs):

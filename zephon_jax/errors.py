@@ -30,16 +30,21 @@ class StateError(ZephonError, ValueError):
 class StateMismatchError(StateError):
     """A state was taken from a pipeline that differs from the one restoring it.
 
-    ``field`` names the differing part of the pipeline fingerprint.
+    ``field`` names the differing part of the pipeline fingerprint; ``saved`` and
+    ``current`` are its two values. ``shown``: what the message shows instead of them
+    (for 'seeds', the seeds given to ``shuffle``).
     """
 
-    def __init__(self, field: str, saved: object, current: object):
+    def __init__(self, field: str, saved: object, current: object, shown: tuple | None = None):
         self.field = field
         self.saved = saved
         self.current = current
+        # What the message shows (the seeds as written, where the fingerprint holds values
+        # derived from them); ``saved`` and ``current`` keep the fingerprint's values.
+        state, pipeline = shown if shown is not None else (repr(saved), repr(current))
         super().__init__(
             f"cannot restore: the state's pipeline {field!r} differs from this pipeline's.\n"
-            f"  state:    {saved!r}\n  pipeline: {current!r}\n"
+            f"  state:    {state}\n  pipeline: {pipeline}\n"
             f"Restore into the pipeline the state was taken from (same {field}), "
             "or start a fresh run without restoring."
         )

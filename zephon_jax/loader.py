@@ -39,7 +39,7 @@ class Loader:
 
     With ``sharding`` (a ``jax.sharding.NamedSharding``, a pytree of them
     matching the batch fields, or a ``(Mesh, PartitionSpec)`` pair), each batch
-    is a dict of global ``jax.Array``s of ``B`` rows. The process and its
+    is a dict of global ``jax.Array`` values of ``B`` rows. The process and its
     devices come from jax; the process computes exactly the rows its devices
     hold (each once, even if several devices hold it) and the state covers the
     lanes behind those rows. ``device_prefetch`` batches are kept on the devices

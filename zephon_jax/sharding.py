@@ -145,7 +145,7 @@ class BatchSharding:
         return sorted({d.process_index for per_leaf in owners for d in per_leaf})
 
     def shardings_for(self, batch: Any) -> Any:
-        """The batch's pytree of ``NamedSharding``s (one sharding is used for every field)."""
+        """The batch's pytree of ``NamedSharding`` objects (one sharding for every field)."""
         if self.single:
             return jax.tree.map(lambda _: self.leaves[0], batch)
         batch_def: Any = jax.tree.structure(batch)  # a PyTreeDef: jaxlib ships no stubs for it
@@ -157,7 +157,7 @@ class BatchSharding:
         return jax.tree.unflatten(self.treedef, self.leaves)
 
     def make_global(self, rows: list[int], local: Any, size: int | None = None) -> Any:
-        """Global ``jax.Array``s of ``size`` rows from ``local``, whose first axis holds ``rows``.
+        """Global ``jax.Array`` values of ``size`` rows from ``local`` (first axis: ``rows``).
 
         All processes must produce the same trailing shape for a field; rows a
         device holds are copied from ``local``, never recomputed.

@@ -34,10 +34,15 @@ FINGERPRINT_FIELDS = (
     "operators",
     "transforms",
 )
+# Not compared: the seeds given to Dataset.shuffle, which a 'seeds' mismatch shows (the
+# 'seeds' field holds the per-node seeds derived from them).
+SEEDS_GIVEN = "seeds_given"
 
 
 def _walk_sampler(node, out: dict) -> None:
     desc = node.describe()
+    if node.given_seed is not None and node.given_seed not in out[SEEDS_GIVEN]:
+        out[SEEDS_GIVEN].append(node.given_seed)
     if "source" in desc:
         out["sources"].append(desc["source"])
         out["num_epochs"].append(desc["num_epochs"])
@@ -51,9 +56,10 @@ def _walk_sampler(node, out: dict) -> None:
 
 
 def fingerprint(batched) -> dict[str, str]:
-    """The pipeline fingerprint of a :class:`~zephon_jax.dataset.BatchedDataset`."""
+    """The pipeline fingerprint of a :class:`~zephon_jax.dataset.BatchedDataset`: the
+    compared ``FINGERPRINT_FIELDS``, and ``SEEDS_GIVEN`` (for messages only)."""
     parts: dict[str, list] = {
-        k: [] for k in ("sources", "weights", "num_epochs", "seeds", "transforms")
+        k: [] for k in ("sources", "weights", "num_epochs", "seeds", "transforms", SEEDS_GIVEN)
     }
     _walk_sampler(batched.sampler, parts)
     operators = []
@@ -71,7 +77,28 @@ def fingerprint(batched) -> dict[str, str]:
     }
     for key, value in parts.items():
         fields[key] = json.dumps(value)
-    return {k: fields[k] for k in FINGERPRINT_FIELDS}
+    return {k: fields[k] for k in (*FINGERPRINT_FIELDS, SEEDS_GIVEN)}
+
+
+def _shown(field: str, saved: Mapping[str, Any], fp: Mapping[str, Any]) -> tuple | None:
+    """For a 'seeds' mismatch: the seeds given to ``shuffle`` on both sides, as the
+    user wrote them, where both fingerprints carry them and they differ; else None."""
+    if field != "seeds":
+        return None
+    before, now = saved.get(SEEDS_GIVEN), fp.get(SEEDS_GIVEN)
+    if not isinstance(before, str) or not isinstance(now, str) or before == now:
+        return None
+    try:
+        return _describe_seeds(before), _describe_seeds(now)
+    except (ValueError, TypeError, IndexError):  # an altered state: show the fingerprint's
+        return None
+
+
+def _describe_seeds(given: str) -> str:
+    seeds = list(json.loads(given))
+    if not seeds:
+        return "not shuffled"
+    return f"shuffle({seeds[0]})" if len(seeds) == 1 else f"shuffle seeds {seeds}"
 
 
 def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> dict[str, Any]:
@@ -120,7 +147,7 @@ def check_state(state: Any, fp: Mapping[str, str] | None = None) -> None:
     if fp is not None:
         for field in FINGERPRINT_FIELDS:
             if saved[field] != fp[field]:
-                raise StateMismatchError(field, saved[field], fp[field])
+                raise StateMismatchError(field, saved[field], fp[field], _shown(field, saved, fp))
     step = state["step"]
     if not is_int(step) or step < 0:
         raise StateError(

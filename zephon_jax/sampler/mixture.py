@@ -88,6 +88,8 @@ class MixtureNode:
     order_seed: int | None = None
     transforms: tuple = ()
     node_key: int = 0
+    # The seed given to Dataset.shuffle (order_seed derives from it), for messages only.
+    given_seed: int | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         if len(self.children) != len(self.weights):

@@ -111,6 +111,8 @@ class ScheduledMixtureNode:
     order_seed: int | None = None
     transforms: tuple = ()
     node_key: int = 0
+    # The seed given to Dataset.shuffle (order_seed derives from it), for messages only.
+    given_seed: int | None = dataclasses.field(default=None, compare=False)
 
     def draws_available(self, lane: int, child_draws: list) -> None:
         """Unknown ahead of time: the lane's :class:`MixtureDrawer` finds its end."""

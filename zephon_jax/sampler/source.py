@@ -45,6 +45,8 @@ class SourceNode:
     num_epochs: int | None = None
     transforms: tuple = ()
     name: str | None = None  # a readable name for provenance; not part of the fingerprint
+    # The seed given to Dataset.shuffle (shuffle_seed derives from it), for messages only.
+    given_seed: int | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         if not hasattr(self.source, "__len__") or not hasattr(self.source, "__getitem__"):

@@ -20,29 +20,40 @@ def is_sidecar(path: str) -> bool:
     return path.endswith(INDEX_SUFFIX) or os.path.basename(path).startswith(".")
 
 
+def _hidden_below(path: str, folder: str) -> bool:
+    """Whether ``path`` is a sidecar or hidden, or lies in a hidden folder below ``folder``."""
+    below = path[len(folder) :] if path.startswith(folder) else path
+    return is_sidecar(path) or any(p.startswith(".") for p in below.split("/") if p)
+
+
 def expand_paths(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     storage_options: Mapping[str, Any] | None = None,
     *,
     extensions: Sequence[str] | None = None,
+    skipped: list[str] | None = None,
 ) -> list[str]:
     """Every file ``paths`` names, as local paths or URLs, sorted by path, without duplicates.
 
     A directory (or a URL prefix) stands for the files below it whose extension is in
     ``extensions`` (all files if None); a glob for its matches. Index sidecars and hidden
     files are never included. Raises FileNotFoundError naming an input that matches nothing.
+    ``skipped``, if given, receives the files of directories left out for their extension.
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
         raise FileNotFoundError("no input paths given")
     found: set[str] = set()
     for item in items:
-        found.update(_expand_one(os.fspath(item), storage_options, extensions))
+        found.update(_expand_one(os.fspath(item), storage_options, extensions, skipped))
     return sorted(found)
 
 
 def _expand_one(
-    text: str, storage_options: Mapping[str, Any] | None, extensions: Sequence[str] | None
+    text: str,
+    storage_options: Mapping[str, Any] | None,
+    extensions: Sequence[str] | None,
+    skipped: list[str] | None = None,
 ) -> list[str]:
     scheme, _ = split_url(text)
     fs, inner = filesystem(text, storage_options)
@@ -54,6 +65,9 @@ def _expand_one(
         matches = [
             m for m in listed if extensions is None or os.path.splitext(m)[1].lower() in extensions
         ]
+        if skipped is not None:
+            left_out = sorted(set(listed) - set(matches))
+            skipped.extend(url_of(scheme, m) for m in left_out if not _hidden_below(m, inner))
     elif retry_call(lambda: fs.isfile(inner), text, "listing"):
         matches = [inner]
     else:

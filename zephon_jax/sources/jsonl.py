@@ -31,6 +31,7 @@ import numpy as np
 
 from zephon_jax.sources.files import INDEX_SUFFIX, checked_indices, expand_paths, file_info
 from zephon_jax.sources.storage import ShortReadError, filesystem, retry_call
+from zephon_jax.status_line import StatusLine
 
 __all__ = ["JsonlSource"]
 
@@ -225,22 +226,24 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.done, self.built = total, 0, 0
         self.enabled = enabled and total > 0
-        self.start = self.last = time.perf_counter()
+        self.start = time.perf_counter()
+        self.line = StatusLine(sys.stderr if self.enabled else None, interval=0.5)
         self.lock = threading.Lock()
 
     def step(self, built: bool) -> None:
         with self.lock:
             self.done += 1
             self.built += built
-            now = time.perf_counter()
-            if self.enabled and self.built and (now - self.last > 0.5 or self.done == self.total):
-                self.last = now
-                end = "\n" if self.done == self.total else ""
-                sys.stderr.write(
-                    f"\rJsonlSource: indexed {self.done}/{self.total} files "
-                    f"({self.built} built, {now - self.start:.1f} s){end}"
-                )
-                sys.stderr.flush()
+            if not self.built:
+                return
+            last = self.done == self.total
+            self.line.show(
+                f"JsonlSource: indexed {self.done}/{self.total} files "
+                f"({self.built} built, {time.perf_counter() - self.start:.1f} s)",
+                force=last,
+            )
+            if last:
+                self.line.done()
 
 
 class JsonlSource:

@@ -34,6 +34,7 @@ import math
 import os
 import random
 import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -642,7 +643,9 @@ class Location:
             )
             return
         self.local.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.local)
+        # Not mkstemp: it creates mode 0600; this file gets the umask's usual mode (0644).
+        tmp = str(self.local / f".{name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -137,6 +137,11 @@ def _write_meta(loc: Location, meta: dict[str, Any]) -> None:
 def _read_meta(loc: Location) -> dict[str, Any]:
     """Load and validate ``meta.json``; raise TokenStoreError naming the problem."""
     path = loc.name
+    if loc.local is not None and loc.local.is_file():
+        raise TokenStoreError(
+            f"not a TokenStore: {path!r} is a file, and a TokenStore is a directory; make one "
+            f"from it with `zephon-jax prepare {path} -o STORE_DIR` and open STORE_DIR"
+        )
     if loc.local is not None and not loc.local.is_dir():
         raise TokenStoreError(f"not a TokenStore: directory {path!r} does not exist; {_HINT}")
     meta_path = loc.child(META_FILE)

@@ -94,7 +94,10 @@ diverge. Ends with throughput. Exit status 0 if zephon_jax's batches all match."
 Tokenizes text into a TokenStore (random access, zarr v3 on TensorStore) and/or
 ArrayRecord files (one record per document: its token ids as raw little-endian
 integers of --dtype) in the directory OUT. Input formats come from the file
-extension (.jsonl/.json/.ndjson, .parquet, anything else is text) or --format.
+extension (.jsonl/.json/.ndjson, .parquet/.pq, anything else is text) or --format.
+A directory stands for its files with a known extension (.jsonl .json .ndjson
+.parquet .pq .txt .text .md .py); its other files are skipped, and listed in a
+note: name them, or a glob, to read them.
 Runs on all cores (output order does not depend on it), shows progress on
 stderr, and commits periodically: interrupt it (Ctrl-C) and rerun the same
 command to resume where it stopped, with the same result as one run.
@@ -104,7 +107,7 @@ job with --strict; a job that produces no document fails.
 Inputs and OUT may be s3:// or gs:// URLs (endpoint and credentials from the
 standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 --engine beam runs the conversion as an Apache Beam pipeline (DirectRunner with
---num-workers, or any runner given by Beam options after `--`, e.g.
+--workers, or any runner given by Beam options after `--`, e.g.
 `-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp`);
 its TokenStore is byte-identical to the local engine's.""",
     )
@@ -118,11 +121,8 @@ its TokenStore is byte-identical to the local engine's.""",
         default="local",
         help="local: this machine (default); beam: an Apache Beam pipeline",
     )
-    prep.add_argument(
-        "--num-workers",
-        type=_positive,
-        default=None,
-        help="--engine beam on DirectRunner: parallel workers (default: Beam's)",
+    prep.add_argument(  # the old name of --workers for --engine beam; still accepted
+        "--num-workers", type=_positive, default=None, help=argparse.SUPPRESS
     )
     prep.add_argument(
         "--to",
@@ -155,13 +155,27 @@ its TokenStore is byte-identical to the local engine's.""",
         choices=("uint16", "uint32", "int32"),
         help="token dtype (default: uint16 for bytes, uint32 for a tokenizer)",
     )
-    prep.add_argument("--append-eos", action="store_true", help="end every document with id 1")
+    prep.add_argument(
+        "--append-eos",
+        action="store_true",
+        help="end every document with the end-of-document id (see --eos-id)",
+    )
+    prep.add_argument(
+        "--eos-id",
+        type=_non_negative,
+        default=None,
+        metavar="ID",
+        help="the id --append-eos appends (default: 1 for the byte-level tokenizer; for "
+        "--tokenizer, its eos_token_id when it has one, as a Hugging Face tokenizer's encode "
+        "does, else required)",
+    )
     prep.add_argument("--strict", action="store_true", help="stop at the first bad record")
     prep.add_argument(
         "--workers",
         type=_non_negative,
         default=None,
-        help="tokenizer processes (default: all cores; 0: in this process)",
+        help="parallel processes: tokenizers (default: all cores; 0: in this process); "
+        "with --engine beam on DirectRunner, Beam's workers (default: Beam's)",
     )
     prep.add_argument(
         "--chunk-records",
@@ -354,13 +368,31 @@ def _cmd_demo(args) -> int:
     return 0 if run_demo(cfg) else 1
 
 
+def _prepare_workers(args) -> int | None:
+    """--workers, or its deprecated spelling --num-workers (with a warning)."""
+    workers = args.workers
+    if args.num_workers is not None:
+        print("zephon-jax prepare: --num-workers is deprecated; use --workers", file=sys.stderr)
+        if workers is not None and workers != args.num_workers:
+            raise SystemExit(
+                f"zephon-jax prepare: --workers {workers} and --num-workers {args.num_workers} "
+                "disagree; give --workers only"
+            )
+        workers = args.num_workers
+    if args.engine == "beam" and workers == 0:
+        raise SystemExit(
+            "zephon-jax prepare: --workers 0 (no worker process) is for the local engine; "
+            "with --engine beam give 1 or more, or leave it to Beam"
+        )
+    return workers
+
+
 def _cmd_prepare(args) -> int:
     from zephon_jax.tools.prepare import PrepareInterrupted, PrepareOptions, prepare
 
-    if args.engine != "beam" and (args.num_workers is not None or args.beam_args):
-        raise SystemExit(
-            "zephon-jax prepare: --num-workers and `-- BEAM_OPTIONS` need --engine beam"
-        )
+    workers = _prepare_workers(args)
+    if args.engine != "beam" and args.beam_args:
+        raise SystemExit("zephon-jax prepare: `-- BEAM_OPTIONS` need --engine beam")
 
     opts = PrepareOptions(
         inputs=tuple(args.inputs),
@@ -372,8 +404,9 @@ def _cmd_prepare(args) -> int:
         tokenizer=args.tokenizer,
         dtype=args.dtype,
         append_eos=args.append_eos,
+        eos_id=args.eos_id,
         strict=args.strict,
-        workers=args.workers,
+        workers=workers,
         chunk_records=args.chunk_records,
         commit_every=args.commit_every,
         overwrite=args.overwrite,
@@ -384,7 +417,7 @@ def _cmd_prepare(args) -> int:
             from zephon_jax.tools.prepare_beam import prepare_beam
 
             summary = prepare_beam(
-                opts, num_workers=args.num_workers, pipeline_args=args.beam_args, stream=stream
+                opts, num_workers=workers, pipeline_args=args.beam_args, stream=stream
             )
         else:
             summary = prepare(opts, stream=stream)

@@ -32,8 +32,6 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
-CHILD_FLAG = "--child"
-
 
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
@@ -150,8 +148,28 @@ def _start_child(cfg: DemoConfig, devices: int, mode: str, checkpoint_dir: str) 
     env.update(XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
     env.setdefault("PYTHONUNBUFFERED", "1")
     payload = json.dumps(dataclasses.asdict(cfg))
-    cmd = [sys.executable, "-m", "zephon_jax.tools.demo", CHILD_FLAG, payload, mode, checkpoint_dir]
+    cmd = [*_child_python(), payload, mode, checkpoint_dir]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _child_python() -> list[str]:
+    """The command that runs :func:`_child_main` on the arguments after it, importing the
+    ``zephon_jax`` this process uses whatever the working directory holds.
+
+    ``python -m`` and ``python -c`` put the working directory first on ``sys.path``, so
+    a folder named ``zephon_jax`` there (the clone, seen from its parent) would be
+    imported instead; the code below swaps that entry for the folder that holds this
+    package (``-P`` would do it from Python 3.11 only).
+    """
+    import zephon_jax
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(zephon_jax.__file__)))
+    code = (
+        f"import sys; root = {root!r}; "
+        "sys.path[:1] = [] if root in sys.path[1:] else [root]; "
+        "from zephon_jax.tools.demo import _child_main; _child_main(sys.argv[1:])"
+    )
+    return [sys.executable, "-c", code]
 
 
 def _finish_child(proc: subprocess.Popen, what: str) -> dict[str, Any]:
@@ -355,9 +373,6 @@ def _child_main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
-        _child_main(sys.argv[2:])
-    else:
-        from zephon_jax.tools.cli import main
+    from zephon_jax.tools.cli import main
 
-        sys.exit(main(["demo", *sys.argv[1:]]))
+    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -49,10 +49,12 @@ from zephon_jax.sources.storage import (
     is_url,
     split_url,
 )
+from zephon_jax.status_line import StatusLine
 from zephon_jax.tools.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,
     load_tokenizer,
+    tokenizer_eos_id,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ _EXTENSIONS = {
     ".md": "text",
     ".py": "text",
 }
+KNOWN_EXTENSIONS = tuple(_EXTENSIONS)
 
 
 class PrepareError(ZephonError):
@@ -108,6 +111,7 @@ class PrepareOptions:
     tokenizer: str | None = None
     dtype: str | None = None
     append_eos: bool = False
+    eos_id: int | None = None
     strict: bool = False
     workers: int | None = None
     chunk_records: int = 256
@@ -133,20 +137,25 @@ def detect_format(path: str) -> str:
 
 
 def expand_inputs(
-    inputs: Sequence[str], storage_options: dict[str, Any] | None = None
+    inputs: Sequence[str],
+    storage_options: dict[str, Any] | None = None,
+    skipped: list[str] | None = None,
 ) -> list[str]:
     """Input files, in order: each input's files sorted by path.
 
     An input is a local path or an ``s3://`` / ``gs://`` URL: a file, a directory (or URL
-    prefix: its files with known extensions), or a glob. Index sidecars and hidden files
-    are never inputs.
+    prefix: its files with known extensions, see ``KNOWN_EXTENSIONS``), or a glob. Index
+    sidecars and hidden files are never inputs. ``skipped``, if given, receives the
+    directories' files left out for their extension.
     """
     if not inputs:
         raise PrepareError("no inputs given: pass JSONL, text or Parquet files (or directories)")
     out: list[str] = []
     for item in inputs:
         try:
-            files = expand_paths(item, storage_options, extensions=tuple(_EXTENSIONS))
+            files = expand_paths(
+                item, storage_options, extensions=tuple(_EXTENSIONS), skipped=skipped
+            )
         except FileNotFoundError as e:
             raise PrepareError(str(e)) from e
         except StorageError as e:
@@ -177,10 +186,15 @@ class _Input:
     rows: int = 0  # parquet only
 
 
-def _describe_inputs(opts: PrepareOptions) -> list[_Input]:
+def _describe_inputs(opts: PrepareOptions, stream: TextIO | None = None) -> list[_Input]:
+    """The input files; notes on ``stream`` the files of directories left out."""
     result = []
     so = opts.storage_options
-    for path in expand_inputs(opts.inputs, so):
+    skipped: list[str] = []
+    paths = expand_inputs(opts.inputs, so, skipped)
+    if skipped and stream is not None:
+        print(_skipped_note(skipped), file=stream)
+    for path in paths:
         fmt = opts.input_format or detect_format(path)
         if fmt not in INPUT_FORMATS:
             raise PrepareError(f"unknown input format {fmt!r}; use one of {INPUT_FORMATS}")
@@ -202,6 +216,18 @@ def _describe_inputs(opts: PrepareOptions) -> list[_Input]:
             item.rows = meta.metadata.num_rows
         result.append(item)
     return result
+
+
+def _skipped_note(skipped: list[str], show: int = 5) -> str:
+    names = ", ".join(skipped[:show]) + (
+        f", ... ({len(skipped) - show:,} more)" if len(skipped) > show else ""
+    )
+    return (
+        f"note: skipped {len(skipped):,} file{'s' if len(skipped) != 1 else ''} of the input "
+        f"directories for their extension: {names}. A directory stands for its files with "
+        f"a known extension ({' '.join(KNOWN_EXTENSIONS)}); name other files, or a glob, "
+        "to read them (as text, or as --format says)"
+    )
 
 
 # ----- reading chunks (parent) --------------------------------------------------------
@@ -280,17 +306,47 @@ def _parquet_chunks(fi: int, item: _Input, opts: PrepareOptions, skip: int, n: i
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer: str | None, text_field: str, dtype: str, append_eos: bool) -> None:
+def resolve_eos_id(opts: PrepareOptions) -> int | None:
+    """The id ``append_eos`` ends every document with (None without ``append_eos``):
+    ``eos_id`` if given, else the tokenizer's own (1 for the byte-level one, a Hugging
+    Face tokenizer's ``eos_token_id``, ...). Raises PrepareError where neither says."""
+    if not opts.append_eos:
+        if opts.eos_id is not None:
+            raise PrepareError("--eos-id is the id --append-eos appends: add --append-eos")
+        return None
+    eos_id = opts.eos_id
+    if eos_id is None:
+        eos_id = tokenizer_eos_id(load_tokenizer(opts.tokenizer))
+    if eos_id is None:
+        raise PrepareError(
+            f"--append-eos: the tokenizer {opts.tokenizer} does not say which id ends a "
+            "document (no eos_token_id); give it with --eos-id ID"
+        )
+    info = np.iinfo(opts.out_dtype)
+    if isinstance(eos_id, bool) or not info.min <= eos_id <= info.max:
+        raise PrepareError(
+            f"--eos-id {eos_id!r} does not fit dtype {opts.out_dtype.name}; pass a wider --dtype "
+            "(uint32 or int32)"
+        )
+    return int(eos_id)
+
+
+def worker_args(opts: PrepareOptions) -> tuple[str | None, str, str, int | None]:
+    """What a tokenizing worker needs: (tokenizer, text field, dtype, eos id or None)."""
+    return (opts.tokenizer, opts.text_field, opts.out_dtype.name, resolve_eos_id(opts))
+
+
+def _init_worker(tokenizer: str | None, text_field: str, dtype: str, eos_id: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    _setup_worker(tokenizer, text_field, dtype, append_eos)
+    _setup_worker(tokenizer, text_field, dtype, eos_id)
 
 
-def _setup_worker(tokenizer: str | None, text_field: str, dtype: str, append_eos: bool) -> None:
+def _setup_worker(tokenizer: str | None, text_field: str, dtype: str, eos_id: int | None) -> None:
     _worker.update(
         tokenize=load_tokenizer(tokenizer),
         text_field=text_field,
         dtype=np.dtype(dtype),
-        append_eos=append_eos,
+        eos_id=eos_id,
     )
 
 
@@ -320,27 +376,32 @@ def _text_of(fmt: str, raw: Any, field: str) -> str:
     return text.rstrip("\r\n") if fmt == "lines" else text
 
 
-def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[tuple[int, str]], int]:
-    """Tokenizes a chunk: (documents, [(record_index, reason)] for bad records, empty count)."""
+BadRecord = tuple[int, str, tuple[int, int]]
+
+
+def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[BadRecord], int]:
+    """Tokenizes a chunk: (documents, bad records, empty count). A bad record is
+    ``(record_index, reason, (documents, empty records) of the chunk before it)``."""
     tokenize, field = _worker["tokenize"], _worker["text_field"]
-    dtype, eos = _worker["dtype"], _worker["append_eos"]
+    dtype, eos_id = _worker["dtype"], _worker["eos_id"]
     info = np.iinfo(dtype)
-    docs, bad, empty = [], [], 0
+    docs: list[np.ndarray] = []
+    bad: list[BadRecord] = []
+    empty = 0
     for index, raw in chunk.items:
         try:
             text = _text_of(chunk.format, raw, field)
         except ValueError as e:
-            bad.append((index, str(e)))
+            bad.append((index, str(e), (len(docs), empty)))
             continue
         try:
             tokens = np.asarray(tokenize(text))
         except Exception as e:
-            bad.append((index, f"the tokenizer failed: {e!r}"))
+            bad.append((index, f"the tokenizer failed: {e!r}", (len(docs), empty)))
             continue
         if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
-            bad.append(
-                (index, f"the tokenizer returned {tokens.dtype} {tokens.shape}, not 1-D ints")
-            )
+            reason = f"the tokenizer returned {tokens.dtype} {tokens.shape}, not 1-D ints"
+            bad.append((index, reason, (len(docs), empty)))
             continue
         if tokens.size and (tokens.min() < info.min or tokens.max() > info.max):
             raise PrepareError(
@@ -350,8 +411,8 @@ def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[tuple[int, str
         if tokens.size == 0:
             empty += 1
             continue
-        if eos:
-            tokens = np.append(tokens, EOS_ID)
+        if eos_id is not None:
+            tokens = np.append(tokens, eos_id)
         docs.append(tokens.astype(dtype, copy=False))
     return docs, bad, empty
 
@@ -373,6 +434,7 @@ def _job_identity(opts: PrepareOptions, inputs: list[_Input]) -> dict[str, Any]:
         "tokenizer": opts.tokenizer or "bytes",
         "dtype": opts.out_dtype.name,
         "append_eos": opts.append_eos,
+        "eos_id": resolve_eos_id(opts),
     }
 
 
@@ -493,6 +555,8 @@ class _Outputs:
         if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
             raise PrepareError(f"{self.manifest_path} is not a zephon_jax prepare record")
         saved = manifest.get("job", {})
+        if "eos_id" not in saved:  # written before --eos-id: --append-eos appended EOS_ID
+            saved = {**saved, "eos_id": EOS_ID if saved.get("append_eos") else None}
         for key, value in self.identity.items():
             if saved.get(key) != value:
                 raise PrepareError(
@@ -585,47 +649,40 @@ def _shard_index(name: str) -> int:
 
 
 class Progress:
-    """A one-line progress bar on a text stream: records, tokens, MB/s, ETA."""
+    """Progress on a text stream: records, tokens, MB/s, ETA (a :class:`StatusLine`: in
+    place on a terminal, a line every ``log_interval`` seconds elsewhere)."""
 
-    def __init__(self, stream: TextIO | None, total_bytes: float, interval: float = 0.25):
-        self.stream = stream
+    def __init__(
+        self,
+        stream: TextIO | None,
+        total_bytes: float,
+        interval: float = 0.25,
+        log_interval: float = 10.0,
+    ):
+        self.line = StatusLine(stream, interval, log_interval)
         self.total = max(total_bytes, 1.0)
-        self.interval = interval
         self.start = time.perf_counter()
-        self.last = 0.0
-        self.width = 0
 
     def update(self, pos: _Position, run_bytes: float, force: bool = False) -> None:
-        if self.stream is None:
+        if not force and not self.line.due():
             return
-        now = time.perf_counter()
-        if not force and now - self.last < self.interval:
-            return
-        self.last = now
-        elapsed = max(now - self.start, 1e-9)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
         rate = run_bytes / elapsed
         frac = min(pos.input_bytes / self.total, 1.0)
         eta = (self.total - pos.input_bytes) / rate if rate > 0 else float("inf")
         eta_s = "--:--" if eta == float("inf") else _hms(eta)
-        line = (
+        self.line.show(
             f"prepare {frac * 100:5.1f}%  {pos.docs:,} docs  {_human(pos.tokens)} tokens  "
-            f"{rate / 1e6:.1f} MB/s  ETA {eta_s}" + (f"  bad {pos.bad}" if pos.bad else "")
+            f"{rate / 1e6:.1f} MB/s  ETA {eta_s}" + (f"  bad {pos.bad}" if pos.bad else ""),
+            force=True,
         )
-        self.width = max(self.width, len(line))
-        self.stream.write("\r" + line.ljust(self.width))
-        self.stream.flush()
 
     def note(self, text: str) -> None:
-        """Prints a line above the bar (nothing without a stream)."""
-        if self.stream is not None:
-            self.stream.write("\r" + text.ljust(self.width) + "\n")
-            self.stream.flush()
-            self.last = 0.0
+        """Prints a line above the progress (nothing without a stream)."""
+        self.line.note(text)
 
     def done(self) -> None:
-        if self.stream is not None and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.line.done()
 
 
 def _human(n: float) -> str:
@@ -718,8 +775,9 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
+    worker_args(opts)  # and on --append-eos without an id
     check_output(opts)
-    inputs = _describe_inputs(opts)
+    inputs = _describe_inputs(opts, stream)
     try:
         return _run(opts, stream, inputs)
     except Exception as e:
@@ -764,7 +822,7 @@ def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[_Input]) -> P
     total_bytes = float(sum(i.size for i in inputs))
     progress = Progress(stream, total_bytes)
     pos = dataclasses.replace(outputs.position)
-    args = (opts.tokenizer, opts.text_field, opts.dtype or opts.out_dtype.name, opts.append_eos)
+    args = worker_args(opts)
     pool = None
     if workers > 0:
         import multiprocessing
@@ -795,14 +853,10 @@ def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[_Input]) -> P
                     break
                 chunk, result = in_flight.popleft()
                 docs, bad, empty = result.get() if result is not None else _process_chunk(chunk)
-                for index, reason in bad:
+                if opts.strict and bad:
+                    _stop_at_bad_record(outputs, pos, chunk, docs, bad[0], inputs)
+                for index, reason, _ in bad:
                     where = _where(inputs[chunk.file], chunk.format, index)
-                    if opts.strict:
-                        outputs.commit(pos)
-                        raise PrepareError(
-                            f"{where}: {reason} (--strict: stopped; the {pos.docs:,} documents "
-                            "before it are committed)"
-                        )
                     causes.add(reason, reported >= opts.max_reported_bad)
                     if reported < opts.max_reported_bad:
                         progress.note(f"skipped {where}: {reason}")
@@ -850,6 +904,31 @@ def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[_Input]) -> P
     return _summary(outputs, time.perf_counter() - start, run_bytes)
 
 
+def _stop_at_bad_record(
+    outputs: _Outputs,
+    pos: _Position,
+    chunk: _Chunk,
+    docs: list[np.ndarray],
+    first_bad: tuple[int, str, tuple[int, int]],
+    inputs: list[_Input],
+) -> None:
+    """``--strict``: commits the chunk's documents before its first bad record (the job
+    resumes at that record) and raises PrepareError naming it."""
+    index, reason, (docs_before, empty_before) = first_bad
+    kept = docs[:docs_before]
+    outputs.append(kept)
+    pos.docs += len(kept)
+    pos.tokens += int(sum(d.size for d in kept))
+    pos.empty += empty_before
+    pos.file, pos.record = chunk.file, index
+    outputs.commit(pos)
+    raise PrepareError(
+        f"{_where(inputs[chunk.file], chunk.format, index)}: {reason} (--strict: stopped; the "
+        f"{pos.docs:,} document{'s' if pos.docs != 1 else ''} before it "
+        f"{'are' if pos.docs != 1 else 'is'} committed)"
+    )
+
+
 class BadRecordCauses:
     """Bad records counted by cause (the reason without its record-specific details)."""
 
@@ -857,6 +936,7 @@ class BadRecordCauses:
         self.all: collections.Counter[str] = collections.Counter()
         self.unreported: collections.Counter[str] = collections.Counter()
         self.examples: dict[str, str] = {}
+        self.reported = 0  # listed one by one, before the summary of the others
 
     @staticmethod
     def cause(reason: str) -> str:
@@ -868,11 +948,16 @@ class BadRecordCauses:
         self.examples.setdefault(cause, reason)
         if unreported:
             self.unreported[cause] += 1
+        else:
+            self.reported += 1
 
     def format_unreported(self) -> str:
+        """The bad records not listed one by one, by cause ("... and N more" after a list)."""
         total = sum(self.unreported.values())
         parts = ", ".join(f"{n:,} {cause}" for cause, n in self.unreported.most_common())
-        return f"... and {total:,} more bad records skipped: {parts}"
+        if self.reported:
+            return f"... and {total:,} more bad records skipped: {parts}"
+        return f"skipped {total:,} bad record{'s' if total != 1 else ''}: {parts}"
 
 
 def _check_not_empty(

@@ -50,6 +50,7 @@ from zephon_jax.tools.prepare import (
     _worker,
     check_output,
     length_percentiles,
+    worker_args,
 )
 from zephon_jax.tools.tokenizers import load_tokenizer
 
@@ -144,7 +145,7 @@ def _where(item: _Input, fmt: str, index: int) -> str:
 
 
 def _ensure_worker(opts: PrepareOptions) -> None:
-    args = (opts.tokenizer, opts.text_field, opts.dtype or opts.out_dtype.name, opts.append_eos)
+    args = worker_args(opts)
     if _worker.get("args") != args:
         _setup_worker(*args)
         _worker["args"] = args
@@ -157,7 +158,7 @@ def tokenize_unit(unit: Unit, inputs: list[_Input], opts: PrepareOptions) -> dic
     chunk = _read_unit(unit, item, opts)
     docs, bad, empty = _process_chunk(chunk)
     if bad and opts.strict:
-        index, reason = bad[0]
+        index, reason, _ = bad[0]
         raise PrepareError(f"{_where(item, chunk.format, index)}: {reason} (--strict: stopped)")
     dtype = opts.out_dtype.newbyteorder("<")
     lengths = np.array([d.size for d in docs], dtype="<i8")
@@ -170,7 +171,7 @@ def tokenize_unit(unit: Unit, inputs: list[_Input], opts: PrepareOptions) -> dic
         "docs": int(lengths.size),
         "tokens": int(tokens.size),
         "empty": empty,
-        "bad": [(_where(item, chunk.format, i), r) for i, r in bad],
+        "bad": [(_where(item, chunk.format, i), r) for i, r, _ in bad],
     }
 
 
@@ -342,7 +343,8 @@ def prepare_beam(
         np.iinfo(opts.out_dtype)
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
-    inputs = _describe_inputs(opts)
+    worker_args(opts)  # fail early on --append-eos without an id
+    inputs = _describe_inputs(opts, stream)
     loc = Location(opts.output, opts.storage_options)
     if opts.overwrite and loc.exists():
         loc.delete_all()
@@ -390,9 +392,12 @@ def prepare_beam(
         rest = len(report.get("first", []))
         if committed.get("bad", 0) > rest:
             causes.unreported.update(causes.all)
+            by_cause = ", ".join(f"{n:,} {c}" for c, n in causes.all.most_common())
+            more = committed["bad"] - rest
             print(
-                f"... {committed['bad'] - rest:,} more bad records skipped; all bad records by "
-                f"cause: {', '.join(f'{n:,} {c}' for c, n in causes.all.most_common())}",
+                f"... and {more:,} more bad records skipped; all bad records by cause: {by_cause}"
+                if rest
+                else f"skipped {more:,} bad record{'s' if more != 1 else ''}: {by_cause}",
                 file=stream,
             )
     summary = PrepareSummary(

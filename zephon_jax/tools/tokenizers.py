@@ -74,6 +74,20 @@ def load_tokenizer(spec: str | None) -> Callable[[str], Any]:
     return load_callable(spec)
 
 
+def tokenizer_eos_id(tokenize: Callable[..., Any]) -> int | None:
+    """The id that ends a document for the tokenizer callable ``tokenize``, where it says:
+    an ``eos_token_id`` (or tiktoken's ``eot_token``) of the callable itself or of the
+    object it is a method of (a Hugging Face tokenizer's ``encode``); else None."""
+    if tokenize is byte_tokenize:
+        return EOS_ID
+    for obj in (tokenize, getattr(tokenize, "__self__", None)):
+        for attr in ("eos_token_id", "eot_token"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                return int(value)
+    return None
+
+
 # Splits text into words before byte-pair merges (the shape of tiktoken's patterns).
 WORD_PATTERN = r"""'s|'t| ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+"""
 

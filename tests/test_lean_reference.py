@@ -1,4 +1,4 @@
-"""The benchmark's Python floor makes well-formed packed batches of the whole corpus."""
+"""The benchmark's lean Python reference makes well-formed packed batches of the whole corpus."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from python_floor import PythonFloor  # noqa: E402
+from lean_reference import LeanPythonReference  # noqa: E402
 
 SEQ_LEN = 16
 
@@ -31,10 +31,10 @@ def test_rows_are_whole_pieces_in_order(method, split, lengths):
     docs = _corpus(lengths)
     start_of = {int(d["tokens"][0]): len(d["tokens"]) for d in docs}
     first_id = np.array([int(d["tokens"][0]) for d in docs])
-    floor = PythonFloor(docs, SEQ_LEN, batch_size=4, method=method, num_bins=3, split=split)
+    ref = LeanPythonReference(docs, SEQ_LEN, batch_size=4, method=method, num_bins=3, split=split)
     seen = []
     for _ in range(12):
-        batch = next(floor)
+        batch = next(ref)
         tokens, seg, pos = (batch[k] for k in ("tokens", "tokens_segment_ids", "tokens_positions"))
         for row_tokens, row_seg, row_pos in zip(tokens, seg, pos):
             used = int(np.count_nonzero(row_seg))

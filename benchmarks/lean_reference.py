@@ -1,16 +1,17 @@
-"""The Python floor of packing: about the least per-record Python a packing loader runs.
+"""A lean Python reference for packing: the same batches with little per-record Python.
 
-``PythonFloor`` makes the batches of ``shuffle -> [split] -> pack -> batch`` with
-nothing but the work itself: a shuffled order of the records, each record's
+``LeanPythonReference`` makes the batches of ``shuffle -> [split] -> pack -> batch``
+with nothing but the work itself: a shuffled order of the records, each record's
 length read from its array, pieces cut as views, first or best fit over plain
 integers, open rows as lists of views, and each batch assembled like
 zephon_jax's (one concatenation per field, one ``np.repeat`` for segment ids,
 one concatenation of slices of ``0, 1, ...`` for positions) into arrays it
-reuses. It keeps no lineage, no state and checks nothing: a loader that runs
-Python per record and can resume exactly does at least this work. The benchmark runs it
-beside zephon_jax and Grain, and a loader's speed over it is its share of the
-Python floor (the copy floor, ``measure.CopyFloor``, bounds the memory traffic
-instead).
+reuses. It keeps no lineage, no state and checks nothing, so it cannot resume.
+It is a reference point, not a lower bound on what Python per record costs: a
+leaner loop makes the same batches faster. The benchmark runs it beside
+zephon_jax and Grain, and a loader's speed over it is its share of the lean
+Python reference (the contiguous copy, ``measure.ContiguousCopy``, relates a batch to
+moving its bytes instead).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 
-class PythonFloor:
+class LeanPythonReference:
     """An endless iterator of packed batches ``{key, key_segment_ids, key_positions}``."""
 
     def __init__(
@@ -56,7 +57,7 @@ class PythonFloor:
         self._counting = np.arange(seq_len, dtype=np.int32)
         self._zeros = np.zeros(seq_len, np.int32)
 
-    def __iter__(self) -> PythonFloor:
+    def __iter__(self) -> LeanPythonReference:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
