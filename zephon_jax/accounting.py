@@ -125,15 +125,16 @@ class Tally:
 
     def block(self, rows: Sequence[Any]) -> tuple:
         """What :meth:`add` counts of ``rows`` (elements, in the order they were made),
-        kept until they are delivered: for rows out of ``pack`` (see :func:`fast_cut`) the
-        arrays ``(codes, lengths, ends)`` of their pieces (a position, or a
-        :func:`~zephon_jax.lineage.piece_code`, and a length each; ``ends[i]``: the pieces
-        of rows ``0..i``); else ``(lineages, record tokens or None)``."""
+        kept until they are delivered: for rows out of ``pack`` (see :func:`fast_cut`) their
+        pieces, as :func:`listed_block` gives them (the compiled path passes the arrays
+        ``(codes, lengths, ends)`` instead: a position or a
+        :func:`~zephon_jax.lineage.piece_code` and a length per piece, ``ends[i]`` the
+        pieces of rows ``0..i``); else ``(lineages, record tokens or None)``."""
         lineages = [row.lineage for row in rows]
         if self._cut is not None:
-            packed = packed_block(lineages)
-            if packed is not None:
-                return packed
+            listed = listed_block(lineages)
+            if listed is not None:
+                return listed
         tokens = [record_tokens(row.data) for row in rows] if self._cut is None else None
         return (lineages, tokens)
 
@@ -141,14 +142,28 @@ class Tally:
         """Counts the delivered rows of ``blocks`` (see :meth:`block`) in stage
         :attr:`stage`; ``locate(positions)`` gives the leaf and epoch of lane-local
         positions (default: the sampler resolves them)."""
-        packed = [b for b in blocks if len(b) == 3]
-        if packed:
-            codes = np.concatenate([b[0] for b in packed])
-            lengths = np.concatenate([b[1] for b in packed])
-            self._add_packed(codes, lengths, locate)
+        codes, lengths = [], []
         for block in blocks:
-            if len(block) == 2:
+            if len(block) == 3:
+                codes.append(block[0])
+                lengths.append(block[1])
+            elif len(block) == 4:
+                flat, counts = block[0], block[2]
+                converted = _codes(flat)
+                if converted is None:  # parents of another form: traced
+                    ends = np.cumsum(counts).tolist()
+                    lineages = [
+                        (tuple(flat[a:b]), tuple(block[1][a:b]))
+                        for a, b in zip([0, *ends[:-1]], ends)
+                    ]
+                    self._add_traced(lineages, None)
+                    continue
+                codes.append(converted)
+                lengths.append(np.array(block[1], np.int64))
+            else:
                 self._add_traced(*block)
+        if codes:
+            self._add_packed(np.concatenate(codes), np.concatenate(lengths), locate)
 
     def _add_packed(self, codes: np.ndarray, lengths: np.ndarray, locate: Locate | None) -> None:
         """Counts pieces of rows out of ``pack``: ``codes`` positions (>= 0) of whole
@@ -292,31 +307,36 @@ def _mixed_pieces(parents: list) -> np.ndarray | None:
         return None
 
 
-def packed_block(lineages: Sequence[Any]) -> tuple | None:
-    """``(codes, lengths, ends)`` of rows out of ``pack`` of ``lineages`` (see
-    :meth:`Tally.block`), or None where a parent is not a position or a piece of split."""
+def listed_block(lineages: Sequence[Any]) -> tuple | None:
+    """``(parents, lengths, counts, 0)`` of rows out of ``pack`` of ``lineages`` (see
+    :meth:`Tally.block`): their parents and the parents' lengths one after the other,
+    and each row's number of parents (plain lists, made into arrays when counted);
+    None where a lineage is not ``(parents, lengths)``."""
     try:
         parents = [lineage[0] for lineage in lineages]
         flat = list(chain.from_iterable(parents))
-        lengths = np.fromiter(chain.from_iterable(map(itemgetter(1), lineages)), np.int64)
+        lengths = list(chain.from_iterable(map(itemgetter(1), lineages)))
+        counts = list(map(len, parents))
     except (TypeError, IndexError):
         return None
-    try:
-        codes = np.array(flat, np.int64)  # ints: positions and split's pieces as codes
-    except (TypeError, ValueError, OverflowError):
-        split = _split_pieces(flat)
-        if split is None:
-            return None
-        codes = split
-    if codes.ndim != 1 or len(codes) != len(lengths):
+    if len(flat) != len(lengths):
         return None
-    ends = np.fromiter(map(len, parents), np.int64, len(parents)).cumsum()
-    return (codes, lengths, ends)
+    return (flat, lengths, counts, 0)
+
+
+def _codes(parents: list) -> np.ndarray | None:
+    """Parents of packed rows as one int each: a position (>= 0) or a piece of split (a
+    :func:`~zephon_jax.lineage.piece_code`); None where one is of another form."""
+    try:
+        codes = np.array(parents, np.int64)  # ints: positions and split's pieces as codes
+    except (TypeError, ValueError, OverflowError):
+        return _split_pieces(parents)
+    return codes if codes.ndim == 1 else None
 
 
 def block_rows(block: tuple) -> int:
     """The rows of a block (see :meth:`Tally.block`)."""
-    return len(block[2]) if len(block) == 3 else len(block[0])
+    return len(block[0]) if len(block) == 2 else len(block[2])
 
 
 def take_blocks(blocks: list, n: int) -> tuple[list, list]:
@@ -337,6 +357,11 @@ def take_blocks(blocks: list, n: int) -> tuple[list, list]:
             cut = int(ends[n - 1])
             taken.append((codes[:cut], lengths[:cut], ends[:n]))
             rest = (codes[cut:], lengths[cut:], ends[n:] - cut)
+        elif len(block) == 4:
+            flat, lengths, counts, _ = block
+            cut = sum(counts[:n])
+            taken.append((flat[:cut], lengths[:cut], counts[:n], 0))
+            rest = (flat[cut:], lengths[cut:], counts[n:], 0)
         else:
             lineages, tokens = block
             taken.append((lineages[:n], None if tokens is None else tokens[:n]))
