@@ -142,6 +142,13 @@ class Tally:
         """Counts the delivered rows of ``blocks`` (see :meth:`block`) in stage
         :attr:`stage`; ``locate(positions)`` gives the leaf and epoch of lane-local
         positions (default: the sampler resolves them)."""
+        listed = [block for block in blocks if len(block) == 4]
+        if len(listed) > 1:  # one conversion for all (parents of one form, as a rule)
+            converted = _codes(list(chain.from_iterable(block[0] for block in listed)), False)
+            if converted is not None:
+                joined = list(chain.from_iterable(block[1] for block in listed))
+                packed = (converted, np.array(joined, np.int64), None)
+                blocks = [block for block in blocks if len(block) != 4] + [packed]
         codes, lengths = [], []
         for block in blocks:
             if len(block) == 3:
@@ -324,13 +331,14 @@ def listed_block(lineages: Sequence[Any]) -> tuple | None:
     return (flat, lengths, counts, 0)
 
 
-def _codes(parents: list) -> np.ndarray | None:
+def _codes(parents: list, split: bool = True) -> np.ndarray | None:
     """Parents of packed rows as one int each: a position (>= 0) or a piece of split (a
-    :func:`~zephon_jax.lineage.piece_code`); None where one is of another form."""
+    :func:`~zephon_jax.lineage.piece_code`); None where one is of another form (with
+    ``split=False``, also where one is a piece of split written in full)."""
     try:
         codes = np.array(parents, np.int64)  # ints: positions and split's pieces as codes
     except (TypeError, ValueError, OverflowError):
-        return _split_pieces(parents)
+        return _split_pieces(parents) if split else None
     return codes if codes.ndim == 1 else None
 
 
