@@ -90,7 +90,10 @@ def upload_tree(local_dir, url_prefix: str) -> None:
     """Copies every file under ``local_dir`` to ``url_prefix`` (fsspec)."""
     import fsspec
 
-    fs, root = fsspec.core.url_to_fs(url_prefix)
+    # A new filesystem object: fsspec caches them by their arguments, and a cached one
+    # would still point at the server of an earlier test module (its endpoint is read
+    # from the environment when the object is made).
+    fs, root = fsspec.core.url_to_fs(url_prefix, skip_instance_cache=True)
     for dirpath, _, names in os.walk(local_dir):
         for name in names:
             path = os.path.join(dirpath, name)
