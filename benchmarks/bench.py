@@ -93,7 +93,7 @@ from zephon_jax.sources import TokenArray  # noqa: E402
 
 SEQ_LEN = 2048
 # The same pipeline over the documents as one TokenArray: read column-wise, packed by the
-# compiled kernels when numba is installed (see zephon_jax.lane_columns).
+# compiled kernels when numba is installed (see zephon_jax.engine.columns).
 TOKEN_ARRAY_SIDE = "zephon_jax %s, TokenArray"
 
 
@@ -103,13 +103,13 @@ LEAN = "lean Python reference"
 
 def compiled_kernels() -> bool:
     """Whether this process packs token arrays with the compiled kernels (the fast extra)."""
-    from zephon_jax.kernels import kernels
+    from zephon_jax.core.kernels import kernels
 
     return kernels() is not None
 
 
 def _token_array_settings(ds: zj.BatchedDataset) -> str:
-    from zephon_jax.lane import LanePlan
+    from zephon_jax.engine.lane import LanePlan
 
     path = "compiled kernels" if LanePlan(ds).columnar is not None else "general path"
     return f"the same pipeline over a TokenArray of the documents, {ds.num_lanes} lanes, {path}"

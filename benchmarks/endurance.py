@@ -6,7 +6,7 @@
 Runs ``--steps`` global batches of shuffle -> map -> split -> pack(best_fit) ->
 window_shuffle, or with ``--pipeline llm`` the documented LLM pipeline (two
 ``TokenStore`` sources mixed by tokens -> shuffle -> split -> pack ->
-to_training), with loader workers when ``zephon_jax.workers`` is available, and
+to_training), with loader workers when ``zephon_jax.workers.producer`` is available, and
 samples, every ``--every`` steps: resident memory of the loader process and
 its workers, thread count, open file descriptors, child processes, the loader's
 shared-memory segments in ``/dev/shm``, the size of ``get_state()`` and of the
@@ -42,7 +42,7 @@ import numpy as np
 
 import zephon_jax as zj
 
-HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers") is not None
+HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers.producer") is not None
 
 
 def add_one(record):
@@ -100,10 +100,10 @@ def folder_bytes(path: str | None) -> int:
 
 def numba_cache_folder() -> str | None:
     """Where numba caches the compiled kernels of this install (its __pycache__)."""
-    import zephon_jax.kernels
+    import zephon_jax.core.kernels
 
     return os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
-        os.path.dirname(zephon_jax.kernels.__file__), "__pycache__"
+        os.path.dirname(zephon_jax.core.kernels.__file__), "__pycache__"
     )
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/grain_workers.py [--quick]
 
-Not part of the package: the measured alternative to ``zephon_jax.workers``.
+Not part of the package: the measured alternative to ``zephon_jax.workers.producer``.
 Each Grain worker receives a slice ``slice(k, None, n)`` through ``set_slice``;
 here it picks the ``k``-th block of lanes instead of data, so the batches do not
 depend on ``n``. The loader takes ``n`` consecutive elements (Grain interleaves
@@ -35,7 +35,7 @@ import zephon_side  # noqa: E402
 from grain_baselines import flags_parsed  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
-from zephon_jax.rows import RowProducer, encode_snapshots, lanes_to_run  # noqa: E402
+from zephon_jax.engine.rows import RowProducer, encode_snapshots, lanes_to_run  # noqa: E402
 
 
 class LaneBlocks(grain.IterDataset):

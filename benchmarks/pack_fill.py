@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from corpus import make_corpus
 
-from zephon_jax.lineage import Element
+from zephon_jax.core.lineage import Element
 from zephon_jax.operators import BinPackOperator
 
 SEQ_LEN = 2048

@@ -28,7 +28,7 @@ import corpus as corpus_mod  # noqa: E402
 import zephon_side  # noqa: E402
 
 import zephon_jax as zj  # noqa: E402
-from zephon_jax.lane_state import encode_lane_state  # noqa: E402
+from zephon_jax.state.lane_format import encode_lane_state  # noqa: E402
 
 SEQ_LEN = 2048
 KEEP = 5  # worker_prefetch 4, plus the batch handed out

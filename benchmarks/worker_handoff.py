@@ -5,7 +5,7 @@
   Through a ``multiprocessing.Queue`` a feeder thread writes the message, and
   it must wait for the interpreter's switch interval (5 ms) to get the
   interpreter from the busy thread; through a pipe the sender writes it itself
-  (what ``zephon_jax.workers`` does).
+  (what ``zephon_jax.workers.producer`` does).
 * ``depth``: the CPU time of each worker's share (32 of 64 lanes) of every
   batch of the heavy map + pack pipeline, measured in this process, replayed
   through the hand-off for several ``worker_prefetch`` depths: the speed as a
@@ -34,7 +34,7 @@ import corpus as corpus_mod  # noqa: E402
 import heavy  # noqa: E402
 import zephon_side  # noqa: E402
 
-from zephon_jax.rows import RowProducer, stack_rows  # noqa: E402
+from zephon_jax.engine.rows import RowProducer, stack_rows  # noqa: E402
 
 MESSAGES = 200
 

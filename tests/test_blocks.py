@@ -10,9 +10,9 @@ import pytest
 from pipelines import assert_batches_equal, make_docs, resume_across, take
 
 import zephon_jax as zj
-import zephon_jax.lane_blocks as lane_blocks
+import zephon_jax.engine.blocks as lane_blocks
+from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError
-from zephon_jax.lineage import Element
 from zephon_jax.operators import BinPackOperator
 from zephon_jax.operators.base import StepFailed, fold_steps, step_block_of
 from zephon_jax.operators.split import SplitOperator

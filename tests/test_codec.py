@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from pipelines import make_docs, take
 
 import zephon_jax as zj
-from zephon_jax import codec
+from zephon_jax.core.lineage import Opaque
 from zephon_jax.errors import StateError
-from zephon_jax.lineage import Opaque
+from zephon_jax.state import codec
 
 # Around the one- and two-byte varint limits (zigzag: |v| < 64, < 8192), and beyond.
 EDGE_INTS = [0, 1, -1, 63, -64, 64, -65, 8191, -8192, 8192, -8193, 2**20, -(2**40), 2**70]

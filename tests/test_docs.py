@@ -239,16 +239,16 @@ def test_reliability_page_states_the_lane_format_and_old_states_are_refused():
 
     import numpy as np
 
-    from zephon_jax.envelope import LANE, STATE
-    from zephon_jax.state import FINGERPRINT_FIELDS
+    from zephon_jax.state.envelope import LANE, STATE
+    from zephon_jax.state.global_state import FINGERPRINT_FIELDS
 
     text = (DOCS / "reliability.md").read_text()
     row = re.search(r"\| a lane's state .*\| \*\*(\d+)\*\* \|", text)
     assert row and int(row.group(1)) == LANE.version
     assert f"this zephon_jax reads version {LANE.version}" in text
-    assert re.search(r"loader state .*\| `zephon_jax.state` \| (\d+) \|", text).group(1) == str(
-        STATE.version
-    )
+    assert re.search(r"loader state .*\| `zephon_jax.state.global_state` \| (\d+) \|", text).group(
+        1
+    ) == str(STATE.version)
     # A state saved by 0.1.0 (lane format 2) for this pipeline is refused, naming the version.
     saved = json.loads((ROOT / "tests" / "data" / "state_v0_1_0.json").read_text())
     saved["lanes"] = {k: np.asarray(v, np.uint8) for k, v in saved["lanes"].items()}

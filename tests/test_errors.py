@@ -11,7 +11,7 @@ import pytest
 from pipelines import assert_batches_equal, concat_parts, make_docs, take
 
 import zephon_jax as zj
-from zephon_jax import codec
+from zephon_jax.state import codec
 
 NUM_RECORDS = 40
 BAD_ID = 13  # 4 lanes: lane 13 % 4 = 1 reads record 13 at lane-local position 13 // 4 = 3

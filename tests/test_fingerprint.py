@@ -10,7 +10,7 @@ import pytest
 from pipelines import make_docs, take
 
 import zephon_jax as zj
-from zephon_jax.transforms import callable_name
+from zephon_jax.core.naming import callable_name
 
 
 def scale(record, factor=1):

@@ -10,12 +10,12 @@ import pytest
 from pipelines import assert_batches_equal, take
 
 import zephon_jax as zj
-from zephon_jax import lane as lane_module
-from zephon_jax import lineage as lineage_module
-from zephon_jax.lineage import held_lineage, piece_code
+from zephon_jax.core import lineage as lineage_module
+from zephon_jax.core.lineage import held_lineage, piece_code
+from zephon_jax.engine import lane as lane_module
 from zephon_jax.operators import pack as pack_module
 from zephon_jax.operators.pack import BinPackOperator
-from zephon_jax.state import lane_bytes
+from zephon_jax.state.global_state import lane_bytes
 
 
 def _corpus(seed: int, odd: bool) -> list:
@@ -132,7 +132,7 @@ def test_compact_piece_lineages_decode_exactly():
 
 def test_place_split_takes_nothing_before_the_carry_knows_its_field():
     op = BinPackOperator(16, "best_fit", num_bins=2)
-    elements = [zj.lineage.Element({"tokens": np.ones(4, np.int32)}, 0)]
+    elements = [zj.Element({"tokens": np.ones(4, np.int32)}, 0)]
     assert op.place_split(None, elements, 16, "tokens") == ([], 0, 0)
     carry, _ = op.step_block(None, elements)
     assert op.place_split(carry, elements, 16, "text") == ([], 0, 0)  # another field

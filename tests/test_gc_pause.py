@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
-from zephon_jax.gc_pause import paused_gc
+from zephon_jax.core.gc_pause import paused_gc
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
-from zephon_jax import codec
-from zephon_jax.lineage import Element, Opaque, is_derived
+from zephon_jax.core.lineage import Element, Opaque, is_derived
+from zephon_jax.engine.restore import set_lane_state
 from zephon_jax.operators import (
     BinPackOperator,
     ConcatPackOperator,
@@ -27,6 +27,7 @@ from zephon_jax.operators import (
     WindowShuffleOperator,
 )
 from zephon_jax.operators.base import Saved, stateless
+from zephon_jax.state import codec
 
 # ----- operators under test -----------------------------------------------------------
 
@@ -363,7 +364,7 @@ def test_a_slow_but_progressing_lane_does_not_raise():
 def test_a_restored_lane_saves_exactly_the_state_it_was_restored_from():
     from pipelines import full_pipeline
 
-    from zephon_jax.lane import Lane, LanePlan
+    from zephon_jax.engine.lane import Lane, LanePlan
 
     ds = (
         zj.Dataset.source(_docs(200))
@@ -382,7 +383,7 @@ def test_a_restored_lane_saves_exactly_the_state_it_was_restored_from():
             lane.take(batched.rows_per_lane)
         state = lane.get_state()
         restored = Lane(plan, 1)
-        restored.set_state(state)
+        set_lane_state(restored, state)
         assert restored.get_state() == state
         for _ in range(5):
             assert_rows_equal(

@@ -213,7 +213,7 @@ def test_split_cuts_every_sequence_field_of_the_record_length():
 
 def _elements(ds):
     """Every element a one-lane pipeline's last operator emits, in order."""
-    from zephon_jax.lane import Lane, LanePlan
+    from zephon_jax.engine.lane import Lane, LanePlan
 
     lane = Lane(LanePlan(ds.batch(1)), 0)
     out = []

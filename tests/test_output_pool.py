@@ -13,7 +13,7 @@ import pytest
 from pipelines import assert_batch_equal
 
 import zephon_jax as zj
-from zephon_jax.operators.packing import OutputPool
+from zephon_jax.core.packed import OutputPool
 
 STEPS = 20
 

@@ -9,11 +9,11 @@ import pytest
 from pipelines import assert_batches_equal, make_docs, resume_across, run_topology, take
 
 import zephon_jax as zj
+from zephon_jax.core.lineage import Element
+from zephon_jax.core.packed import PackedRow, PackSpec, assemble_rows
 from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import Element
 from zephon_jax.operators import BinPackOperator, ConcatPackOperator
 from zephon_jax.operators.base import Saved
-from zephon_jax.operators.packing import PackedRow, PackSpec, assemble_rows
 
 # ----- unit tests: one operator at a time ----------------------------------------------
 
@@ -378,7 +378,7 @@ def test_save_lineages_is_save_with_lineages_after_every_step_block_flush_and_lo
 
 
 def test_lane_snapshots_equal_the_element_by_element_saved_forms_at_every_batch():
-    from zephon_jax.lane_state import encode_lane_state
+    from zephon_jax.state.lane_format import encode_lane_state
 
     rng = np.random.default_rng(3)
     lengths = np.maximum(1, rng.lognormal(np.log(300) - 0.5, 1.0, 400).astype(int))
@@ -436,7 +436,7 @@ def test_open_bins_leave_nothing_for_the_garbage_collector_to_scan():
 def test_held_lineages_read_as_the_joined_tuple():
     import pickle
 
-    from zephon_jax.operators.base import HeldLineages
+    from zephon_jax.core.lineage import HeldLineages
 
     groups = ((1, ((2,), 0)), (), (("x",),), (4,))
     held = HeldLineages(groups)
@@ -449,7 +449,7 @@ def test_held_lineages_read_as_the_joined_tuple():
     again = pickle.loads(pickle.dumps(held))
     assert again == joined and again.groups == groups
 
-    from zephon_jax.lineage import held_lineage, piece_code
+    from zephon_jax.core.lineage import held_lineage, piece_code
 
     compact = HeldLineages(((piece_code(2, 0), 1), (), (piece_code(5, 3),)), held_lineage)
     full = (((2,), 0), 1, ((5,), 3))
@@ -461,8 +461,8 @@ def test_held_lineages_read_as_the_joined_tuple():
 def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
     """A lane snapshot keeps each open row's tuple of lineages as it is (one reference
     per row); only encoding the state joins them, into the same bytes."""
-    from zephon_jax.lane_state import encode_lane_state, plain_snapshot
-    from zephon_jax.operators.base import HeldLineages
+    from zephon_jax.core.lineage import HeldLineages
+    from zephon_jax.state.lane_format import encode_lane_state, plain_snapshot
 
     ds = zj.Dataset.source(make_docs(300, 200, seed=2)).shuffle(0).pack(256).batch(4, 2)
     it = iter(zj.Loader(ds))

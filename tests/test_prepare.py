@@ -458,7 +458,7 @@ def test_progress_off_a_terminal_is_whole_lines(tmp_path):
 
 
 def test_status_line_rewrites_in_place_on_a_terminal_and_logs_lines_elsewhere(monkeypatch):
-    from zephon_jax.status_line import StatusLine
+    from zephon_jax.core.status_line import StatusLine
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -36,16 +36,16 @@ from hypothesis import strategies as st
 from pipelines import assert_batches_equal, concat_parts
 
 import zephon_jax as zj
-from zephon_jax import codec
-from zephon_jax import kernels as kernels_module
-from zephon_jax.lane import LanePlan
+from zephon_jax.core import kernels as kernels_module
+from zephon_jax.engine.lane import LanePlan
 from zephon_jax.sources import TokenArray
+from zephon_jax.state import codec
 
 EXAMPLES = int(os.environ.get("ZEPHON_PROPERTY_EXAMPLES", "25"))
 # ZEPHON_PROPERTY_SEED=S draws the examples from seed S instead of the fixed sequence, so
 # that a large search can run in chunks, each with its own seed.
 SEED = os.environ.get("ZEPHON_PROPERTY_SEED")
-HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers") is not None
+HAS_WORKERS = importlib.util.find_spec("zephon_jax.workers.producer") is not None
 # ZEPHON_PROPERTY_WORKERS=0 searches without loader workers (no process starts).
 WORKER_COUNTS = (
     (0, 1, 2) if HAS_WORKERS and os.environ.get("ZEPHON_PROPERTY_WORKERS") != "0" else (0,)
@@ -717,7 +717,7 @@ def test_finite_input_ends_at_the_same_batch_on_every_process():
     check(FINITE_SPEC)
 
 
-@pytest.mark.skipif(not HAS_WORKERS, reason="zephon_jax.workers is not available")
+@pytest.mark.skipif(not HAS_WORKERS, reason="zephon_jax.workers.producer is not available")
 @pytest.mark.parametrize(
     "spec",
     [

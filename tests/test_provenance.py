@@ -7,7 +7,7 @@ import pytest
 from pipelines import make_docs
 
 import zephon_jax as zj
-from zephon_jax.provenance import explain_step
+from zephon_jax.engine.explain import explain_step
 
 STEPS = 12
 BATCH = 8

@@ -29,14 +29,14 @@ from pipelines import (
 )
 
 import zephon_jax as zj
-from zephon_jax import codec
-from zephon_jax.lane import Lane, LanePlan
-from zephon_jax.lane_state import decode_lane_state, encode_lane_state
+from zephon_jax.engine.lane import Lane, LanePlan
+from zephon_jax.engine.restore import Rebuilder, _read_roots, set_lane_state
+from zephon_jax.engine.rows import stack_rows
 from zephon_jax.operators.split import SplitOperator
-from zephon_jax.restore import Rebuilder, _read_roots
-from zephon_jax.rows import stack_rows
 from zephon_jax.sampler.resolve import resolve
-from zephon_jax.state import lane_bytes
+from zephon_jax.state import codec
+from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.lane_format import decode_lane_state, encode_lane_state
 
 
 def packed(num_lanes: int, batch_size: int | None = None) -> zj.BatchedDataset:
@@ -71,7 +71,7 @@ def test_lanes_restored_together_equal_lanes_restored_one_by_one(name):
     plan = LanePlan(ds)
     one_by_one = {l: Lane(plan, l) for l in range(ds.num_lanes)}
     for l, lane in one_by_one.items():
-        lane.set_state(lane_bytes(state, l))
+        set_lane_state(lane, lane_bytes(state, l))
 
     restored = together.get_state()["lanes"]
     for l, lane in one_by_one.items():
@@ -227,7 +227,7 @@ def test_lanes_that_would_read_on_their_own_read_ahead_together_with_the_same_ba
     """Before a step, the lanes about to read read ahead together (one read per source for
     all of them); read-ahead only caches records, so the batches are those of lanes
     reading one by one, byte for byte."""
-    import zephon_jax.lane as lane_module
+    import zephon_jax.engine.lane as lane_module
 
     docs = _CountingDocs(make_docs(2000, 300, seed=5))
     ds = zj.Dataset.source(docs).shuffle(0).split(128).pack(128, num_bins=4).batch(32, 32)

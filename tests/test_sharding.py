@@ -179,7 +179,7 @@ def test_eight_device_mesh(eight_device_results, name):
 
 def test_loader_workers_feed_the_device_ring(dataset, reference, sharding):
     """Worker processes behind a sharded loader: same arrays, same states."""
-    pytest.importorskip("zephon_jax.workers")
+    pytest.importorskip("zephon_jax.workers.producer")
     batches, states = reference
     it = iter(zj.Loader(dataset, sharding=sharding, num_workers=2, device_prefetch=2))
     try:
@@ -198,7 +198,7 @@ def test_device_prefetch_fetches_worker_states_only_for_get_state(
 ):
     """The prefetch thread notes where the workers keep each batch's state; the lanes'
     snapshots cross processes only when a state (or provenance) is asked for."""
-    from zephon_jax.workers import WorkerRowProducer
+    from zephon_jax.workers.producer import WorkerRowProducer
 
     asked = []
     ask = WorkerRowProducer._ask_states

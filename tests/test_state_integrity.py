@@ -16,7 +16,7 @@ import pytest
 from pipelines import assert_batch_equal, assert_batches_equal, make_docs, take
 
 import zephon_jax as zj
-from zephon_jax import codec
+from zephon_jax.state import codec
 
 
 # ----- numpy scalars round-trip with their dtype ----------------------------------------------

@@ -13,12 +13,12 @@ import pytest
 from pipelines import assert_batch_equal, assert_batches_equal, resume_across, run_topology, take
 
 import zephon_jax as zj
-from zephon_jax import kernels as kernels_module
-from zephon_jax.lane import LanePlan
+from zephon_jax.core import kernels as kernels_module
+from zephon_jax.core import permutation
+from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
-from zephon_jax.sampler import permutation
 from zephon_jax.sources import TokenArray
-from zephon_jax.state import lane_bytes
+from zephon_jax.state.global_state import lane_bytes
 
 
 def _documents(seed: int, num: int = 300, sigma: float = 1.2, longest: int = 400) -> list:
@@ -258,7 +258,7 @@ def test_compiled_permutation_equals_numpy(monkeypatch):
 
 
 def test_environment_turns_the_kernels_off():
-    code = "from zephon_jax.kernels import kernels; print(kernels() is None)"
+    code = "from zephon_jax.core.kernels import kernels; print(kernels() is None)"
     env = dict(os.environ, ZEPHON_JAX_COMPILED="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr

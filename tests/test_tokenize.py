@@ -9,8 +9,8 @@ import pytest
 import text_fixtures as tf
 
 import zephon_jax as zj
-from zephon_jax.tokenizer_adapters import HFTokenizersTokenizer, as_text_tokenizer
 from zephon_jax.transforms.tokenize import TokenizeTransform
+from zephon_jax.transforms.tokenizer_adapters import HFTokenizersTokenizer, as_text_tokenizer
 
 
 def _records(num: int, seed: int) -> list[dict]:
@@ -239,7 +239,7 @@ SLOW_IDENTITY = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import text_fixtures as tf
-from zephon_jax.tokenizer_adapters import as_text_tokenizer
+from zephon_jax.transforms.tokenizer_adapters import as_text_tokenizer
 print(as_text_tokenizer(tf.slow_bpe_tokenizer(sys.argv[2])).identity)
 """
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from zephon_jax import workers
-from zephon_jax.worker_pipes import FrameReader, write_frame
+from zephon_jax.workers import producer as workers
+from zephon_jax.workers.pipes import FrameReader, write_frame
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
-from zephon_jax import workers
-from zephon_jax.workers import WorkerError
+from zephon_jax.workers import producer as workers
+from zephon_jax.workers.producer import WorkerError
 
 STEPS = 20
 BAD_LENGTH = 77  # the record length on which failing_map raises

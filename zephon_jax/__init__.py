@@ -5,7 +5,9 @@ number of processes, devices or workers, and across checkpoints restored on
 another topology, also through packing, splitting, shuffle buffers and mixtures.
 """
 
+from zephon_jax.core.lineage import Element, derive
 from zephon_jax.dataset import BatchedDataset, Dataset
+from zephon_jax.engine.explain import explain_step
 from zephon_jax.errors import (
     PipelineError,
     RecordError,
@@ -14,12 +16,10 @@ from zephon_jax.errors import (
     WorkerError,
     ZephonError,
 )
-from zephon_jax.lineage import Element, derive
 from zephon_jax.loader import Loader, LoaderIterator
 from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
-from zephon_jax.provenance import explain_step
-from zephon_jax.state import merge_states
-from zephon_jax.state_file import load_state, save_state
+from zephon_jax.state.files import load_state, save_state
+from zephon_jax.state.global_state import merge_states
 
 __version__ = "0.3.0"  # the package version (pyproject.toml and the docs read it)
 

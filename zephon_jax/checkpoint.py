@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from zephon_jax.loader import LoaderIterator
-from zephon_jax.state_file import (
+from zephon_jax.state.files import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     META_FILE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from zephon_jax.checks import positive_int
+from zephon_jax.core.checks import positive_int
 from zephon_jax.errors import PipelineError
 from zephon_jax.operators import (
     BinPackOperator,
@@ -24,13 +24,15 @@ from zephon_jax.operators import (
 )
 from zephon_jax.sampler import MixtureNode, SourceNode, derive_key
 from zephon_jax.sampler.mixture import normalize_weights
+from zephon_jax.sampler.resolve import can_end
+from zephon_jax.sampler.schedule import StepSchedule
 from zephon_jax.sampler.scheduled_mixture import (
     UNITS,
     ScheduledMixtureNode,
     parse_weight_stages,
     quantize,
 )
-from zephon_jax.schedule import StepSchedule
+from zephon_jax.state.global_state import fingerprint
 from zephon_jax.transforms import FilterTransform, MapTransform, RandomMapTransform
 from zephon_jax.transforms.to_training import ToTrainingTransform
 from zephon_jax.transforms.tokenize import TokenizeTransform
@@ -437,7 +439,6 @@ class BatchedDataset:
     def is_finite(self) -> bool:
         """True if the input can end: every source a mixture draws from is read a
         finite number of epochs (see ``repeat``)."""
-        from zephon_jax.sampler.resolve import can_end
 
         return can_end(self.sampler)
 
@@ -447,7 +448,6 @@ class BatchedDataset:
 
     def fingerprint(self) -> dict[str, str]:
         """The fields a state must match to be restored into this pipeline."""
-        from zephon_jax.state import fingerprint
 
         return fingerprint(self)
 

@@ -34,7 +34,7 @@ import numpy as np
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import StateError
 from zephon_jax.loader import Loader
-from zephon_jax.state import merge_states
+from zephon_jax.state.global_state import merge_states
 
 GRAIN_STATE_KEY = "zephon_jax"
 

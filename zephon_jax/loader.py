@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator, Mapping, Sequence
 
-from zephon_jax.checks import positive_int, timeout_seconds
+from zephon_jax.core.checks import positive_int, timeout_seconds
+from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.dataset import BatchedDataset
+from zephon_jax.engine.lane import Lane, LanePlan
+from zephon_jax.engine.provenance import rows_provenance
+from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError
-from zephon_jax.gc_pause import paused_gc
-from zephon_jax.rows import RowProducer, encode_snapshots
-from zephon_jax.state import check_state, lane_bytes, make_state
+from zephon_jax.state.global_state import check_state, lane_bytes, make_state
+from zephon_jax.workers.producer import WorkerRowProducer
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
@@ -210,7 +213,6 @@ class Loader:
         agree_on_end = self.agree_on_end
         if self.num_workers == 0:
             return RowProducer(self.dataset, self.rows_of_size, agree_on_end=agree_on_end)
-        from zephon_jax.workers import WorkerRowProducer
 
         return WorkerRowProducer(
             self.dataset,
@@ -279,11 +281,10 @@ class LoaderIterator(Iterator[Any]):
         per segment, in segment-id order, with ``source`` (leaf index in the
         mixture order), ``label``, ``record``, ``epoch`` and the slice
         ``start``/``stop`` of the record (after its component's own transforms)
-        that the segment holds. See :mod:`zephon_jax.provenance`. It reads no
+        that the segment holds. See :mod:`zephon_jax.engine.provenance`. It reads no
         record: it resolves the pointers the lanes already keep (with worker
         processes, it recomputes the batch's lanes once in this process).
         """
-        from zephon_jax.provenance import rows_provenance
 
         if self.step == 0 or (self._last_picks is None and self._before_last is None):
             raise PipelineError(
@@ -295,7 +296,6 @@ class LoaderIterator(Iterator[Any]):
             return rows_provenance(
                 producer.plan, self._last_picks, getattr(producer, "lanes", None)
             )
-        from zephon_jax.rows import RowProducer, encode_snapshots
 
         replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
         lanes = encode_snapshots(self._snapshots(self._before_last) or {})
@@ -393,8 +393,6 @@ class LoaderIterator(Iterator[Any]):
         if isinstance(producer, RowProducer):
             restore = functools.partial(producer.restore, state, producer.check_state(state))
         else:
-            from zephon_jax.lane import Lane, LanePlan
-
             plan = LanePlan(self.loader.dataset)
             for lane in self.loader.lanes:
                 Lane(plan, lane).check_state(lane_bytes(state, lane))

@@ -13,7 +13,7 @@ Every operator, built-in or user-defined, is a :class:`LineageOperator`:
   the protocol's required members, so operators written without it still match.)
 * ``flush(carry) -> (carry, outputs)``: called once when a finite input ends.
 * ``remake(recipe, inputs) -> data``: the data of an output made by
-  :func:`~zephon_jax.lineage.derive`, from its recipe and its inputs' data.
+  :func:`~zephon_jax.core.lineage.derive`, from its recipe and its inputs' data.
 * ``save(carry) -> Saved`` and ``load(saved, lane) -> carry``: the carry's saved
   form and back (see :class:`Saved`).
 * optional ``save_lineages(carry) -> (lineages, aux)``: ``save`` with the held
@@ -23,11 +23,11 @@ Every operator, built-in or user-defined, is a :class:`LineageOperator`:
   groups of lineages joined only when a state is encoded (``pack`` keeps one
   tuple per open row and a snapshot just takes those tuples).
 
-Outputs are :class:`~zephon_jax.lineage.Element` s: either an input element
+Outputs are :class:`~zephon_jax.core.lineage.Element` s: either an input element
 passed through unchanged (operators with ``passthrough = True``: reorder, delay
 or drop) or ``derive(data, inputs, recipe)``. An operator thus states *once*
-which inputs an output is made from; the engine (``zephon_jax.lane`` and
-``zephon_jax.restore``) turns that into pointers for states and regenerates the
+which inputs an output is made from; the engine (``zephon_jax.engine.lane`` and
+``zephon_jax.engine.restore``) turns that into pointers for states and regenerates the
 output on restore. It never sees the operator's bookkeeping.
 
 **Carries.** The *saved form* is the contract: :meth:`LineageOperator.save`
@@ -53,22 +53,22 @@ stores their carry and outputs by value (``zephon_jax.operators.user``).
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
-from collections import abc
 from typing import (
     Any,
     Callable,
     Iterable,
-    Iterator,
     NamedTuple,
     Protocol,
     Sequence,
     runtime_checkable,
 )
 
-from zephon_jax.lineage import Element
-from zephon_jax.operators.packing import plain
+from zephon_jax.core.lineage import Element
+from zephon_jax.core.naming import callable_name
+from zephon_jax.core.packed import plain
+from zephon_jax.errors import StateError
+from zephon_jax.state.envelope import is_int
 
 Carry = Any
 
@@ -100,51 +100,6 @@ class StepFailed(Exception):
 
 
 _lineage = operator.attrgetter("lineage")
-
-
-class HeldLineages(abc.Sequence):
-    """The lineages of held elements as groups (tuples), joined into one tuple on first read.
-
-    ``decode`` (a module-level function, so that it pickles) turns each held item
-    into its lineage where a carry keeps lineages in a compact form. Equal to the
-    joined tuple. A snapshot that keeps a carry's groups, which the
-    carry replaces rather than changes, costs a reference per group instead of
-    one per element; encoding a state reads the whole.
-    """
-
-    __slots__ = ("groups", "decode", "_joined")
-
-    def __init__(self, groups: tuple[tuple, ...], decode: Callable[[Any], Any] | None = None):
-        self.groups = groups
-        self.decode = decode  # a carry's compact form of a lineage -> the lineage
-        self._joined: tuple | None = None
-
-    def joined(self) -> tuple:
-        joined = self._joined
-        if joined is None:
-            joined = self._joined = tuple(iter(self))
-        return joined
-
-    def __len__(self) -> int:
-        return sum(map(len, self.groups))
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.joined()[index]
-
-    def __iter__(self) -> Iterator:
-        held = itertools.chain.from_iterable(self.groups)
-        return held if self.decode is None else map(self.decode, held)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, HeldLineages):
-            other = other.joined()
-        return isinstance(other, tuple) and self.joined() == other
-
-    def __repr__(self) -> str:
-        return f"HeldLineages({self.joined()!r})"
-
-    def __reduce__(self) -> tuple:
-        return (HeldLineages, (self.groups, self.decode))
 
 
 def save_lineages(op: Any, carry: Carry) -> tuple[tuple, Any]:
@@ -228,7 +183,6 @@ class LineageOperator(Protocol):
     def describe(self) -> str:
         """The operator and its parameters, for the pipeline fingerprint (default: the class
         and its public attributes, see :func:`~zephon_jax.transforms.callable_name`)."""
-        from zephon_jax.transforms import callable_name
 
         return callable_name(self)
 
@@ -249,7 +203,6 @@ class stateless(LineageOperator):
         self.name = name
 
     def describe(self) -> str:
-        from zephon_jax.transforms import callable_name
 
         return f"{self.name}({callable_name(self.fn)})"
 
@@ -264,8 +217,6 @@ class stateless(LineageOperator):
         return [(parents[0], None, None, recipe)]  # output ``recipe`` of the input
 
     def remake(self, recipe, inputs):
-        from zephon_jax.envelope import is_int
-        from zephon_jax.errors import StateError
 
         if not is_int(recipe) or recipe < 0:
             raise StateError(

@@ -4,18 +4,18 @@ No padding (except in the last row when a finite input ends, and in rows
 closed by ``max_segments``): a record that does not fit the open row is split,
 its tail starting the next row. Positions restart at 0 for each piece, as in
 Grain's ``ConcatThenSplitIterDataset``. The open row holds pointers only (see
-:mod:`zephon_jax.operators.packing`).
+:mod:`zephon_jax.core.packed`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from zephon_jax.envelope import is_int
+from zephon_jax.core.lineage import Element
+from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Element
 from zephon_jax.operators.base import LineageOperator, Saved
-from zephon_jax.operators.packing import PackedRow, PackSpec
+from zephon_jax.state.envelope import is_int
 
 
 class OpenRow:

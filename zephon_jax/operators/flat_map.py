@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from zephon_jax.checks import unwrap_grain
+from zephon_jax.core.checks import unwrap_grain
+from zephon_jax.core.naming import callable_name
 from zephon_jax.operators.base import stateless
 
 
@@ -19,7 +20,6 @@ class FlatMapOperator(stateless):
     name = "flat_map"
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]] | Any):
-        from zephon_jax.transforms import callable_name
 
         super().__init__(unwrap_grain(fn, "flat_map", "flat_map"), "flat_map")
         self.fn_name = callable_name(fn)

@@ -14,7 +14,7 @@ fills 0.91. Records are never cut, so a record longer than ``seq_len`` raises
 
 Open rows hold pointers only: the arrays of their records (views, never
 copies) and the records' lineages. Rows are assembled once, straight into the
-batch (see :mod:`zephon_jax.operators.packing` for the output fields and dtypes).
+batch (see :mod:`zephon_jax.core.packed` for the output fields and dtypes).
 
 ``pack`` right after ``split`` runs fused with it (:meth:`BinPackOperator.place_split`):
 one loop cuts and places each record, with exactly the rows and carries of the
@@ -29,12 +29,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.checks import positive_int
-from zephon_jax.envelope import is_int
+from zephon_jax.core.checks import positive_int
+from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element, HeldLineages, held_lineage
+from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import PIECE_BITS, PIECE_MASK, Element, held_lineage
-from zephon_jax.operators.base import HeldLineages, LineageOperator, Saved, StepFailed
-from zephon_jax.operators.packing import PackedRow, PackSpec
+from zephon_jax.operators.base import LineageOperator, Saved, StepFailed
+from zephon_jax.state.envelope import is_int
 
 DEFAULT_NUM_BINS = 32
 METHODS = ("first_fit", "best_fit")
@@ -140,7 +140,7 @@ class Bins:
         """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
 
         ``compact``: the row's lineage keeps the bin's compact piece lineages (see
-        :func:`~zephon_jax.lineage.plain_lineage`), for rows that go straight to the batch.
+        :func:`~zephon_jax.core.lineage.plain_lineage`), for rows that go straight to the batch.
         """
         records = self.pieces[i]
         fields = self.fields or ()

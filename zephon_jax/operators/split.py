@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.checks import positive_int
-from zephon_jax.envelope import is_int
+from zephon_jax.core.checks import positive_int
+from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.lineage import Element
 from zephon_jax.operators.base import StepFailed, stateless
+from zephon_jax.state.envelope import is_int
 
 
 def _length(data: Any, key: str) -> int:

@@ -1,9 +1,9 @@
 """``pack``'s open rows over a :class:`~zephon_jax.sources.TokenArray`, as arrays.
 
-A lane that reads a token array column-wise (see :mod:`zephon_jax.lane_columns`)
+A lane that reads a token array column-wise (see :mod:`zephon_jax.engine.columns`)
 keeps its open rows as :class:`TokenBins`: per row its fill and piece count, per
 piece its lineage code, token start, length and source, in int64 arrays that compiled
-kernels (:mod:`zephon_jax.kernels`) update. It saves exactly what
+kernels (:mod:`zephon_jax.core.kernels`) update. It saves exactly what
 :class:`~zephon_jax.operators.pack.Bins` saves (the same lineages, the same
 counts), so states do not tell the two apart; a restored lane's ``Bins`` is
 adopted as ``TokenBins`` on its first block, and ``flush`` or ``save`` read it
@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from zephon_jax.core.kernels import kernels
+from zephon_jax.core.lineage import PIECE_BITS, HeldLineages, held_lineage
+from zephon_jax.core.packed import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
 from zephon_jax.errors import StateError
-from zephon_jax.kernels import kernels
-from zephon_jax.lineage import PIECE_BITS, held_lineage
-from zephon_jax.operators.base import HeldLineages
-from zephon_jax.operators.packing import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
+from zephon_jax.operators.pack import Bins
 
 _FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
 
@@ -32,7 +32,7 @@ class TokenBins:
     ``fill[i]``, ``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, m]``:
     piece ``m`` of row ``i`` as (lineage code, token start, length, leaf: which of the
     token arrays ``tokens`` it is in). A lineage code
-    is :func:`~zephon_jax.lineage.piece_code` for a piece cut by ``split`` (``cut``
+    is :func:`~zephon_jax.core.lineage.piece_code` for a piece cut by ``split`` (``cut``
     > 0), else the document's position. ``slots``: the rows in the order ``Bins``
     keeps them (first_fit moves an emitted row to the end; best_fit never reorders).
     ``out`` and ``row_end`` receive emitted rows.
@@ -92,7 +92,6 @@ class TokenBins:
 
     def to_bins(self) -> Any:
         """The same open rows as :class:`~zephon_jax.operators.pack.Bins`."""
-        from zephon_jax.operators.pack import Bins
 
         num_bins = len(self.fill)
         bins = Bins(num_bins)
@@ -117,7 +116,7 @@ class TokenBins:
     ) -> TokenBins:
         """``bins`` (a :class:`~zephon_jax.operators.pack.Bins` restored from a state, or
         None) as TokenBins; ``plan``: the lane's
-        :class:`~zephon_jax.lane_columns.ColumnarPlan`, ``records_of(positions)``: the
+        :class:`~zephon_jax.engine.columns.ColumnarPlan`, ``records_of(positions)``: the
         leaves and documents at lane positions."""
         carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
         if bins is None:

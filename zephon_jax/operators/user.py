@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_jax import codec
+from zephon_jax.core.lineage import Element, Opaque
+from zephon_jax.core.naming import callable_name
+from zephon_jax.core.packed import plain
 from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import Element, Opaque
 from zephon_jax.operators.base import LineageOperator, Saved
-from zephon_jax.operators.packing import plain
+from zephon_jax.state import codec
 
 
 class UserOperator(LineageOperator):
@@ -30,7 +31,6 @@ class UserOperator(LineageOperator):
                     f"Dataset.apply needs an operator with init(), step(carry, record) and "
                     f"flush(carry); {type(op).__name__} has no {method}()"
                 )
-        from zephon_jax.transforms import callable_name
 
         self.op = op
         self.op_name = name or callable_name(type(op))

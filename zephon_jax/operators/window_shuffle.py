@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_jax.checks import positive_int
+from zephon_jax.core.checks import positive_int
+from zephon_jax.core.permutation import derive_key, hash_u64, permute
+from zephon_jax.errors import StateError
 from zephon_jax.operators.base import LineageOperator, Saved
-from zephon_jax.sampler.permutation import derive_key, hash_u64
+from zephon_jax.state.envelope import is_int
 
 _BLOCK = 256
 
@@ -61,7 +63,6 @@ class WindowShuffleOperator(LineageOperator):
         return carry, [out]
 
     def flush(self, carry: _Window):
-        from zephon_jax.sampler.permutation import permute
 
         n = len(carry.buffer)
         order = permute(np.arange(n), n, derive_key(carry.key, carry.count)).tolist()
@@ -73,8 +74,6 @@ class WindowShuffleOperator(LineageOperator):
         return Saved(tuple(carry.buffer), carry.count)
 
     def load(self, saved: Saved, lane: int) -> _Window:
-        from zephon_jax.envelope import is_int
-        from zephon_jax.errors import StateError
 
         count = saved.aux
         if not is_int(count) or count < 0 or len(saved.held) > self.window:

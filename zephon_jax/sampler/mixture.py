@@ -29,8 +29,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from zephon_jax.core.permutation import derive_key, permute
 from zephon_jax.errors import PipelineError
-from zephon_jax.sampler.permutation import derive_key, permute
 
 _ONE = 1 << 32
 BLOCK = 64  # draws whose order a shuffled mixture permutes; see the module doc

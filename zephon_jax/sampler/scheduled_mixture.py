@@ -47,10 +47,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from zephon_jax.core.lineage import Element
+from zephon_jax.core.permutation import derive_key
 from zephon_jax.errors import PipelineError, RecordError, StateError
-from zephon_jax.lineage import Element
-from zephon_jax.sampler.permutation import derive_key
-from zephon_jax.schedule import StepSchedule
+from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.sampler.schedule import StepSchedule
+from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
 
 UNITS = ("records", "tokens")
@@ -164,7 +166,6 @@ class MixtureDrawer:
         transform: Callable[[tuple, Any, Any, str], Any],
         transform_block: Callable[[tuple, list, list, Callable[[int], str]], list] | None = None,
     ):
-        from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves
 
         self.node = node
         self.lane = lane
@@ -268,8 +269,6 @@ class MixtureDrawer:
             return self._finish(entry.data, position, best, sub)
 
     def _raise_dry(self, component: int, sub: int) -> None:
-        from zephon_jax.sampler.resolve import leaves
-        from zephon_jax.sampler.source import source_label
 
         count = self._dry[component]
         labels = ", ".join(
@@ -315,7 +314,6 @@ class MixtureDrawer:
 
     def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs``, read and transformed (batched per source)."""
-        from zephon_jax.sampler.resolve import resolve
 
         child = self.node.children[component]
         res = resolve(child, self.lane, subs, self.num_lanes)
@@ -393,7 +391,6 @@ def locate_roots(
     A root names its component and that component's own draw, so this is a pure
     function of the lineage (no history of the lane is needed); nothing is read.
     """
-    from zephon_jax.sampler.resolve import leaves, resolve
 
     bases, base = [], 0
     for child in node.children:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_jax.core.permutation import derive_key, permute
 from zephon_jax.errors import PipelineError
-from zephon_jax.sampler.permutation import derive_key, permute
 
 
 def describe_source(source: Any) -> str:

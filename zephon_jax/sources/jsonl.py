@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from zephon_jax.core.status_line import StatusLine
 from zephon_jax.sources.files import INDEX_SUFFIX, checked_indices, expand_paths, file_info
 from zephon_jax.sources.storage import ShortReadError, filesystem, retry_call
-from zephon_jax.status_line import StatusLine
 
 __all__ = ["JsonlSource"]
 

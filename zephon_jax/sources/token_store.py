@@ -27,6 +27,7 @@ import numpy as np
 import tensorstore as ts
 
 from zephon_jax.sources.storage import Location, retry_call, ts_context
+from zephon_jax.sources.token_array import TokenArray
 
 __all__ = ["TokenStore", "TokenStoreError", "TokenStoreWriter", "write_token_store"]
 
@@ -468,7 +469,6 @@ class TokenStore:
         """Every committed token read into memory, as a :class:`~zephon_jax.sources.TokenArray`
         (``num_tokens`` x the dtype's size in bytes): the same documents, which a pipeline
         reads column-wise and packs with compiled kernels (see ``docs/performance.md``)."""
-        from zephon_jax.sources.token_array import TokenArray
 
         s = self._s
         tokens = self._fetch(s, [(0, int(s.offsets[-1]))])[0]

@@ -312,7 +312,7 @@ def _load(args, command: str):
 
 
 def _cmd_explain(args) -> int:
-    from zephon_jax.state_file import load_state
+    from zephon_jax.state.files import load_state
     from zephon_jax.tools.explain import explain
     from zephon_jax.tools.tokenizers import byte_detokenize, load_callable
 

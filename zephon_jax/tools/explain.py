@@ -7,7 +7,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from zephon_jax.provenance import Segment, explain_step
+from zephon_jax.engine.explain import explain_step
+from zephon_jax.engine.provenance import Segment
 
 PREVIEW_CHARS = 60
 

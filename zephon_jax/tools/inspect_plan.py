@@ -127,8 +127,8 @@ def describe_plan(batched: BatchedDataset) -> str:
 
 def lane_path(batched: BatchedDataset) -> str:
     """How the lanes run: column-wise with compiled kernels, or the general path."""
-    from zephon_jax.kernels import kernels
-    from zephon_jax.lane import LanePlan
+    from zephon_jax.core.kernels import kernels
+    from zephon_jax.engine.lane import LanePlan
 
     if LanePlan(batched).columnar is not None:
         return "column-wise over token arrays, packed by compiled kernels"
@@ -238,7 +238,7 @@ def _instrument(plan, batched: BatchedDataset, clock: _Clock) -> None:
 
 def time_stages(batched: BatchedDataset, steps: int) -> dict[str, Any]:
     """Runs ``steps`` global batches on one process; seconds per stage and throughput."""
-    from zephon_jax.rows import RowProducer, stack_rows
+    from zephon_jax.engine.rows import RowProducer, stack_rows
 
     producer = RowProducer(batched, lambda size: range(size))
     clock = _Clock()
@@ -281,8 +281,8 @@ def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]
     One part per operator (its saved carry), then the finished rows not yet
     batched, then the whole lane state (with its header and checksum).
     """
-    from zephon_jax import codec
-    from zephon_jax.lane_state import LaneSnapshot, encode_lane_state, plain_snapshot
+    from zephon_jax.state import codec
+    from zephon_jax.state.lane_format import LaneSnapshot, encode_lane_state, plain_snapshot
 
     snapshots = [LaneSnapshot(*plain_snapshot(lane.snapshot())) for lane in producer.lanes.values()]
     lane_ids = list(producer.lanes)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
+from zephon_jax.core.status_line import StatusLine
 from zephon_jax.errors import ZephonError
 from zephon_jax.sources.array_record import ARRAY_RECORD_DIR, MANIFEST, ArrayRecordTokens
 from zephon_jax.sources.files import expand_paths, file_info
@@ -49,7 +50,6 @@ from zephon_jax.sources.storage import (
     is_url,
     split_url,
 )
-from zephon_jax.status_line import StatusLine
 from zephon_jax.tools.tokenizers import (
     EOS_ID,
     is_byte_tokenizer,

@@ -29,7 +29,7 @@ import numpy as np
 from zephon_jax.dataset import BatchedDataset
 from zephon_jax.errors import PipelineError, ZephonError
 from zephon_jax.loader import Loader
-from zephon_jax.state import merge_states
+from zephon_jax.state.global_state import merge_states
 
 
 def parse_topologies(text: str) -> list[tuple[int, int]]:
@@ -69,7 +69,7 @@ def workers_available() -> bool:
     """Whether this zephon_jax has loader worker processes."""
     import importlib.util
 
-    return importlib.util.find_spec("zephon_jax.workers") is not None
+    return importlib.util.find_spec("zephon_jax.workers.producer") is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from zephon_jax.core.packed import plain
 from zephon_jax.errors import PipelineError, ZephonError
-from zephon_jax.operators.packing import plain
 from zephon_jax.transforms.filter import FilterTransform
 
 DROP = FilterTransform.DROP

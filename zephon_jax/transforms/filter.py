@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from zephon_jax.core.checks import unwrap_grain
+from zephon_jax.core.naming import callable_name
+
 
 class FilterTransform:
     """Wraps ``pred(record) -> bool`` or a Grain ``Filter`` (its ``.filter``)."""
@@ -11,8 +14,6 @@ class FilterTransform:
     DROP = object()
 
     def __init__(self, pred: Callable[[Any], bool] | Any):
-        from zephon_jax.checks import unwrap_grain
-        from zephon_jax.transforms import callable_name
 
         self._pred = unwrap_grain(pred, "filter", "filter")
         self.name = callable_name(pred)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from zephon_jax.core.checks import unwrap_grain
+from zephon_jax.core.naming import callable_name
+
 
 class MapTransform:
     """Wraps ``fn(record) -> record`` or a Grain ``MapTransform`` (its ``.map``).
@@ -13,8 +16,6 @@ class MapTransform:
     """
 
     def __init__(self, fn: Callable[[Any], Any] | Any):
-        from zephon_jax.checks import unwrap_grain
-        from zephon_jax.transforms import callable_name
 
         self._fn = unwrap_grain(fn, "map", "map")
         self.name = callable_name(fn)

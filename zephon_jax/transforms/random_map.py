@@ -12,8 +12,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from zephon_jax import codec
-from zephon_jax.sampler.permutation import derive_key
+from zephon_jax.core.checks import unwrap_grain
+from zephon_jax.core.naming import callable_name
+from zephon_jax.core.permutation import derive_key
+from zephon_jax.state import codec
 
 
 def flatten_ints(lineage: Any, out: list[int]) -> list[int]:
@@ -33,8 +35,6 @@ class RandomMapTransform:
     """Wraps ``fn(record, rng) -> record`` or a Grain ``RandomMapTransform``."""
 
     def __init__(self, fn: Callable[[Any, np.random.Generator], Any] | Any, seed: int):
-        from zephon_jax.checks import unwrap_grain
-        from zephon_jax.transforms import callable_name
 
         self._fn = unwrap_grain(fn, "random_map", "random_map")
         self.seed = int(seed)

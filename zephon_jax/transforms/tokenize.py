@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError
-from zephon_jax.tokenizer_adapters import TextTokenizer, as_text_tokenizer
+from zephon_jax.transforms.tokenizer_adapters import TextTokenizer, as_text_tokenizer
 
 
 def check_token_id(value: Any, name: str, op: str) -> int | None:

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.errors import PipelineError
-from zephon_jax.tokenizer_adapters import TransformersTokenizer, _is_instance_of_lib
 from zephon_jax.transforms.tokenize import record_field
+from zephon_jax.transforms.tokenizer_adapters import TransformersTokenizer, _is_instance_of_lib
 
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 METHODS = ("generation_markers", "prefix_difference")

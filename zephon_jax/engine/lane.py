@@ -12,14 +12,14 @@ The indices the core speaks of:
 * **row**: a row of the global batch, ``0 <= r < global_batch_size``.
 * **stage**: ``k`` is the input of operator ``k`` (stage 0: the sampler's
   records after the per-record transforms); the last stage holds finished rows.
-* **lineage**: the pointer that regenerates an element (see :mod:`zephon_jax.lineage`).
+* **lineage**: the pointer that regenerates an element (see :mod:`zephon_jax.core.lineage`).
 * **step**: the number of global batches delivered so far.
 
 A lane's state is its next position, the global step it produces next, each
 operator's saved carry, the finished rows not yet batched (all written as
 lineages) and, for a mixture by tokens or with weight stages, the mixture's
-carry of plain ints (:mod:`zephon_jax.lane_state`).
-Restoring regenerates every element a state points to (:mod:`zephon_jax.restore`)
+carry of plain ints (:mod:`zephon_jax.state.lane_format`).
+Restoring regenerates every element a state points to (:mod:`zephon_jax.engine.restore`)
 and continues exactly where the state left off.
 """
 
@@ -32,22 +32,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.checks import TransformFailed, user_error
-from zephon_jax.errors import PipelineError, RecordError, ZephonError
-from zephon_jax.lane_blocks import MIN_BLOCK, block_cap, first_block, next_block
-from zephon_jax.lane_columns import (
+from zephon_jax.core.checks import TransformFailed, user_error
+from zephon_jax.core.lineage import Element, is_derived, root_position
+from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, first_block, next_block
+from zephon_jax.engine.columns import (
     columnar_plan,
     read_documents_ahead,
     take_column_lanes,
     take_columns,
 )
-from zephon_jax.lane_state import LANE_FORMAT, LaneSnapshot, decode_lane_state, encode_lane_state
-from zephon_jax.lineage import Element, is_derived, root_position
+from zephon_jax.engine.provenance import leaf_labels
+from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.split import SplitOperator
-from zephon_jax.provenance import leaf_labels
-from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import (
     can_end,
     end_position,
@@ -58,6 +56,12 @@ from zephon_jax.sampler.resolve import (
 )
 from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
+from zephon_jax.state.lane_format import (
+    LANE_FORMAT,
+    LaneSnapshot,
+    decode_lane_state,
+    encode_lane_state,
+)
 from zephon_jax.transforms import DROP, apply_transforms
 from zephon_jax.transforms.block import BlockFailed, apply_transforms_block, block_error
 
@@ -100,7 +104,7 @@ class LanePlan:
             + 100_000
             + sum(int(getattr(op, "max_held", 0) or 0) for op in self.operators)
         )
-        # Set where lanes read a token array column-wise (see zephon_jax.lane_columns).
+        # Set where lanes read a token array column-wise (see zephon_jax.engine.columns).
         self.columnar = columnar_plan(self)
 
 
@@ -301,7 +305,7 @@ class Lane:
         """The positions the next read-ahead reads (after those already read ahead): at
         least the next block's, twice as many as the last read-ahead, up to
         ``plan.max_ahead`` and to four times the lane's block cap (see
-        :mod:`zephon_jax.lane_blocks`); before the lane made a row, the blocks of a
+        :mod:`zephon_jax.engine.blocks`); before the lane made a row, the blocks of a
         first take (``MIN_BLOCK``)."""
         start = self.next_position + len(self._ahead)
         rows = self.plan.rows_per_lane_at(self.step)
@@ -315,7 +319,7 @@ class Lane:
         return np.arange(start, start + count, dtype=np.int64)
 
     def block_cap(self, n: int) -> int:
-        """:func:`~zephon_jax.lane_blocks.block_cap` of this lane, taking ``n`` rows a step:
+        """:func:`~zephon_jax.engine.blocks.block_cap` of this lane, taking ``n`` rows a step:
         its positions read over the rows made so far (``n`` per step done, and those
         made ahead). A function of the lane's state."""
         return block_cap(self.next_position, self.step * n + len(self.pending))
@@ -442,7 +446,7 @@ class Lane:
         drawer = self.drawer
         if drawer is not None:
             stage = drawer.node.stages.index_at(self.step)
-        # Records go through the operators in blocks (see zephon_jax.lane_blocks): the
+        # Records go through the operators in blocks (see zephon_jax.engine.blocks): the
         # sizes depend only on the state, so a restored lane cuts the same blocks.
         size = 0
         had = -1
@@ -534,7 +538,7 @@ class Lane:
 
         Cheap (no encoding): take one per batch, encode with :func:`encode_lane_state`
         only when a state is asked for. Lineages may still be in a carry's compact
-        form here (see :func:`~zephon_jax.lane_state.plain_snapshot`); encoding writes
+        form here (see :func:`~zephon_jax.state.lane_format.plain_snapshot`); encoding writes
         them in full.
         """
         carries = tuple(map(save_lineages, self.plan.operators, self.carries))
@@ -562,18 +566,9 @@ class Lane:
             self.lane, data, plan.num_operators, self.end_position, plan.can_end
         )
 
-    def set_state(self, data: bytes) -> None:
-        """Restores a state made by :meth:`get_state` (regenerating what it points to).
-
-        Raises :class:`StateError` naming the entry if the state is malformed; the
-        lane's records and carries are then unchanged (a restore that fails builds a
-        new lane instead of using this one).
-        """
-        restore_lanes([self], [self.check_state(data)])
-
     def load(self, snapshot: LaneSnapshot, carries: list, pending: collections.deque) -> None:
         """Takes ``snapshot``'s position and step, with the carries and unbatched rows
-        regenerated from it (see :func:`zephon_jax.restore.restore_lanes`)."""
+        regenerated from it (see :func:`zephon_jax.engine.restore.restore_lanes`)."""
         self.next_position = snapshot.next_position
         self.step = snapshot.step
         self.input_done = snapshot.input_done

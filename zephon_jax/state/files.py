@@ -18,11 +18,11 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zephon_jax import codec
-from zephon_jax.envelope import CHECKPOINT, STATE_FILE, is_int
 from zephon_jax.errors import StateError
-from zephon_jax.lane_state import lane_checksum
-from zephon_jax.state import STATE_FORMAT, STATE_VERSION, check_state
+from zephon_jax.state import codec
+from zephon_jax.state.envelope import CHECKPOINT, STATE_FILE, is_int
+from zephon_jax.state.global_state import STATE_FORMAT, STATE_VERSION, check_state
+from zephon_jax.state.lane_format import lane_checksum
 
 MAGIC = f"{STATE_FILE.format} {STATE_FILE.version}\n".encode()
 CHECKPOINT_FORMAT = CHECKPOINT.format

@@ -33,8 +33,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from zephon_jax.core.lineage import root_position
 from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import root_position
 
 DEFAULT_DTYPE = np.dtype(np.int32)
 SEGMENT_IDS = "_segment_ids"

@@ -1,6 +1,6 @@
 """Restoring a lane: regenerating every element a lane state points to.
 
-One rule for every operator, from the lineage forms of :mod:`zephon_jax.lineage`:
+One rule for every operator, from the lineage forms of :mod:`zephon_jax.core.lineage`:
 an output of a ``passthrough`` operator is its input; an ``Opaque`` lineage holds
 its record; a ``(parents, recipe)`` lineage is ``operator.remake(recipe, parents'
 data)``. The per-record transforms after the operator then apply again. All the
@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import collections
 import operator
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.checks import TransformFailed, user_error
-from zephon_jax.envelope import is_int
+from zephon_jax.core.checks import TransformFailed, user_error
+from zephon_jax.core.gc_pause import paused_gc
+from zephon_jax.core.lineage import Element, Opaque, is_derived
+from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
-from zephon_jax.gc_pause import paused_gc
-from zephon_jax.lineage import Element, Opaque, is_derived
 from zephon_jax.operators.base import Saved
+from zephon_jax.state.envelope import is_int
+from zephon_jax.state.lane_format import LaneSnapshot
 from zephon_jax.transforms import DROP, apply_transforms
-
-if TYPE_CHECKING:
-    from zephon_jax.lane import Lane
-    from zephon_jax.lane_state import LaneSnapshot
 
 
 def restore_lanes(
@@ -83,8 +81,6 @@ def _restore_lanes(
     for lane, snapshot, (carries, pending) in zip(lanes, snapshots, restored):
         lane.load(snapshot, carries, pending)
     if read_ahead:  # the first blocks the lanes read next, read together too
-        from zephon_jax.lane import read_ahead_together
-
         read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
 
 
@@ -110,8 +106,6 @@ def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:
 def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
     """Reads the sampler records at the positions each rebuilder's lane wants, all lanes'
     reads of a source in one batch (a mixture drawer's roots lane by lane)."""
-    from zephon_jax.lane import read_roots_of_lanes
-
     together, ordered = [], []
     for rebuild, positions in zip(rebuilders, wanted):
         drawer = rebuild.lane.drawer
@@ -367,7 +361,7 @@ class Rebuilder:
 
 def _all_derived(lineages: list) -> bool:
     """Whether every one of ``lineages`` has the ``(parents, recipe)`` form (see
-    :func:`~zephon_jax.lineage.is_derived`), checked in passes over all of them."""
+    :func:`~zephon_jax.core.lineage.is_derived`), checked in passes over all of them."""
     return not lineages or (
         set(map(type, lineages)) == {tuple}
         and set(map(len, lineages)) == {2}
@@ -384,3 +378,13 @@ def _is_mixture_root(lineage) -> bool:
         and len(lineage) == 3
         and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lineage)
     )
+
+
+def set_lane_state(lane: Lane, data: bytes) -> None:
+    """Restores one lane from the lane bytes made by :meth:`Lane.get_state`, regenerating
+    what they point to.
+
+    Raises :class:`StateError` naming the entry if the state is malformed; the lane's
+    records and carries are then unchanged.
+    """
+    restore_lanes([lane], [lane.check_state(data)])

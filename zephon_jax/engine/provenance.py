@@ -29,8 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.errors import PipelineError
-from zephon_jax.lineage import Opaque, plain_lineage
+from zephon_jax.core.lineage import Opaque, plain_lineage
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import source_label
@@ -134,7 +133,7 @@ def rows_provenance(
 ) -> list[list[Segment]]:
     """Provenance of rows given as ``(lane, lineage)`` pairs, in that order.
 
-    ``lanes`` (lane id -> :class:`~zephon_jax.lane.Lane`), when given, locate
+    ``lanes`` (lane id -> :class:`~zephon_jax.engine.lane.Lane`), when given, locate
     the positions they read recently without resolving them again.
     """
     by_lane: dict[int, list[int]] = {}
@@ -147,55 +146,3 @@ def rows_provenance(
         for i, segments in zip(where, lane_provenance(plan, lane, lineages, locate)):
             out[i] = segments
     return out
-
-
-def explain_step(
-    dataset: Any,
-    step: int,
-    *,
-    state: Mapping[str, Any] | None = None,
-    rows: Sequence[int] | None = None,
-) -> list[list[Segment]]:
-    """The provenance of global batch ``step`` (0-based), rows ``rows`` (default: all).
-
-    With ``state`` (a loader state at or before ``step``: from ``get_state``,
-    ``merge_states`` or :func:`zephon_jax.load_state`), only the batches between
-    it and ``step`` are produced, and only by the lanes behind ``rows`` at ``step``
-    (also under a batch-size ramp-up: a state of one process explains that
-    process's rows); without it, the run starts from the beginning. It returns what
-    :meth:`~zephon_jax.LoaderIterator.provenance` returns right after batch
-    ``step`` on any topology.
-    """
-    from zephon_jax.dataset import BatchedDataset
-    from zephon_jax.rows import RowProducer, checked_rows
-    from zephon_jax.state import check_state
-
-    if not isinstance(dataset, BatchedDataset):
-        raise PipelineError(
-            f"explain_step needs a batched dataset; got {type(dataset).__name__}: finish the "
-            "pipeline with .batch(global_batch_size)"
-        )
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise PipelineError(f"explain_step(step) needs an int >= 0; got {step!r}")
-    size = dataset.batch_size_at(int(step))
-    rows = checked_rows(dataset, range(size) if rows is None else rows, size)
-    # Only the lanes behind ``rows`` at ``step`` run (a lane owns rows of every step: its
-    # own block of each batch size); the batches before ``step`` pick no rows.
-    producer = RowProducer(dataset, {n: rows if n == size else [] for n in dataset.batch_sizes})
-    start = 0
-    if state is not None:
-        check_state(state, dataset.fingerprint())
-        start = int(state["step"])
-        if start > step:
-            raise PipelineError(
-                f"the state is at step {start}, after step {step}: a state can only explain the "
-                "steps from its own on; use an earlier state or none (start from the beginning)"
-            )
-        producer.restore(state)
-    for t in range(start, step + 1):
-        if producer.next_rows() is None:
-            raise PipelineError(
-                f"the pipeline's finite input ends at step {t}, before step {step}: there is no "
-                f"global batch {step}"
-            )
-    return producer.provenance()

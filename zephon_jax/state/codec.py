@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_jax.core.lineage import Opaque
 from zephon_jax.errors import StateError
-from zephon_jax.lineage import Opaque
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _ARRAY, _OPAQUE = range(12)
 _SCALAR = 12  # a numpy scalar: dtype, then its bytes

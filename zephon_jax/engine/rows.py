@@ -6,15 +6,16 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from zephon_jax.core.gc_pause import paused_gc
+from zephon_jax.core.lineage import Element
+from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
+from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
+from zephon_jax.engine.provenance import rows_provenance
+from zephon_jax.engine.restore import restore_lanes
 from zephon_jax.errors import PipelineError, RecordError, StateError
-from zephon_jax.gc_pause import paused_gc
-from zephon_jax.lane import Lane, LanePlan, take_lanes
-from zephon_jax.lane_state import LaneSnapshot, decode_lane_state, encode_lane_state
-from zephon_jax.lineage import Element
-from zephon_jax.operators.packing import OutputPool, PackedRow, assemble_rows, plain
-from zephon_jax.restore import restore_lanes
 from zephon_jax.sampler.resolve import can_end, end_position
-from zephon_jax.state import lane_bytes
+from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.lane_format import LaneSnapshot, decode_lane_state, encode_lane_state
 
 
 def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
@@ -127,7 +128,7 @@ def rows_by_size(batched, rows: Sequence[int] | RowsOfSize) -> dict[int, list[in
 
 class Producer(Protocol):
     """What a loader iterator reads batches from: :class:`RowProducer`, or
-    :class:`~zephon_jax.workers.WorkerRowProducer` with worker processes.
+    :class:`~zephon_jax.workers.producer.WorkerRowProducer` with worker processes.
 
     Both produce the same batches and lane states for the same rows.
     """
@@ -238,9 +239,7 @@ class RowProducer:
         return self._last
 
     def provenance(self) -> list[list[dict]]:
-        """The documents behind each row of the last batch (see :mod:`zephon_jax.provenance`)."""
-        from zephon_jax.provenance import rows_provenance
-
+        """The documents behind each row of the last batch (see :mod:`zephon_jax.engine.provenance`)."""
         if self._last is None:
             raise PipelineError(
                 "provenance() describes the last batch returned, and there is none yet (or the "
@@ -263,7 +262,7 @@ class RowProducer:
             return batch
 
     def lane_snapshots(self) -> dict[int, tuple]:
-        """Each lane's :meth:`~zephon_jax.lane.Lane.snapshot` (cheap; encode on demand)."""
+        """Each lane's :meth:`~zephon_jax.engine.lane.Lane.snapshot` (cheap; encode on demand)."""
         self._check_usable()
         with paused_gc():
             return {l: lane.snapshot() for l, lane in self.lanes.items()}
@@ -296,7 +295,7 @@ class RowProducer:
         self, state: Mapping[str, Any], checked: Mapping[int, LaneSnapshot] | None = None
     ) -> None:
         """Restores every lane from ``state`` (``checked``: what :meth:`check_state` made
-        of it), all lanes together (see :func:`~zephon_jax.restore.restore_lanes`); on any
+        of it), all lanes together (see :func:`~zephon_jax.engine.restore.restore_lanes`); on any
         error the producer is unchanged."""
         snapshots = self.check_state(state) if checked is None else checked
         lanes = {l: Lane(self.plan, l) for l in self.lane_ids}

@@ -6,7 +6,7 @@ name each other as globals, never as closure cells: numba's on-disk cache
 directory is read-only) then finds them again in every new process and loader
 worker, so only the first run on a machine compiles them, and the cache holds
 one entry per kernel and signature however many runs there are. See
-:mod:`zephon_jax.kernels` for what each kernel does.
+:mod:`zephon_jax.core.kernels` for what each kernel does.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from zephon_jax.kernels import DONE, OUT_FULL, ROW_FULL
-from zephon_jax.lineage import PIECE_BITS
+from zephon_jax.core.kernels import DONE, OUT_FULL, ROW_FULL
+from zephon_jax.core.lineage import PIECE_BITS
 
 _jit = numba.njit(cache=True, nogil=True)
 
@@ -171,7 +171,7 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
 
 @_jit
 def mix64(x):
-    """SplitMix64's finalizer on one uint64, as :func:`zephon_jax.sampler.permutation._mix64`."""
+    """SplitMix64's finalizer on one uint64, as :func:`zephon_jax.core.permutation._mix64`."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))

@@ -7,7 +7,7 @@ the rare images outside ``[0, n)`` are walked back in by applying the network
 again (cycle walking). Everything is vectorized over numpy arrays with integer
 arithmetic only, so results are bit-identical on every machine; once a pipeline
 has loaded the compiled kernels (``fast`` extra), the same network runs compiled
-(:mod:`zephon_jax.kernels`).
+(:mod:`zephon_jax.core.kernels`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from zephon_jax.kernels import loaded_kernels
+from zephon_jax.core.kernels import loaded_kernels
 
 _U64 = np.uint64
 _ROUNDS = 4

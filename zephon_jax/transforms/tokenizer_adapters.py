@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zephon_jax.core.naming import callable_name
 from zephon_jax.errors import PipelineError
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -120,7 +121,6 @@ class CallableTokenizer(TextTokenizer):
         return to_int32(self.tokenizer(text), f"tokenizer {self._name()}")
 
     def _name(self) -> str:
-        from zephon_jax.transforms import callable_name
 
         return callable_name(self.tokenizer)
 

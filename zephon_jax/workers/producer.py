@@ -1,9 +1,9 @@
 """Loader worker processes: lanes split across processes, batches through shared memory.
 
-:class:`WorkerRowProducer` is a :class:`~zephon_jax.rows.Producer`. Worker
-``k`` runs a :class:`~zephon_jax.rows.RowProducer` over a contiguous block
+:class:`WorkerRowProducer` is a :class:`~zephon_jax.engine.rows.Producer`. Worker
+``k`` runs a :class:`~zephon_jax.engine.rows.RowProducer` over a contiguous block
 of the needed lanes, produces up to ``prefetch`` batches ahead into its ring of
-shared-memory slots (:mod:`zephon_jax.shared_slots`) and announces each with a
+shared-memory slots (:mod:`zephon_jax.workers.shared_slots`) and announces each with a
 :class:`Batch` message. The loader copies each worker's rows into their places
 in the batch.
 
@@ -17,7 +17,7 @@ Parent and workers talk in the named messages below, one per class, through
 one pipe each way per worker. Both sides write their messages themselves (no
 feeder threads: a worker busy in Python would delay them by the interpreter's
 switch interval), each in one system call, and read everything waiting at once
-(:mod:`zephon_jax.worker_pipes`); the two messages of every batch (:class:`Batch`,
+(:mod:`zephon_jax.workers.pipes`); the two messages of every batch (:class:`Batch`,
 :class:`Free`) are packed by hand rather than pickled, and a worker reads its
 commands once per batch. The loader's writes are small and never block: it sends the
 dataset and restore states, which may be large, as a :class:`Parcel` in shared
@@ -48,11 +48,10 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from zephon_jax.checks import timeout_seconds
-from zephon_jax.errors import PipelineError, WorkerError, add_note
-from zephon_jax.gc_pause import paused_gc
-from zephon_jax.operators.packing import OutputPool
-from zephon_jax.rows import (
+from zephon_jax.core.checks import timeout_seconds
+from zephon_jax.core.gc_pause import paused_gc
+from zephon_jax.core.packed import OutputPool
+from zephon_jax.engine.rows import (
     RowProducer,
     RowsOfSize,
     encode_snapshots,
@@ -60,9 +59,10 @@ from zephon_jax.rows import (
     rows_by_size,
     stack_rows,
 )
-from zephon_jax.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
-from zephon_jax.state import lane_bytes
-from zephon_jax.worker_pipes import FrameReader, write_frame
+from zephon_jax.errors import PipelineError, WorkerError, add_note
+from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.workers.pipes import FrameReader, write_frame
+from zephon_jax.workers.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
 
 DEFAULT_START_METHOD = "spawn"
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the loader is alive
@@ -630,12 +630,12 @@ def _locked(method):
 
 
 class WorkerRowProducer:
-    """A :class:`~zephon_jax.rows.Producer` whose lanes run in worker processes.
+    """A :class:`~zephon_jax.engine.rows.Producer` whose lanes run in worker processes.
 
     Args:
       batched: the :class:`~zephon_jax.dataset.BatchedDataset`; must pickle.
       rows: the global rows to produce, in this order, or a function from a batch size to
-        them (as for :class:`~zephon_jax.rows.RowProducer`).
+        them (as for :class:`~zephon_jax.engine.rows.RowProducer`).
       num_workers: worker processes (at most one per needed lane).
       prefetch: batches each worker may produce ahead of the caller (>= 1).
       start_method: ``"spawn"`` (default; safe with JAX's threads) or

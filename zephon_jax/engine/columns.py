@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.kernels import DONE, OUT_FULL, kernels
-from zephon_jax.lane_blocks import first_block, next_block
-from zephon_jax.lineage import PIECE_MASK, Element
+from zephon_jax.core.kernels import DONE, OUT_FULL, kernels
+from zephon_jax.core.lineage import PIECE_MASK, Element
+from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
@@ -105,7 +105,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
 
 
 def take_columns(lane: Any, n: int) -> list | None:
-    """:meth:`Lane._take <zephon_jax.lane.Lane._take>` for a column-wise lane: the same
+    """:meth:`Lane._take <zephon_jax.engine.lane.Lane._take>` for a column-wise lane: the same
     blocks, read as document ids and placed by the kernel."""
     pending = lane.pending
     if n == 1 and pending:  # the common case with one lane per row

@@ -22,7 +22,9 @@ provenance only ever see lineages in full.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import itertools
+from collections import abc
+from typing import Any, Callable, Iterator, Sequence
 
 
 class Element:
@@ -102,3 +104,48 @@ def plain_lineage(lineage: Any) -> Any:
         if any(type(h) is int and h < 0 for h in parents):
             return (tuple(map(held_lineage, parents)), lineage[1])
     return lineage
+
+
+class HeldLineages(abc.Sequence):
+    """The lineages of held elements as groups (tuples), joined into one tuple on first read.
+
+    ``decode`` (a module-level function, so that it pickles) turns each held item
+    into its lineage where a carry keeps lineages in a compact form. Equal to the
+    joined tuple. A snapshot that keeps a carry's groups, which the
+    carry replaces rather than changes, costs a reference per group instead of
+    one per element; encoding a state reads the whole.
+    """
+
+    __slots__ = ("groups", "decode", "_joined")
+
+    def __init__(self, groups: tuple[tuple, ...], decode: Callable[[Any], Any] | None = None):
+        self.groups = groups
+        self.decode = decode  # a carry's compact form of a lineage -> the lineage
+        self._joined: tuple | None = None
+
+    def joined(self) -> tuple:
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = tuple(iter(self))
+        return joined
+
+    def __len__(self) -> int:
+        return sum(map(len, self.groups))
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.joined()[index]
+
+    def __iter__(self) -> Iterator:
+        held = itertools.chain.from_iterable(self.groups)
+        return held if self.decode is None else map(self.decode, held)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HeldLineages):
+            other = other.joined()
+        return isinstance(other, tuple) and self.joined() == other
+
+    def __repr__(self) -> str:
+        return f"HeldLineages({self.joined()!r})"
+
+    def __reduce__(self) -> tuple:
+        return (HeldLineages, (self.groups, self.decode))

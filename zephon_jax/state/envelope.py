@@ -4,12 +4,12 @@ Each saved form names its format and version, and each is read by one check
 that raises :class:`~zephon_jax.errors.StateError` naming what it found and
 what this release reads:
 
-* a loader state (a dict): ``{"format": "zephon_jax.state", "version": 1, ...}``;
+* a loader state (a dict): ``{"format": "zephon_jax.state.global_state", "version": 1, ...}``;
 * a lane state (bytes): its encoded tuple starts with the lane format version
   (the format name is implied by where it sits, to keep lane states small);
 * an Orbax checkpoint item's ``meta.json``:
   ``{"format": "zephon_jax.checkpoint", "version": 1, ...}``;
-* a state saved as one file: a first line ``zephon_jax.state-file 1``.
+* a state saved as one file: a first line ``zephon_jax.state.global_state-file 1``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-STATE = Envelope("zephon_jax.state", 1)
+STATE = Envelope("zephon_jax.state.global_state", 1)
 # Lane 2: lane bytes end with a CRC-32 of the encoding. 3: carries are saved as (held
 # lineages, aux), operator outputs as (parents, recipe). 4: the lane's step and its
 # mixture carry. 5: the CRC starts from the lane number, numpy scalars keep their dtype.
@@ -75,7 +75,7 @@ STATE = Envelope("zephon_jax.state", 1)
 # goes to the end), so a state of 5 would go on with other rows. 7: a shuffled mixture
 # by records reads each component's draws in order inside a block of its schedule, so
 # the positions of a state of 6 would name other records.
-LANE = Envelope("zephon_jax.lane", 7)
+LANE = Envelope("zephon_jax.engine.lane", 7)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)
-# A state saved as one file starts with the line "zephon_jax.state-file 1".
-STATE_FILE = Envelope("zephon_jax.state-file", 1)
+# A state saved as one file starts with the line "zephon_jax.state.global_state-file 1".
+STATE_FILE = Envelope("zephon_jax.state.global_state-file", 1)

@@ -2,7 +2,7 @@
 
 A state is a dict of plain data (no pickle)::
 
-    {"format": "zephon_jax.state", "version": 1,
+    {"format": "zephon_jax.state.global_state", "version": 1,
      "fingerprint": {field: str, ...},   # what the pipeline was
      "step": int,                        # global batches delivered so far
      "lanes": {"<lane>": uint8 array}}   # each covered lane's encoded state
@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zephon_jax.envelope import STATE, is_int
 from zephon_jax.errors import StateError, StateMismatchError
+from zephon_jax.state.envelope import STATE, is_int
 
 STATE_FORMAT = STATE.format
 STATE_VERSION = STATE.version

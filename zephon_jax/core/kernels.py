@@ -3,7 +3,7 @@
 :func:`kernels` returns them, or ``None`` when numba is not installed or the
 environment sets ``ZEPHON_JAX_COMPILED=0``; callers then take their Python
 path, which gives the same results bit for bit. The kernels live in
-:mod:`zephon_jax.compiled_kernels` (imported only here, so a process that packs
+:mod:`zephon_jax.core.compiled_kernels` (imported only here, so a process that packs
 no token array never imports numba); they are compiled the first time on a
 machine and loaded from numba's on-disk cache by every later process and
 loader worker.
@@ -15,7 +15,7 @@ first row with room, in the order the rows opened; if none has room, the
 fullest row is emitted and the piece starts a new row, for first_fit after the
 others; a row is emitted once full or at ``max_segments``). ``gather``: writes packed rows into the batch arrays.
 ``permute``: the sampler's keyed permutation
-(:func:`~zephon_jax.sampler.permutation.permute`), element by element.
+(:func:`~zephon_jax.core.permutation.permute`), element by element.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def loaded_kernels() -> Any:
 
 def _compile() -> Any:
     try:
-        from zephon_jax import compiled_kernels as compiled
+        from zephon_jax.core import compiled_kernels as compiled
     except ImportError:  # numba is not installed
         return None
     return SimpleNamespace(

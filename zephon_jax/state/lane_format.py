@@ -4,11 +4,11 @@ A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
 pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
 aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
 as their lineages; in memory, the held lineages may be kept as
-:class:`~zephon_jax.operators.base.HeldLineages` groups, joined when encoded),
+:class:`~zephon_jax.core.lineage.HeldLineages` groups, joined when encoded),
 ``pending`` the lineages of the finished rows not yet
 batched, ``step`` the global step the lane produces next and ``mixture`` the
 carry of plain ints of a mixture by tokens or with weight stages (else None).
-Its bytes are the :mod:`zephon_jax.codec` encoding followed by a CRC-32 of it,
+Its bytes are the :mod:`zephon_jax.state.codec` encoding followed by a CRC-32 of it,
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
 (types, impossible values) and raises :class:`StateError` naming the entry.
@@ -19,13 +19,12 @@ from __future__ import annotations
 import zlib
 from typing import Any, NamedTuple
 
-from zephon_jax import codec
-from zephon_jax.envelope import LANE, is_int
+from zephon_jax.core.lineage import HeldLineages, Opaque, plain_lineage
 from zephon_jax.errors import StateError
-from zephon_jax.lineage import plain_lineage
-from zephon_jax.operators.base import HeldLineages
+from zephon_jax.state import codec
+from zephon_jax.state.envelope import LANE, is_int
 
-LANE_FORMAT = LANE.version  # see zephon_jax.envelope for the versions
+LANE_FORMAT = LANE.version  # see zephon_jax.state.envelope for the versions
 
 
 class LaneSnapshot(NamedTuple):
@@ -47,8 +46,8 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
 
 def plain_snapshot(snapshot: tuple) -> tuple:
     """The snapshot with every carry's held lineages as one plain tuple (a snapshot
-    may keep them as :class:`~zephon_jax.operators.base.HeldLineages` groups), and
-    its unbatched rows' lineages in full (see :func:`~zephon_jax.lineage.plain_lineage`)."""
+    may keep them as :class:`~zephon_jax.core.lineage.HeldLineages` groups), and
+    its unbatched rows' lineages in full (see :func:`~zephon_jax.core.lineage.plain_lineage`)."""
     snapshot = tuple(snapshot)
     carries = snapshot[3]
     if isinstance(carries, tuple) and any(
@@ -183,7 +182,6 @@ def check_lineage(lineage: Any, lane: int, where: str) -> None:
 
     Recipes are the operators' own plain data; each operator checks its recipes.
     """
-    from zephon_jax.lineage import Opaque
 
     if isinstance(lineage, Opaque):
         return
