@@ -137,8 +137,8 @@ def lane_path(batched: BatchedDataset) -> str:
     if token_array and all(isinstance(s, token_array.TokenArray) for s in sources):
         if kernels() is None:
             return (
-                "the general path (TokenArray sources pack with compiled kernels with numba "
-                'installed, pip install "zephon_jax[fast]", unless ZEPHON_JAX_COMPILED=0)'
+                "the general path (TokenArray sources pack with compiled kernels where numba "
+                "imports, pip install numba, unless ZEPHON_JAX_COMPILED=0)"
             )
     return "the general path"
 
