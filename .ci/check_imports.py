@@ -55,7 +55,9 @@ def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
         skipped = type_checking_nodes(tree)
-        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        functions = [
+            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
         in_function = {id(inner) for f in functions for inner in ast.walk(f)}
         for node in ast.walk(tree):
             if id(node) in skipped:

@@ -24,8 +24,8 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
   zephon_jax 32 open rows per lane x 32 lanes, Grain and the reference 32 bins.
 
   In both, zephon_jax runs over the documents as a Python list (what Grain reads)
-  and, where the compiled kernels run (numba installed, the ``fast`` extra, and
-  ``ZEPHON_JAX_COMPILED`` not ``0``), also over the same documents as one
+  and, where the compiled kernels run (numba importable, as the install gives,
+  and ``ZEPHON_JAX_COMPILED`` not ``0``), also over the same documents as one
   ``TokenArray``, which lanes read column-wise and pack with those kernels.
 * ``map_batch``: records/s of ``shuffle -> map(identity) -> batch(128)``.
 * ``lanes`` / ``lanes_token_array``: ``B=1024`` rows made by 8, 64, 256 or 1024
@@ -102,7 +102,7 @@ LEAN = "lean Python reference"
 
 
 def compiled_kernels() -> bool:
-    """Whether this process packs token arrays with the compiled kernels (the fast extra)."""
+    """Whether this process packs token arrays with the compiled kernels."""
     from zephon_jax.core.kernels import kernels
 
     return kernels() is not None

@@ -100,7 +100,7 @@ def documented_plot(fig: Any, path: str) -> str:
 
 
 def throughput_plot(fig: Any, path: str) -> str:
-    """Real tokens/s per packing case: the default install, the fast extra, Grain, and the
+    """Real tokens/s per packing case: the general path, compiled packing, Grain, and the
     lean Python reference as a dashed line."""
     plt = _pyplot()
     cases = _cases(fig, "default")
@@ -108,8 +108,8 @@ def throughput_plot(fig: Any, path: str) -> str:
     x = range(len(cases))
     w = 0.21
     series = [
-        ("zephon_jax, list (default install)", "default", "zephon_jax %s", ZEPHON, 0.55),
-        ("zephon_jax, TokenArray (fast extra)", "fast", TOKEN_ARRAY_SIDE, ZEPHON, 1.0),
+        ("zephon_jax, list (general path)", "default", "zephon_jax %s", ZEPHON, 0.55),
+        ("zephon_jax, TokenArray (compiled)", "fast", TOKEN_ARRAY_SIDE, ZEPHON, 1.0),
         ("Grain first fit", "default", "grain first_fit", GRAIN, 1.0),
         ("Grain best fit", "default", "grain best_fit", GRAIN, 0.55),
     ]
@@ -141,8 +141,8 @@ def copy_plot(fig: Any, path: str) -> str:
     x = range(len(cases))
     w = 0.27
     series = [
-        ("zephon_jax, list (default install)", "default", "zephon_jax %s", ZEPHON, 0.55),
-        ("zephon_jax, TokenArray (fast extra)", "fast", TOKEN_ARRAY_SIDE, ZEPHON, 1.0),
+        ("zephon_jax, list (general path)", "default", "zephon_jax %s", ZEPHON, 0.55),
+        ("zephon_jax, TokenArray (compiled)", "fast", TOKEN_ARRAY_SIDE, ZEPHON, 1.0),
         ("Grain first fit", "default", "grain first_fit", GRAIN, 1.0),
     ]
     for k, (label, kind, side, color, alpha) in enumerate(series):
@@ -168,8 +168,8 @@ def lanes_plot(fig: Any, path: str) -> str:
     sweeps = [
         (label, kind, which, fig.first(kind, which, "rows") or [])
         for label, kind, which in (
-            ("list (default install)", "default", "lanes"),
-            ("TokenArray (fast extra)", "fast", "lanes_token_array"),
+            ("list (general path)", "default", "lanes"),
+            ("TokenArray (compiled)", "fast", "lanes_token_array"),
         )
     ]
     sweeps = [s for s in sweeps if s[3]]

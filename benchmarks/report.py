@@ -294,9 +294,9 @@ def packing_table(fig: Figures) -> str:
 
 
 def fast_table(fig: Figures) -> str:
-    """With the fast extra: the same documents as a TokenArray, packed by compiled kernels."""
+    """Compiled: the same documents as a TokenArray, packed by the compiled kernels."""
     lines = [
-        "| case | zephon_jax, TokenArray, fast extra | Grain first fit | ratio (first / best fit) "
+        "| case | zephon_jax, TokenArray, compiled | Grain first fit | ratio (first / best fit) "
         "| share of the lean Python reference | share of contiguous copy |",
         "|---|---:|---:|---:|---:|---:|",
     ]
@@ -426,7 +426,7 @@ def map_batch_text(fig: Figures) -> str:
 
 
 def headline(fig: Figures) -> str:
-    """The README's bullets: the default install first, the fast extra labelled as such."""
+    """The README's bullets: the general path first, compiled packing labelled as such."""
     d = ("default",)
     out = [
         f"Medians over runs, with the lowest and highest run in brackets. {environment_text(fig)}\n"
@@ -464,7 +464,7 @@ def headline(fig: Figures) -> str:
     if fig.has("fast", "packing"):
         p = ("fast", "packing")
         out.append(
-            '- **With the fast extra** (`pip install "zephon_jax[fast]"`, numba), over a '
+            "- **Compiled packing** (numba, in the default install), over a "
             "`TokenArray` and with `pack` last (the bare pipeline above): "
             f"{ratio(fig(*p, 'B=64', 'token_array_ratio_to_grain_first_fit'))} Grain's first "
             f"fit at `B=64`, {ratio(fig(*p, 'B=256', 'token_array_ratio_to_grain_first_fit'))}"

@@ -6,10 +6,10 @@
 
 Each run is two processes, one after the other:
 
-* ``default``: the default install, the compiled kernels off
-  (``ZEPHON_JAX_COMPILED=0``, as without numba): every case but the TokenArray
-  lane sweep;
-* ``fast``: with the ``fast`` extra (numba), when it is installed: the packing
+* ``default``: the compiled kernels off (``ZEPHON_JAX_COMPILED=0``, the general
+  path, as without numba): every case but the TokenArray lane sweep;
+* ``fast``: the compiled kernels on (the name is that of the extra that installed
+  numba before it was a dependency), when numba imports: the packing
   cases, now with their TokenArray sides packed by the compiled kernels, and the
   TokenArray lane sweep.
 

@@ -1,8 +1,11 @@
-"""Compiled kernels (numba, from the ``fast`` extra) for the hot loops.
+"""Compiled kernels (numba, a dependency of the package) for the hot loops.
 
-:func:`kernels` returns them, or ``None`` when numba is not installed or the
+:func:`kernels` returns them, or ``None`` when numba cannot be imported or the
 environment sets ``ZEPHON_JAX_COMPILED=0``; callers then take their Python
-path, which gives the same results bit for bit. The kernels live in
+path, which gives the same results bit for bit. When numba cannot be imported
+(and ``ZEPHON_JAX_COMPILED`` is not ``0``) the first call warns once per
+process, in one line, that the loader runs interpreted and how to fix it. The
+kernels live in
 :mod:`zephon_jax.core.compiled_kernels` (imported only here, so a process that packs
 no token array never imports numba); they are compiled the first time on a
 machine and loaded from numba's on-disk cache by every later process and
@@ -21,6 +24,7 @@ others; a row is emitted once full or at ``max_segments``). ``gather``: writes p
 from __future__ import annotations
 
 import os
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +32,11 @@ _KERNELS: Any = False  # not yet looked for
 
 
 def kernels() -> Any:
-    """The compiled kernels (``place``, ``gather``, ``permute``), or ``None`` without numba."""
+    """The compiled kernels (``place``, ``gather``, ``permute``), or ``None`` without numba.
+
+    Looked for once per process: ``ZEPHON_JAX_COMPILED=0`` gives ``None`` silently;
+    otherwise a failed import of numba gives ``None`` and one warning.
+    """
     global _KERNELS
     if _KERNELS is False:
         _KERNELS = None if os.environ.get("ZEPHON_JAX_COMPILED") == "0" else _compile()
@@ -45,13 +53,27 @@ def loaded_kernels() -> Any:
 def _compile() -> Any:
     try:
         from zephon_jax.core import compiled_kernels as compiled
-    except ImportError:  # numba is not installed
+    except ImportError as error:  # numba is not installed, or does not import
+        _warn_interpreted(error)
         return None
     return SimpleNamespace(
         place=compiled.place,
         gather=compiled.gather,
         permute=compiled.permute,
         mix64=compiled.mix64,
+    )
+
+
+def _warn_interpreted(error: ImportError) -> None:
+    """Say, in one line, that packing runs interpreted without numba, and the fix."""
+    cause = " ".join(str(error).split())  # one line
+    warnings.warn(
+        f"zephon_jax: numba cannot be imported ({cause}), so packing token arrays and "
+        "the sampler run interpreted: the same batches, slower. Install "
+        "numba (pip install 'numba>=0.59'; it is a dependency of zephon_jax) to compile "
+        "them, or set ZEPHON_JAX_COMPILED=0 to run interpreted without this warning.",
+        RuntimeWarning,
+        stacklevel=2,
     )
 
 

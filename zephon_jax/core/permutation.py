@@ -6,7 +6,7 @@ modulo its size, which is a bijection of ``[0, a*b)``. Since ``a*b - n < a + b``
 the rare images outside ``[0, n)`` are walked back in by applying the network
 again (cycle walking). Everything is vectorized over numpy arrays with integer
 arithmetic only, so results are bit-identical on every machine; once a pipeline
-has loaded the compiled kernels (``fast`` extra), the same network runs compiled
+has loaded the compiled kernels (numba), the same network runs compiled
 (:mod:`zephon_jax.core.kernels`).
 """
 

@@ -3,7 +3,7 @@
 Document ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``. Read as a source it
 gives ``{field: view}`` records like any other; a pipeline of the shape
 ``source(TokenArray) [.shuffle] [.repeat] [.split(S)] .pack(S) .batch(B)`` reads
-it column-wise instead and, with the ``fast`` extra (numba) installed, packs
+it column-wise instead and, with numba (a dependency of the package), packs
 with compiled kernels (see :mod:`zephon_jax.operators.token_bins`): the same
 rows and states, several times faster. ``tokens`` may be a ``np.memmap``.
 """

@@ -137,8 +137,8 @@ def lane_path(batched: BatchedDataset) -> str:
     if token_array and all(isinstance(s, token_array.TokenArray) for s in sources):
         if kernels() is None:
             return (
-                "the general path (TokenArray sources pack with compiled kernels with numba "
-                'installed, pip install "zephon_jax[fast]", unless ZEPHON_JAX_COMPILED=0)'
+                "the general path (TokenArray sources pack with compiled kernels where numba "
+                "imports, pip install numba, unless ZEPHON_JAX_COMPILED=0)"
             )
     return "the general path"
 
@@ -281,7 +281,7 @@ def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]
     One part per operator (its saved carry), then the finished rows not yet
     batched, then the whole lane state (with its header and checksum).
     """
-    from zephon_jax.state import codec
+    from zephon_jax.state.global_state import codec
     from zephon_jax.state.lane_format import LaneSnapshot, encode_lane_state, plain_snapshot
 
     snapshots = [LaneSnapshot(*plain_snapshot(lane.snapshot())) for lane in producer.lanes.values()]
