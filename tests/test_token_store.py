@@ -8,7 +8,15 @@ import tensorstore as ts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_jax.sources import TokenStore, TokenStoreError, TokenStoreWriter, write_token_store
+from zephon_jax.sources import (
+    TokenStore,
+    TokenStoreError,
+    TokenStoreWriter,
+    commit_token_store,
+    create_token_store,
+    write_token_range,
+    write_token_store,
+)
 
 SMALL = {"chunk_tokens": 1024, "read_chunk_tokens": 256, "flush_tokens": 700}
 
@@ -321,3 +329,82 @@ def test_closed_writer(tmp_path):
     assert writer.close() == 0
     with pytest.raises(TokenStoreError, match="closed"):
         writer.append([1])
+
+
+# ----- writing a store of known size shard by shard ----------------------------------------
+
+
+def tree_bytes(root) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def write_in_shards(path, docs, dtype, chunk_tokens, read_chunk_tokens, seed=0) -> int:
+    """Writes ``docs`` with create / write_token_range / commit, one stored shard at a time in
+    a shuffled order (as independent workers would); returns commit's num_docs."""
+    lengths = [len(d) for d in docs]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    create_token_store(
+        path, offsets, dtype, chunk_tokens=chunk_tokens, read_chunk_tokens=read_chunk_tokens
+    )
+    tokens = np.concatenate(docs)
+    shards = list(range(-(-tokens.size // chunk_tokens)))
+    np.random.default_rng(seed).shuffle(shards)
+    for shard in shards:
+        lo = shard * chunk_tokens
+        write_token_range(path, lo, tokens[lo : lo + chunk_tokens])
+    return commit_token_store(path)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "int32"])
+def test_shard_writer_api_is_byte_equal_to_write_token_store(tmp_path, dtype):
+    docs = random_docs(7, 120, high=30_000)
+    sizes = {"chunk_tokens": 1024, "read_chunk_tokens": 256}
+    write_token_store(tmp_path / "appended", docs, dtype=dtype, **sizes)
+    assert write_in_shards(tmp_path / "sharded", docs, dtype, **sizes) == len(docs)
+    store = TokenStore(tmp_path / "sharded")
+    assert_store_equals(store, docs)
+    assert store.dtype == np.dtype(dtype) and store.attrs == {}
+    assert tree_bytes(tmp_path / "sharded") == tree_bytes(tmp_path / "appended")
+
+
+def test_shard_writer_api_is_invisible_until_committed(tmp_path):
+    create_token_store(tmp_path / "s", [0, 3, 5], "uint16")
+    with pytest.raises(TokenStoreError, match="meta.json' is missing"):
+        TokenStore(tmp_path / "s")
+    write_token_range(tmp_path / "s", 0, np.arange(5))
+    assert commit_token_store(tmp_path / "s", attrs={"tokenizer": "bytes"}) == 2
+    store = TokenStore(tmp_path / "s")
+    assert_store_equals(store, [np.arange(3), np.arange(3, 5)])
+    assert store.attrs == {"tokenizer": "bytes"}
+
+
+@pytest.mark.parametrize(
+    ("offsets", "match"),
+    [
+        ([], "non-empty 1-D array of ints"),
+        ([0.0, 1.5], "non-empty 1-D array of ints"),
+        ([1, 4], "start at 0 and never decrease"),
+        ([0, 4, 2], "start at 0 and never decrease"),
+    ],
+)
+def test_create_token_store_refuses_bad_offsets(tmp_path, offsets, match):
+    with pytest.raises(TokenStoreError, match=match):
+        create_token_store(tmp_path / "s", offsets)
+
+
+def test_create_token_store_refuses_a_committed_store(store_path):
+    with pytest.raises(TokenStoreError, match="already holds a committed TokenStore"):
+        create_token_store(store_path, [0, 1])
+
+
+def test_write_token_range_refuses_bad_ranges_and_values(tmp_path):
+    create_token_store(tmp_path / "s", [0, 4], "uint16")
+    with pytest.raises(TokenStoreError, match="within its 4 tokens"):
+        write_token_range(tmp_path / "s", 2, [1, 2, 3])
+    with pytest.raises(TokenStoreError, match="within its 4 tokens"):
+        write_token_range(tmp_path / "s", -1, [1])
+    with pytest.raises(TokenStoreError, match="do not fit the store dtype uint16"):
+        write_token_range(tmp_path / "s", 0, [70_000])

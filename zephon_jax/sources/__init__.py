@@ -14,6 +14,9 @@ from zephon_jax.sources.token_store import (
     TokenStore,
     TokenStoreError,
     TokenStoreWriter,
+    commit_token_store,
+    create_token_store,
+    write_token_range,
     write_token_store,
 )
 
@@ -27,7 +30,10 @@ __all__ = [
     "TokenStore",
     "TokenStoreError",
     "TokenStoreWriter",
+    "commit_token_store",
+    "create_token_store",
     "retry_policy",
     "set_retry_policy",
+    "write_token_range",
     "write_token_store",
 ]

@@ -9,6 +9,11 @@ Layout of a store directory::
 ``meta.json`` is written last and atomically. The arrays may hold more data than
 ``meta.json`` records (a writer that died before committing); readers only ever see
 the committed prefix, and a resuming writer overwrites the rest.
+
+Two ways to write one: :class:`TokenStoreWriter` appends documents in one process
+(:func:`write_token_store` wraps it); :func:`create_token_store`,
+:func:`write_token_range` and :func:`commit_token_store` write a store of known size
+from many processes at once, each filling its own stored shards of the tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +34,15 @@ import tensorstore as ts
 from zephon_jax.sources.storage import Location, retry_call, ts_context
 from zephon_jax.sources.token_array import TokenArray
 
-__all__ = ["TokenStore", "TokenStoreError", "TokenStoreWriter", "write_token_store"]
+__all__ = [
+    "TokenStore",
+    "TokenStoreError",
+    "TokenStoreWriter",
+    "commit_token_store",
+    "create_token_store",
+    "write_token_range",
+    "write_token_store",
+]
 
 FORMAT = "zephon_jax.TokenStore"
 VERSION = 1
@@ -513,6 +526,27 @@ def _owned_entries(names: set[str]) -> bool:
     return True
 
 
+def _fit_dtype(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``arr`` (1-D ints) as ``dtype``; TokenStoreError if it is not 1-D ints or a value
+    does not fit."""
+    if arr.ndim != 1:
+        raise TokenStoreError(f"a document must be a 1-D array of ints, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=dtype)
+    if arr.dtype.kind not in "iu":
+        raise TokenStoreError(f"a document must hold integers, got dtype {arr.dtype}")
+    if arr.dtype != dtype:
+        info = np.iinfo(dtype)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise TokenStoreError(
+                f"token values [{lo}, {hi}] do not fit the store dtype {dtype.name} "
+                f"(range [{info.min}, {info.max}]); write the store with a wider dtype"
+            )
+        arr = arr.astype(dtype)
+    return arr
+
+
 class TokenStoreWriter:
     """Appends documents to a TokenStore; ``commit()`` makes them visible to readers.
 
@@ -637,23 +671,7 @@ class TokenStoreWriter:
         return self._flushed_tokens + self._buffered_tokens
 
     def _as_tokens(self, tokens: Any) -> np.ndarray:
-        arr = np.asarray(tokens)
-        if arr.ndim != 1:
-            raise TokenStoreError(f"a document must be a 1-D array of ints, got shape {arr.shape}")
-        if arr.size == 0:
-            return np.empty(0, dtype=self._dtype)
-        if arr.dtype.kind not in "iu":
-            raise TokenStoreError(f"a document must hold integers, got dtype {arr.dtype}")
-        if arr.dtype != self._dtype:
-            info = np.iinfo(self._dtype)
-            lo, hi = arr.min(), arr.max()
-            if lo < info.min or hi > info.max:
-                raise TokenStoreError(
-                    f"token values [{lo}, {hi}] do not fit the store dtype {self._dtype.name} "
-                    f"(range [{info.min}, {info.max}]); write the store with a wider dtype"
-                )
-            arr = arr.astype(self._dtype)
-        return arr
+        return _fit_dtype(np.asarray(tokens), self._dtype)
 
     def append(self, tokens: Any) -> int:
         """Buffer one document (1-D ints fitting the dtype); return its document index."""
@@ -739,3 +757,140 @@ def write_token_store(
     with TokenStoreWriter(path, dtype=dtype, **writer_kwargs) as writer:
         writer.extend(docs)
     return TokenStore(path, storage_options=writer_kwargs.get("storage_options"))
+
+
+# ----- writing a store of known size from many processes ----------------------------------
+
+
+def _check_new_offsets(offsets: Any) -> np.ndarray:
+    """``offsets`` as int64, or TokenStoreError if they cannot be a store's offsets."""
+    arr = np.asarray(offsets)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        raise TokenStoreError(
+            f"offsets must be a non-empty 1-D array of ints (num_docs + 1 entries), got "
+            f"{arr.dtype} {arr.shape}"
+        )
+    arr = arr.astype(np.int64)
+    if arr[0] != 0 or (arr.size > 1 and bool((np.diff(arr) < 0).any())):
+        raise TokenStoreError(
+            "offsets must start at 0 and never decrease (document i spans "
+            "tokens[offsets[i]:offsets[i + 1]])"
+        )
+    return arr
+
+
+def create_token_store(
+    path: str | os.PathLike[str],
+    offsets: Any,
+    dtype: str | np.dtype = "uint32",
+    *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    read_chunk_tokens: int = DEFAULT_READ_CHUNK_TOKENS,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Lay out a TokenStore of known size at ``path``, for writers in many processes.
+
+    Creates the ``offsets`` array holding ``offsets`` (document ``i`` spans tokens
+    ``offsets[i]:offsets[i + 1]``; ``offsets[0] == 0``, never decreasing) and a ``tokens``
+    array of ``offsets[-1]`` tokens of ``dtype``, stored in shards of ``chunk_tokens``.
+    Replaces arrays already there. Nothing is visible to readers until
+    :func:`commit_token_store`; fill the tokens with :func:`write_token_range` first.
+    The store is byte-identical to one :class:`TokenStoreWriter` writes with the same
+    documents, dtype and chunk sizes.
+
+    Raises TokenStoreError for bad offsets, dtype or chunk sizes, a file at ``path``, or
+    a committed store there (``meta.json``): delete it first or choose another path.
+    """
+    loc = Location(path, storage_options)
+    dt = _check_dtype(dtype)
+    TokenStoreWriter._check_layout(chunk_tokens, read_chunk_tokens)
+    offs = _check_new_offsets(offsets)
+    if loc.is_file():
+        raise TokenStoreError(f"cannot write a TokenStore at {loc.name!r}: it is a file")
+    if META_FILE in loc.names():
+        raise TokenStoreError(
+            f"{loc.name!r} already holds a committed TokenStore ({META_FILE}); delete it or "
+            "choose another path"
+        )
+    loc.mkdir()
+    tspec = _tokens_create_spec(loc, dt, chunk_tokens, read_chunk_tokens)
+    tspec["metadata"]["shape"] = [int(offs[-1])]
+    ospec = _offsets_create_spec(loc)
+    ospec["metadata"]["shape"] = [offs.size]
+    _create_array(loc, TOKENS_DIR, tspec)
+    offsets_arr = _create_array(loc, OFFSETS_DIR, ospec)
+    retry_call(lambda: offsets_arr.write(offs).result(), loc.child(OFFSETS_DIR), "writing")
+
+
+def _create_array(loc: Location, name: str, spec: dict[str, Any]) -> ts.TensorStore:
+    """The array ``name`` of ``loc`` created from ``spec`` (replacing one there)."""
+    return retry_call(
+        lambda: ts.open(spec, create=True, delete_existing=True, context=_ts_context()).result(),
+        loc.child(name),
+        "creating",
+    )
+
+
+def write_token_range(
+    path: str | os.PathLike[str],
+    start: int,
+    tokens: Any,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write ``tokens`` into a store laid out by :func:`create_token_store`, from token
+    position ``start`` on.
+
+    ``tokens`` are 1-D ints fitting the store's dtype, and the range must lie within the
+    store. Processes may call it at the same time for ranges in different stored shards
+    (blocks of ``chunk_tokens`` tokens: align ranges to them); two writes into one shard
+    must not overlap in time. Raises TokenStoreError for a range outside the store or
+    tokens that do not fit its dtype.
+    """
+    loc = Location(path, storage_options)
+    arr = _open_array(loc, TOKENS_DIR, write=True)
+    data = np.asarray(tokens)
+    first = operator.index(start)
+    if data.ndim != 1 or not 0 <= first <= first + data.size <= arr.shape[0]:
+        raise TokenStoreError(
+            f"cannot write {data.shape} tokens at {first} into {loc.name!r}: need a 1-D range "
+            f"within its {arr.shape[0]} tokens"
+        )
+    data = _fit_dtype(data, arr.dtype.numpy_dtype)
+    retry_call(
+        lambda: arr[first : first + data.size].write(data).result(),
+        loc.child(TOKENS_DIR),
+        "writing",
+    )
+
+
+def commit_token_store(
+    path: str | os.PathLike[str],
+    *,
+    attrs: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> int:
+    """Make a store laid out by :func:`create_token_store` visible: atomically write its
+    ``meta.json`` (with user ``attrs``). Call it once every token range is written, from
+    one process; return num_docs. Raises TokenStoreError if the arrays disagree.
+    """
+    loc = Location(path, storage_options)
+    tokens = _open_array(loc, TOKENS_DIR)
+    offsets = _open_array(loc, OFFSETS_DIR)
+    num_docs, num_tokens = offsets.shape[0] - 1, tokens.shape[0]
+    last = int(retry_call(lambda: offsets[num_docs].read().result(), loc.child(OFFSETS_DIR)))
+    if last != num_tokens:
+        raise TokenStoreError(
+            f"cannot commit {loc.name!r}: its last offset is {last} but its tokens array holds "
+            f"{num_tokens}; lay it out again with create_token_store"
+        )
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "num_docs": num_docs,
+        "num_tokens": num_tokens,
+        "dtype": tokens.dtype.numpy_dtype.name,
+        "attrs": dict(attrs or {}),
+    }
+    _write_meta(loc, meta)
+    return num_docs

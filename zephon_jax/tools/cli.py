@@ -1,10 +1,30 @@
-"""The ``zephon-jax`` command: ``demo``, ``prepare``, ``inspect`` and ``verify``."""
+"""The ``zephon-jax`` command: ``demo``, ``prepare``, ``inspect``, ``verify`` and ``explain``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Sequence
+
+from zephon_jax import __version__
+from zephon_jax.errors import PipelineError, ZephonError
+from zephon_jax.state.files import load_state
+from zephon_jax.tools import demo
+from zephon_jax.tools.arguments import non_negative, positive
+from zephon_jax.tools.explain import explain
+from zephon_jax.tools.inspect_plan import (
+    BUILTIN_NAME,
+    builtin_pipeline,
+    describe_plan,
+    format_timing,
+    load_pipeline,
+    time_stages,
+)
+from zephon_jax.tools.tokenizers import byte_detokenize, load_callable
+from zephon_jax.tools.verify import check_topologies, format_checks, parse_topologies, verify
+
+# `prepare` and `prepare_beam` are imported by their command only: they load TensorStore,
+# fsspec and pyarrow (about half a second), and Apache Beam.
 
 DESCRIPTION = """\
 zephon_jax: elastic-deterministic data loading for JAX. Global batch t, row r is
@@ -16,81 +36,7 @@ EPILOG = """\
 Start with `zephon-jax demo`. Run `zephon-jax COMMAND --help` for a command's options."""
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="zephon-jax", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt
-    )
-    from zephon_jax import __version__
-
-    parser.add_argument("--version", action="version", version=f"zephon_jax {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    # ----- demo
-    demo = sub.add_parser(
-        "demo",
-        help="the guarantee on the built-in corpus, on 8, 4 and 2 simulated devices",
-        formatter_class=fmt,
-        description="""\
-Runs a mixture -> shuffle -> split -> first-fit pack pipeline over the built-in
-corpus (the Python standard library's sources, byte-level tokens; prepared once
-into a cache) on 8 simulated devices, checkpoints it with Orbax, restores it in
-fresh processes on 4 and on 2 devices, and prints a fingerprint of every global
-batch: identical everywhere. Beside it, the standard per-host Grain pipeline
-(shard by host, then pack per host, as MaxText does) shows where its batches
-diverge. Ends with throughput. Exit status 0 if zephon_jax's batches all match.""",
-    )
-    demo.add_argument("--steps", type=_positive, default=16, help="global batches (default 16)")
-    demo.add_argument(
-        "--resume-at",
-        type=_positive,
-        default=None,
-        help="step after which the checkpoint is taken (default: steps * 3 // 8, at least 1)",
-    )
-    demo.add_argument("--batch-size", type=_positive, default=16, help="global batch size (16)")
-    demo.add_argument("--seq-len", type=_positive, default=1024, help="packed row length (1024)")
-    demo.add_argument(
-        "--devices",
-        default="8,4,2",
-        help="simulated device counts: the first runs and saves, the others restore (8,4,2)",
-    )
-    demo.add_argument(
-        "--devices-per-host",
-        type=_positive,
-        default=2,
-        help="devices per simulated Grain host (2: 8 devices = 4 hosts)",
-    )
-    demo.add_argument(
-        "--quick",
-        action="store_true",
-        help="a small run: 60 files per corpus part, at most 8 steps, rows of 256",
-    )
-    demo.add_argument(
-        "--cache-dir",
-        default=None,
-        help="where the built-in corpus is cached ($ZEPHON_JAX_CACHE, else ~/.cache/zephon_jax)",
-    )
-
-    # ----- prepare
-    prep = sub.add_parser(
-        "prepare",
-        help="JSONL / text / Parquet -> TokenStore and/or ArrayRecord",
-        formatter_class=fmt,
-        description="""\
+PREPARE_DESCRIPTION = """\
 Tokenizes text into a TokenStore (random access, zarr v3 on TensorStore) and/or
 ArrayRecord files (one record per document: its token ids as raw little-endian
 integers of --dtype) in the directory OUT. Input formats come from the file
@@ -109,7 +55,77 @@ standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 --engine beam runs the conversion as an Apache Beam pipeline (DirectRunner with
 --workers, or any runner given by Beam options after `--`, e.g.
 `-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp`);
-its TokenStore is byte-identical to the local engine's.""",
+its TokenStore is byte-identical to the local engine's."""
+
+INSPECT_DESCRIPTION = """\
+PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
+pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
+is importable. Without PIPELINE: the built-in corpus pipeline of `zephon-jax
+demo` (a mixture of the Python standard library's modules and tests, shuffled,
+split and packed first-fit into rows of 1024, batches of 16). Prints the
+sources and weights, the operators in order with their carry bounds, the
+lanes, the rows per lane and the fingerprint, then runs --steps global batches
+on one process and prints where the time goes and how many bytes each
+operator's carry takes in a lane state."""
+
+VERIFY_DESCRIPTION = """\
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
+without it, the built-in corpus pipeline of `zephon-jax demo`.
+Runs it on every topology PROCESSESxWORKERS of --topologies (processes are
+simulated in this process and their rows concatenated into the global batch)
+and compares --steps global batches, bit for bit, with an uninterrupted run on
+one process without workers. With --resume-at K, the states of all processes
+after K batches are merged and restored on the next topology of the list.
+Every topology is checked first: the process count must divide the global
+batch size. Prints the first differing step, row and field of each run.
+Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments
+(including a topology that cannot hold the batch)."""
+
+EXPLAIN_DESCRIPTION = """\
+PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
+without it, the demo's pipeline on the built-in corpus. Prints, for each row of
+global batch --step (0-based), the documents it holds: source, record, epoch
+and the slice of the record, with the first characters of the text where the
+source can show it. With --state (a file written by zephon_jax.save_state, or
+a checkpoint directory written by zephon_jax.checkpoint.Save), only the batches
+from that state on are produced, and only by the lanes of the rows asked for."""
+
+_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``zephon-jax`` and its commands; ``command`` is None without one."""
+    parser = argparse.ArgumentParser(
+        prog="zephon-jax", description=DESCRIPTION, epilog=EPILOG, formatter_class=_FORMAT
+    )
+    parser.add_argument("--version", action="version", version=f"zephon_jax {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo_parser(sub)
+    _add_prepare_parser(sub)
+    _add_inspect_parser(sub)
+    _add_verify_parser(sub)
+    _add_explain_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub: Any) -> None:
+    """``demo``: its options belong to :mod:`zephon_jax.tools.demo`."""
+    parser = sub.add_parser(
+        "demo",
+        help=demo.COMMAND_HELP,
+        formatter_class=_FORMAT,
+        description=demo.COMMAND_DESCRIPTION,
+    )
+    demo.add_arguments(parser)
+
+
+def _add_prepare_parser(sub: Any) -> None:
+    """``prepare``: inputs, output and engine, then what is written and how, then the job."""
+    prep = sub.add_parser(
+        "prepare",
+        help="JSONL / text / Parquet -> TokenStore and/or ArrayRecord",
+        formatter_class=_FORMAT,
+        description=PREPARE_DESCRIPTION,
     )
     prep.add_argument(
         "inputs", nargs="+", help="input files, directories, globs or s3:// / gs:// URLs"
@@ -122,7 +138,7 @@ its TokenStore is byte-identical to the local engine's.""",
         help="local: this machine (default); beam: an Apache Beam pipeline",
     )
     prep.add_argument(  # the old name of --workers for --engine beam; still accepted
-        "--num-workers", type=_positive, default=None, help=argparse.SUPPRESS
+        "--num-workers", type=positive, default=None, help=argparse.SUPPRESS
     )
     prep.add_argument(
         "--to",
@@ -130,6 +146,13 @@ its TokenStore is byte-identical to the local engine's.""",
         default="store",
         help="what to write (default: store)",
     )
+    _add_prepare_input_arguments(prep)
+    _add_prepare_token_arguments(prep)
+    _add_prepare_job_arguments(prep)
+
+
+def _add_prepare_input_arguments(prep: argparse.ArgumentParser) -> None:
+    """``prepare``'s options on reading the inputs: format, field, lines."""
     prep.add_argument(
         "--format",
         dest="input_format",
@@ -143,6 +166,10 @@ its TokenStore is byte-identical to the local engine's.""",
         action="store_true",
         help="text files hold one document per line (default: one document per file)",
     )
+
+
+def _add_prepare_token_arguments(prep: argparse.ArgumentParser) -> None:
+    """``prepare``'s options on the tokens: tokenizer, dtype, end-of-document id."""
     prep.add_argument(
         "--tokenizer",
         default=None,
@@ -162,30 +189,34 @@ its TokenStore is byte-identical to the local engine's.""",
     )
     prep.add_argument(
         "--eos-id",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         metavar="ID",
         help="the id --append-eos appends (default: 1 for the byte-level tokenizer; for "
         "--tokenizer, its eos_token_id when it has one, as a Hugging Face tokenizer's encode "
         "does, else required)",
     )
+
+
+def _add_prepare_job_arguments(prep: argparse.ArgumentParser) -> None:
+    """``prepare``'s options on running the job: strictness, workers, commits, output."""
     prep.add_argument("--strict", action="store_true", help="stop at the first bad record")
     prep.add_argument(
         "--workers",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="parallel processes: tokenizers (default: all cores; 0: in this process); "
         "with --engine beam on DirectRunner, Beam's workers (default: Beam's)",
     )
     prep.add_argument(
         "--chunk-records",
-        type=_positive,
+        type=positive,
         default=256,
         help="records per work unit (256)",
     )
     prep.add_argument(
         "--commit-every",
-        type=_positive,
+        type=positive,
         default=16,
         help="work units between commits (16); a resume redoes at most this many",
     )
@@ -194,44 +225,28 @@ its TokenStore is byte-identical to the local engine's.""",
     )
     prep.add_argument("--quiet", action="store_true", help="no progress bar or notes")
 
-    # ----- inspect
+
+def _add_inspect_parser(sub: Any) -> None:
+    """``inspect``: a pipeline (see :func:`_add_pipeline_arguments`) and steps to time."""
     insp = sub.add_parser(
         "inspect",
         help="a pipeline's plan and per-stage timing",
-        formatter_class=fmt,
-        description="""\
-PIPELINE is MODULE:FUNCTION, a function without arguments returning a batched
-pipeline (zephon_jax.Dataset...batch(global_batch_size)); the current directory
-is importable. Without PIPELINE: the built-in corpus pipeline of `zephon-jax
-demo` (a mixture of the Python standard library's modules and tests, shuffled,
-split and packed first-fit into rows of 1024, batches of 16). Prints the
-sources and weights, the operators in order with their carry bounds, the
-lanes, the rows per lane and the fingerprint, then runs --steps global batches
-on one process and prints where the time goes and how many bytes each
-operator's carry takes in a lane state.""",
+        formatter_class=_FORMAT,
+        description=INSPECT_DESCRIPTION,
     )
     _add_pipeline_arguments(insp)
     insp.add_argument(
-        "--steps", type=_non_negative, default=20, help="batches to time (20; 0: none)"
+        "--steps", type=non_negative, default=20, help="batches to time (20; 0: none)"
     )
 
-    # ----- verify
+
+def _add_verify_parser(sub: Any) -> None:
+    """``verify``: a pipeline, the topologies, steps and the resume point."""
     ver = sub.add_parser(
         "verify",
         help="identical batches on several topologies and across a resume?",
-        formatter_class=fmt,
-        description="""\
-PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
-without it, the built-in corpus pipeline of `zephon-jax demo`.
-Runs it on every topology PROCESSESxWORKERS of --topologies (processes are
-simulated in this process and their rows concatenated into the global batch)
-and compares --steps global batches, bit for bit, with an uninterrupted run on
-one process without workers. With --resume-at K, the states of all processes
-after K batches are merged and restored on the next topology of the list.
-Every topology is checked first: the process count must divide the global
-batch size. Prints the first differing step, row and field of each run.
-Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments
-(including a topology that cannot hold the batch).""",
+        formatter_class=_FORMAT,
+        description=VERIFY_DESCRIPTION,
     )
     _add_pipeline_arguments(ver)
     ver.add_argument(
@@ -239,31 +254,27 @@ Exit status: 0 all identical, 1 a difference or a failure, 2 bad arguments
         default="1x0,2x0,4x0",
         help="comma-separated PROCESSESxWORKERS, e.g. 1x0,2x1,4x2 (default 1x0,2x0,4x0)",
     )
-    ver.add_argument("--steps", type=_positive, default=20, help="global batches per run (20)")
+    ver.add_argument("--steps", type=positive, default=20, help="global batches per run (20)")
     ver.add_argument(
         "--resume-at",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="also check a resume after this many batches (default: steps // 2; 0: no resume)",
     )
-    # ----- explain
+
+
+def _add_explain_parser(sub: Any) -> None:
+    """``explain``: a pipeline, the global batch, its rows, a state and a decoder."""
     exp = sub.add_parser(
         "explain",
         help="which documents made the rows of a global batch",
-        formatter_class=fmt,
-        description="""\
-PIPELINE is MODULE:FUNCTION returning a batched pipeline (as for inspect);
-without it, the demo's pipeline on the built-in corpus. Prints, for each row of
-global batch --step (0-based), the documents it holds: source, record, epoch
-and the slice of the record, with the first characters of the text where the
-source can show it. With --state (a file written by zephon_jax.save_state, or
-a checkpoint directory written by zephon_jax.checkpoint.Save), only the batches
-from that state on are produced, and only by the lanes of the rows asked for.""",
+        formatter_class=_FORMAT,
+        description=EXPLAIN_DESCRIPTION,
     )
     exp.add_argument("pipeline", metavar="PIPELINE", nargs="?", help="MODULE:FUNCTION")
-    exp.add_argument("--step", type=_non_negative, required=True, help="the global batch (0-based)")
+    exp.add_argument("--step", type=non_negative, required=True, help="the global batch (0-based)")
     exp.add_argument(
-        "--row", type=_non_negative, action="append", help="a row to explain (repeat; default all)"
+        "--row", type=non_negative, action="append", help="a row to explain (repeat; default all)"
     )
     exp.add_argument("--state", help="a saved loader state at or before --step")
     exp.add_argument(
@@ -272,10 +283,10 @@ from that state on are produced, and only by the lanes of the rows asked for."""
         help="how to show tokens as text: 'bytes' (the built-in byte tokenizer; the default for "
         "the demo pipeline) or MODULE:FUNCTION taking a token array",
     )
-    return parser
 
 
 def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """The PIPELINE argument and the built-in pipeline's options (inspect, verify)."""
     parser.add_argument(
         "pipeline",
         metavar="PIPELINE",
@@ -298,8 +309,6 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load(args, command: str):
     """The pipeline named by ``args.pipeline``, or the built-in one; and its name."""
-    from zephon_jax.tools.inspect_plan import BUILTIN_NAME, builtin_pipeline, load_pipeline
-
     if args.pipeline is None:
         name = BUILTIN_NAME + (" (--quick)" if args.quick else "")
         return builtin_pipeline(quick=args.quick, cache_dir=args.cache_dir, stream=sys.stderr), name
@@ -312,19 +321,11 @@ def _load(args, command: str):
 
 
 def _cmd_explain(args) -> int:
-    from zephon_jax.state.files import load_state
-    from zephon_jax.tools.explain import explain
-    from zephon_jax.tools.tokenizers import byte_detokenize, load_callable
-
     if args.pipeline is None:
-        from zephon_jax.tools.demo import DemoConfig, build_pipeline, corpus_sources
-
-        cfg = DemoConfig()
-        batched = build_pipeline(cfg, corpus_sources(cfg))
+        cfg = demo.DemoConfig()
+        batched = demo.build_pipeline(cfg, demo.corpus_sources(cfg))
         decode = args.decode or "bytes"
     else:
-        from zephon_jax.tools.inspect_plan import load_pipeline
-
         batched = load_pipeline(args.pipeline)
         decode = args.decode
     decoder = None
@@ -333,39 +334,6 @@ def _cmd_explain(args) -> int:
     state = load_state(args.state) if args.state else None
     print(explain(batched, args.step, rows=args.row, state=state, decode=decoder))
     return 0
-
-
-def _cmd_demo(args) -> int:
-    from zephon_jax.tools.demo import DemoConfig, run_demo
-
-    devices = tuple(int(d) for d in args.devices.split(",") if d.strip())
-    if len(devices) < 2 or any(d < 1 for d in devices):
-        raise SystemExit(
-            "zephon-jax demo: --devices needs at least two positive counts, e.g. 8,4,2"
-        )
-    steps, seq_len, max_files = args.steps, args.seq_len, None
-    if args.quick:
-        steps, seq_len, max_files = min(steps, 8), min(seq_len, 256), 60
-    resume_at = args.resume_at or max(1, steps * 3 // 8)
-    if resume_at >= steps:
-        raise SystemExit(f"zephon-jax demo: --resume-at must be below --steps ({steps})")
-    cfg = DemoConfig(
-        steps=steps,
-        resume_at=resume_at,
-        global_batch_size=args.batch_size,
-        seq_len=seq_len,
-        devices=devices,
-        devices_per_host=args.devices_per_host,
-        max_files=max_files,
-        cache_dir=args.cache_dir,
-        throughput_steps=20 if args.quick else 200,
-    )
-    for d in devices:
-        if args.batch_size % d:
-            raise SystemExit(
-                f"zephon-jax demo: --batch-size {args.batch_size} is not a multiple of {d} devices"
-            )
-    return 0 if run_demo(cfg) else 1
 
 
 def _prepare_workers(args) -> int | None:
@@ -429,8 +397,6 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from zephon_jax.tools.inspect_plan import describe_plan, format_timing, time_stages
-
     batched, name = _load(args, "inspect")
     print(f"pipeline {name}")
     print(describe_plan(batched))
@@ -440,9 +406,6 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from zephon_jax.errors import PipelineError
-    from zephon_jax.tools.verify import check_topologies, format_checks, parse_topologies, verify
-
     resume_at = args.steps // 2 if args.resume_at is None else args.resume_at
     if resume_at and resume_at >= args.steps:
         raise SystemExit(f"zephon-jax verify: --resume-at must be below --steps ({args.steps})")
@@ -471,7 +434,7 @@ def _usage_error(command: str, message: str) -> int:
 
 
 COMMANDS = {
-    "demo": _cmd_demo,
+    "demo": demo.run_command,
     "prepare": _cmd_prepare,
     "inspect": _cmd_inspect,
     "verify": _cmd_verify,
@@ -492,8 +455,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from zephon_jax.errors import ZephonError
-
     try:
         return COMMANDS[args.command](args)
     except ZephonError as e:

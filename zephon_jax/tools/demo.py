@@ -20,6 +20,7 @@ topology and across the resume; Grain's change with the host count.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -31,6 +32,20 @@ import time
 from typing import Any, Sequence, TextIO
 
 import numpy as np
+
+import zephon_jax as zj
+from zephon_jax.errors import ZephonError
+from zephon_jax.tools.arguments import positive
+
+COMMAND_HELP = "the guarantee on the built-in corpus, on 8, 4 and 2 simulated devices"
+COMMAND_DESCRIPTION = """\
+Runs a mixture -> shuffle -> split -> first-fit pack pipeline over the built-in
+corpus (the Python standard library's sources, byte-level tokens; prepared once
+into a cache) on 8 simulated devices, checkpoints it with Orbax, restores it in
+fresh processes on 4 and on 2 devices, and prints a fingerprint of every global
+batch: identical everywhere. Beside it, the standard per-host Grain pipeline
+(shard by host, then pack per host, as MaxText does) shows where its batches
+diverge. Ends with throughput. Exit status 0 if zephon_jax's batches all match."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +78,6 @@ def corpus_sources(cfg: DemoConfig, stream: TextIO | None = None):
 
 def build_pipeline(cfg: DemoConfig, sources: Sequence[Any]):
     """The demo pipeline: mixture -> shuffle -> split -> first-fit pack -> batch."""
-    import zephon_jax as zj
-
     library, tests = sources
     components = [
         zj.Dataset.source(library, name="library"),
@@ -102,7 +115,6 @@ def _child(cfg: DemoConfig, mode: str, checkpoint_dir: str) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    import zephon_jax as zj
     from zephon_jax import checkpoint as zjc
 
     devices = jax.device_count()
@@ -161,9 +173,7 @@ def _child_python() -> list[str]:
     imported instead; the code below swaps that entry for the folder that holds this
     package (``-P`` would do it from Python 3.11 only).
     """
-    import zephon_jax
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(zephon_jax.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(zj.__file__)))
     code = (
         f"import sys; root = {root!r}; "
         "sys.path[:1] = [] if root in sys.path[1:] else [root]; "
@@ -184,8 +194,6 @@ def _finish_child(proc: subprocess.Popen, what: str) -> dict[str, Any]:
 
 def zephon_throughput(cfg: DemoConfig, sources: Sequence[Any], steps: int) -> float:
     """Real tokens per second of the demo pipeline on one process (numpy batches)."""
-    import zephon_jax as zj
-
     iterator = iter(zj.Loader(build_pipeline(cfg, sources)))
     next(iterator)  # warm up: the first batch opens the sources
     tokens, t0 = 0, time.perf_counter()
@@ -240,8 +248,10 @@ def grain_per_host(
 # ----- the demo -----------------------------------------------------------------------
 
 
-def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> bool:
-    """Runs the demo, prints its table; returns whether zephon_jax's batches all matched."""
+def run_demo(cfg: DemoConfig, stream: TextIO | None = None) -> bool:
+    """Runs the demo, prints its table on ``stream`` (default: ``sys.stdout`` at the time of
+    the call); returns whether zephon_jax's batches all matched."""
+    stream = sys.stdout if stream is None else stream
     if not 0 < cfg.resume_at < cfg.steps:
         raise ValueError(f"resume_at must be in [1, steps); got {cfg.resume_at}, steps={cfg.steps}")
     start = time.perf_counter()
@@ -372,7 +382,97 @@ def _child_main(argv: Sequence[str]) -> None:
     print(json.dumps(result))
 
 
-if __name__ == "__main__":
-    from zephon_jax.tools.cli import main
+# ----- the command --------------------------------------------------------------------
 
-    sys.exit(main(["demo", *sys.argv[1:]]))
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the options of ``zephon-jax demo`` to ``parser`` (read by :func:`run_command`)."""
+    parser.add_argument("--steps", type=positive, default=16, help="global batches (default 16)")
+    parser.add_argument(
+        "--resume-at",
+        type=positive,
+        default=None,
+        help="step after which the checkpoint is taken (default: steps * 3 // 8, at least 1)",
+    )
+    parser.add_argument("--batch-size", type=positive, default=16, help="global batch size (16)")
+    parser.add_argument("--seq-len", type=positive, default=1024, help="packed row length (1024)")
+    parser.add_argument(
+        "--devices",
+        default="8,4,2",
+        help="simulated device counts: the first runs and saves, the others restore (8,4,2)",
+    )
+    parser.add_argument(
+        "--devices-per-host",
+        type=positive,
+        default=2,
+        help="devices per simulated Grain host (2: 8 devices = 4 hosts)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small run: 60 files per corpus part, at most 8 steps, rows of 256",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where the built-in corpus is cached ($ZEPHON_JAX_CACHE, else ~/.cache/zephon_jax)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """The DemoConfig of parsed :func:`add_arguments` options; SystemExit naming the option
+    for counts that cannot work together."""
+    devices = tuple(int(d) for d in args.devices.split(",") if d.strip())
+    if len(devices) < 2 or any(d < 1 for d in devices):
+        raise SystemExit(
+            "zephon-jax demo: --devices needs at least two positive counts, e.g. 8,4,2"
+        )
+    steps, seq_len, max_files = args.steps, args.seq_len, None
+    if args.quick:
+        steps, seq_len, max_files = min(steps, 8), min(seq_len, 256), 60
+    resume_at = args.resume_at or max(1, steps * 3 // 8)
+    if resume_at >= steps:
+        raise SystemExit(f"zephon-jax demo: --resume-at must be below --steps ({steps})")
+    cfg = DemoConfig(
+        steps=steps,
+        resume_at=resume_at,
+        global_batch_size=args.batch_size,
+        seq_len=seq_len,
+        devices=devices,
+        devices_per_host=args.devices_per_host,
+        max_files=max_files,
+        cache_dir=args.cache_dir,
+        throughput_steps=20 if args.quick else 200,
+    )
+    for d in devices:
+        if args.batch_size % d:
+            raise SystemExit(
+                f"zephon-jax demo: --batch-size {args.batch_size} is not a multiple of {d} devices"
+            )
+    return cfg
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``zephon-jax demo`` on parsed :func:`add_arguments` options: the exit status, 0 if
+    zephon_jax's batches all matched, else 1."""
+    return 0 if run_demo(config_from_args(args)) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m zephon_jax.tools.demo [OPTIONS]``: ``zephon-jax demo`` on its own."""
+    parser = argparse.ArgumentParser(
+        prog="zephon-jax demo",
+        description=COMMAND_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_command(args)
+    except ZephonError as e:
+        print(f"zephon-jax demo: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

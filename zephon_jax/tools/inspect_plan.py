@@ -26,6 +26,8 @@ from zephon_jax.sampler.mixture import MixtureNode
 from zephon_jax.sampler.resolve import leaves
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode
 from zephon_jax.sampler.source import describe_source
+from zephon_jax.tools.demo import DemoConfig, build_pipeline, corpus_sources
+from zephon_jax.tools.tokenizers import load_callable
 
 BUILTIN_NAME = "the built-in corpus pipeline of `zephon-jax demo`"
 
@@ -40,8 +42,6 @@ def builtin_pipeline(
     into rows of 1024, in global batches of 16. ``quick``: the first 60 files of
     each part and rows of 256.
     """
-    from zephon_jax.tools.demo import DemoConfig, build_pipeline, corpus_sources
-
     cfg = DemoConfig(cache_dir=cache_dir)
     if quick:
         cfg = DemoConfig(cache_dir=cache_dir, seq_len=256, max_files=60)
@@ -50,8 +50,6 @@ def builtin_pipeline(
 
 def load_pipeline(spec: str) -> BatchedDataset:
     """Calls the ``module:function`` ``spec`` and checks it returned a batched pipeline."""
-    from zephon_jax.tools.tokenizers import load_callable
-
     obj = load_callable(spec)()
     if isinstance(obj, Dataset):
         raise PipelineError(
@@ -281,7 +279,7 @@ def state_bytes(producer, batched: BatchedDataset) -> list[tuple[str, int, int]]
     One part per operator (its saved carry), then the finished rows not yet
     batched, then the whole lane state (with its header and checksum).
     """
-    from zephon_jax.state.global_state import codec
+    from zephon_jax.state import codec
     from zephon_jax.state.lane_format import LaneSnapshot, encode_lane_state, plain_snapshot
 
     snapshots = [LaneSnapshot(*plain_snapshot(lane.snapshot())) for lane in producer.lanes.values()]

@@ -172,21 +172,24 @@ def check_output(opts: PrepareOptions) -> None:
         raise PrepareError(str(e)) from e
 
 
-def _open(path: str, storage_options: dict[str, Any] | None = None):
+def open_input(path: str, storage_options: dict[str, Any] | None = None):
     """A binary file object for a local path or a URL (each request retried, see filesystem)."""
     fs, inner = filesystem(path, storage_options, stream=True)
     return fs.open(inner, "rb")
 
 
 @dataclasses.dataclass
-class _Input:
+class InputFile:
+    """One input file: its path or URL, format (one of INPUT_FORMATS), size in bytes and,
+    for Parquet, its row count."""
+
     path: str
     format: str
     size: int
     rows: int = 0  # parquet only
 
 
-def _describe_inputs(opts: PrepareOptions, stream: TextIO | None = None) -> list[_Input]:
+def describe_inputs(opts: PrepareOptions, stream: TextIO | None = None) -> list[InputFile]:
     """The input files; notes on ``stream`` the files of directories left out."""
     result = []
     so = opts.storage_options
@@ -198,12 +201,12 @@ def _describe_inputs(opts: PrepareOptions, stream: TextIO | None = None) -> list
         fmt = opts.input_format or detect_format(path)
         if fmt not in INPUT_FORMATS:
             raise PrepareError(f"unknown input format {fmt!r}; use one of {INPUT_FORMATS}")
-        item = _Input(path, fmt, file_info(path, so)["size"])
+        item = InputFile(path, fmt, file_info(path, so)["size"])
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
             try:
-                with _open(path, so) as f:
+                with open_input(path, so) as f:
                     meta = pq.ParquetFile(f)
             except Exception as e:
                 raise PrepareError(f"{path}: not a readable Parquet file: {e}") from e
@@ -234,7 +237,11 @@ def _skipped_note(skipped: list[str], show: int = 5) -> str:
 
 
 @dataclasses.dataclass
-class _Chunk:
+class Chunk:
+    """Raw records of one input file, tokenized as one unit by :func:`process_chunk`:
+    ``items`` are ``(record_index, raw)`` pairs of records ``start .. end - 1``; ``format``
+    is ``jsonl``, ``lines``, ``text`` or ``parquet``."""
+
     file: int
     format: str
     start: int  # first record index in the file (line index for line formats)
@@ -245,8 +252,8 @@ class _Chunk:
 
 
 def _read_chunks(
-    inputs: list[_Input], opts: PrepareOptions, file: int, record: int
-) -> Iterator[_Chunk]:
+    inputs: list[InputFile], opts: PrepareOptions, file: int, record: int
+) -> Iterator[Chunk]:
     """Chunks of raw input from position (file, record) on, in input order."""
     n = max(1, opts.chunk_records)
     for fi in range(file, len(inputs)):
@@ -256,9 +263,9 @@ def _read_chunks(
             yield from _parquet_chunks(fi, item, opts, skip, n)
         elif item.format == "text" and not opts.lines:
             if skip == 0:
-                with _open(item.path, opts.storage_options) as f:
+                with open_input(item.path, opts.storage_options) as f:
                     raw = f.read()
-                yield _Chunk(fi, "text", 0, 1, [(0, raw)], float(item.size), True)
+                yield Chunk(fi, "text", 0, 1, [(0, raw)], float(item.size), True)
         else:
             yield from _line_chunks(
                 fi, item, skip, n, "lines" if item.format == "text" else "jsonl", opts
@@ -266,9 +273,9 @@ def _read_chunks(
 
 
 def _line_chunks(
-    fi: int, item: _Input, skip: int, n: int, fmt: str, opts: PrepareOptions
-) -> Iterator[_Chunk]:
-    with _open(item.path, opts.storage_options) as f:
+    fi: int, item: InputFile, skip: int, n: int, fmt: str, opts: PrepareOptions
+) -> Iterator[Chunk]:
+    with open_input(item.path, opts.storage_options) as f:
         items, nbytes, start, index = [], 0, skip, -1
         for index, line in enumerate(f):
             if index < skip:
@@ -277,17 +284,17 @@ def _line_chunks(
             if line.strip():
                 items.append((index, line))
             if len(items) >= n:
-                yield _Chunk(fi, fmt, start, index + 1, items, float(nbytes))
+                yield Chunk(fi, fmt, start, index + 1, items, float(nbytes))
                 items, nbytes, start = [], 0, index + 1
-        yield _Chunk(fi, fmt, start, max(index + 1, start), items, float(nbytes), True)
+        yield Chunk(fi, fmt, start, max(index + 1, start), items, float(nbytes), True)
 
 
-def _parquet_chunks(fi: int, item: _Input, opts: PrepareOptions, skip: int, n: int):
+def _parquet_chunks(fi: int, item: InputFile, opts: PrepareOptions, skip: int, n: int):
     import pyarrow.parquet as pq
 
     per_row = item.size / max(1, item.rows)
     row = 0
-    with _open(item.path, opts.storage_options) as f:
+    with open_input(item.path, opts.storage_options) as f:
         pf = pq.ParquetFile(f)
         for batch in pf.iter_batches(batch_size=n, columns=[opts.text_field]):
             values = batch.column(0).to_pylist()
@@ -297,8 +304,8 @@ def _parquet_chunks(fi: int, item: _Input, opts: PrepareOptions, skip: int, n: i
                 continue
             first = max(skip, start)
             items = [(start + i, v) for i, v in enumerate(values) if start + i >= first]
-            yield _Chunk(fi, "parquet", first, row, items, per_row * len(items))
-    yield _Chunk(fi, "parquet", max(row, skip), max(row, skip), [], 0.0, True)
+            yield Chunk(fi, "parquet", first, row, items, per_row * len(items))
+    yield Chunk(fi, "parquet", max(row, skip), max(row, skip), [], 0.0, True)
 
 
 # ----- tokenizing chunks (workers) ------------------------------------------------------
@@ -350,6 +357,15 @@ def _setup_worker(tokenizer: str | None, text_field: str, dtype: str, eos_id: in
     )
 
 
+def ensure_worker(opts: PrepareOptions) -> None:
+    """Sets this process up to tokenize chunks of ``opts`` with :func:`process_chunk`
+    (loading the tokenizer once per distinct :func:`worker_args`)."""
+    args = worker_args(opts)
+    if _worker.get("args") != args:
+        _setup_worker(*args)
+        _worker["args"] = args
+
+
 def _text_of(fmt: str, raw: Any, field: str) -> str:
     if fmt == "jsonl":
         try:
@@ -379,8 +395,9 @@ def _text_of(fmt: str, raw: Any, field: str) -> str:
 BadRecord = tuple[int, str, tuple[int, int]]
 
 
-def _process_chunk(chunk: _Chunk) -> tuple[list[np.ndarray], list[BadRecord], int]:
-    """Tokenizes a chunk: (documents, bad records, empty count). A bad record is
+def process_chunk(chunk: Chunk) -> tuple[list[np.ndarray], list[BadRecord], int]:
+    """Tokenizes a chunk in a process set up by :func:`ensure_worker` (or the job's pool):
+    (documents, bad records, empty count). A bad record is
     ``(record_index, reason, (documents, empty records) of the chunk before it)``."""
     tokenize, field = _worker["tokenize"], _worker["text_field"]
     dtype, eos_id = _worker["dtype"], _worker["eos_id"]
@@ -424,7 +441,7 @@ def _write_json_atomic(loc: Location, name: str, value: Any) -> None:
     loc.write(name, json.dumps(value, indent=1, sort_keys=True).encode())
 
 
-def _job_identity(opts: PrepareOptions, inputs: list[_Input]) -> dict[str, Any]:
+def job_identity(opts: PrepareOptions, inputs: list[InputFile]) -> dict[str, Any]:
     """The options a resume must match (performance knobs such as workers excluded)."""
     return {
         "inputs": [[_absolute(i.path), i.format, i.size] for i in inputs],
@@ -443,7 +460,10 @@ def _absolute(path: str) -> str:
 
 
 @dataclasses.dataclass
-class _Position:
+class Position:
+    """Where a job stands: the next input record (``file``, ``record``) and the counts
+    written before it; ``prepare.json`` records it as ``committed`` / ``pending``."""
+
     file: int = 0
     record: int = 0
     docs: int = 0
@@ -477,7 +497,7 @@ class _Outputs:
         self.records_dir = (self.loc.local or Path()) / ARRAY_RECORD_DIR
         self.store: TokenStoreWriter | None = None
         self.shard_writer: Any = None  # an array_record ArrayRecordWriter
-        self.position = _Position()
+        self.position = Position()
         self.complete = False
         self.resumed = False
         self._open()
@@ -509,9 +529,9 @@ class _Outputs:
         else:
             self.resumed = True
             self.complete = bool(manifest.get("complete"))
-            committed = _Position(**manifest["committed"])
+            committed = Position(**manifest["committed"])
             pending = manifest.get("pending")
-            pending = _Position(**pending) if pending else None
+            pending = Position(**pending) if pending else None
             if self.want_store:
                 have = TokenStore(
                     out, storage_options=self.opts.storage_options, allow_partial=True
@@ -566,7 +586,7 @@ class _Outputs:
                 )
         return manifest
 
-    def _write_manifest(self, committed: _Position, pending: _Position | None, complete=False):
+    def _write_manifest(self, committed: Position, pending: Position | None, complete=False):
         _write_json_atomic(
             self.loc,
             MANIFEST,
@@ -598,7 +618,7 @@ class _Outputs:
             for doc in docs:
                 self.shard_writer.write(doc.astype(le, copy=False).tobytes())
 
-    def commit(self, position: _Position, complete: bool = False) -> None:
+    def commit(self, position: Position, complete: bool = False) -> None:
         """Makes everything appended up to ``position`` durable, in the documented order."""
         if self.shard_writer is not None:
             self.shard_writer.close()
@@ -663,7 +683,7 @@ class Progress:
         self.total = max(total_bytes, 1.0)
         self.start = time.perf_counter()
 
-    def update(self, pos: _Position, run_bytes: float, force: bool = False) -> None:
+    def update(self, pos: Position, run_bytes: float, force: bool = False) -> None:
         if not force and not self.line.due():
             return
         elapsed = max(time.perf_counter() - self.start, 1e-9)
@@ -777,7 +797,7 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
     worker_args(opts)  # and on --append-eos without an id
     check_output(opts)
-    inputs = _describe_inputs(opts, stream)
+    inputs = describe_inputs(opts, stream)
     try:
         return _run(opts, stream, inputs)
     except Exception as e:
@@ -803,114 +823,155 @@ def _disk_full(opts: PrepareOptions, error: BaseException) -> PrepareError:
     )
 
 
-def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[_Input]) -> PrepareSummary:
+def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[InputFile]) -> PrepareSummary:
     """The job of :func:`prepare`, after its checks."""
-    outputs = _Outputs(opts, _job_identity(opts, inputs))
+    outputs = _Outputs(opts, job_identity(opts, inputs))
     if outputs.complete:
-        _check_not_empty(outputs.position, outputs.complete, opts, BadRecordCauses())
+        check_not_empty(outputs.position, outputs.complete, opts, BadRecordCauses())
         return _summary(outputs, 0.0, 0.0)
     if outputs.resumed and stream is not None:
-        at = outputs.position
-        where = "the end" if at.file >= len(inputs) else _where(inputs[at.file], "jsonl", at.record)
-        if at.file < len(inputs) and inputs[at.file].format == "parquet":
-            where = _where(inputs[at.file], "parquet", at.record)
-        print(
-            f"resuming {opts.output}: {at.docs:,} documents committed, continuing at {where}",
-            file=stream,
-        )
+        _note_resume(outputs.position, inputs, opts, stream)
     workers = (os.cpu_count() or 1) if opts.workers is None else opts.workers
-    total_bytes = float(sum(i.size for i in inputs))
-    progress = Progress(stream, total_bytes)
-    pos = dataclasses.replace(outputs.position)
-    args = worker_args(opts)
-    pool = None
-    if workers > 0:
-        import multiprocessing
-
-        # fork is fastest, but forking a process that runs jax's threads can deadlock.
-        method = "forkserver" if "jax" in sys.modules else "fork"
-        pool = multiprocessing.get_context(method).Pool(workers, _init_worker, args)
-    else:
-        _setup_worker(*args)
-    start, run_bytes, reported, since_commit = time.perf_counter(), 0.0, 0, 0
-    causes = BadRecordCauses()
-    chunks = _read_chunks(inputs, opts, pos.file, pos.record)
-    in_flight: deque = deque()
+    job = _Job(opts, inputs, outputs, Progress(stream, float(sum(i.size for i in inputs))))
+    pool = _start_pool(workers, worker_args(opts))
+    start = time.perf_counter()
+    chunks = _read_chunks(inputs, opts, job.pos.file, job.pos.record)
     stop = _StopRequests()
     try:
         with stop:
-            while not stop.requested:
-                while pool is not None and len(in_flight) < 2 * workers + 2:
-                    chunk = next(chunks, None)
-                    if chunk is None:
-                        break
-                    in_flight.append((chunk, pool.apply_async(_process_chunk, (chunk,))))
-                if pool is None:
-                    chunk = next(chunks, None)
-                    if chunk is not None:
-                        in_flight.append((chunk, None))
-                if not in_flight:
-                    break
-                chunk, result = in_flight.popleft()
-                docs, bad, empty = result.get() if result is not None else _process_chunk(chunk)
-                if opts.strict and bad:
-                    _stop_at_bad_record(outputs, pos, chunk, docs, bad[0], inputs)
-                for index, reason, _ in bad:
-                    where = _where(inputs[chunk.file], chunk.format, index)
-                    causes.add(reason, reported >= opts.max_reported_bad)
-                    if reported < opts.max_reported_bad:
-                        progress.note(f"skipped {where}: {reason}")
-                    elif reported == opts.max_reported_bad > 0:
-                        progress.note(
-                            "more bad records are skipped, counted and summarized at the end"
-                        )
-                    reported += 1
-                outputs.append(docs)
-                pos.docs += len(docs)
-                pos.tokens += int(sum(d.size for d in docs))
-                pos.bad += len(bad)
-                pos.empty += empty
-                pos.input_bytes += chunk.nbytes
-                run_bytes += chunk.nbytes
-                last = chunk.last_in_file
-                pos.file, pos.record = (chunk.file + 1, 0) if last else (chunk.file, chunk.end)
-                since_commit += 1
-                if since_commit >= opts.commit_every:
-                    outputs.commit(pos)
-                    pos = dataclasses.replace(outputs.position)
-                    since_commit = 0
-                progress.update(pos, run_bytes)
-            if stop.requested:
-                # Everything appended is whole chunks, in input order: keep it.
-                outputs.commit(pos)
-            else:
-                outputs.commit(pos, complete=True)
-        progress.update(outputs.position, run_bytes, force=True)
-        if causes.unreported:
-            progress.note(causes.format_unreported())
+            for chunk, (docs, bad, empty) in _tokenized(chunks, pool, workers, stop):
+                job.take(chunk, docs, bad, empty)
+            # Everything appended is whole chunks, in input order: keep it.
+            outputs.commit(job.pos, complete=not stop.requested)
+        job.finish()
     except BaseException:
         outputs.abandon()
         raise
     finally:
         if pool is not None:
             pool.terminate()
-        progress.done()
+        job.progress.done()
     if stop.requested:
         raise PrepareInterrupted(
             f"interrupted ({stop.requested}): {outputs.position.docs:,} documents committed to "
             f"{opts.output}; run the same command again to resume"
         )
-    _check_not_empty(outputs.position, outputs.complete, opts, causes)
-    return _summary(outputs, time.perf_counter() - start, run_bytes)
+    check_not_empty(outputs.position, outputs.complete, opts, job.causes)
+    return _summary(outputs, time.perf_counter() - start, job.run_bytes)
+
+
+def _note_resume(at: Position, inputs: list[InputFile], opts: PrepareOptions, stream: TextIO):
+    """Prints where a resumed job continues."""
+    where = "the end" if at.file >= len(inputs) else _where(inputs[at.file], "jsonl", at.record)
+    if at.file < len(inputs) and inputs[at.file].format == "parquet":
+        where = _where(inputs[at.file], "parquet", at.record)
+    print(
+        f"resuming {opts.output}: {at.docs:,} documents committed, continuing at {where}",
+        file=stream,
+    )
+
+
+def _start_pool(workers: int, args: tuple[str | None, str, str, int | None]) -> Any:
+    """A pool of ``workers`` tokenizing processes; None for ``workers <= 0``, after setting
+    this process up to tokenize instead."""
+    if workers <= 0:
+        _setup_worker(*args)
+        return None
+    import multiprocessing
+
+    # fork is fastest, but forking a process that runs jax's threads can deadlock.
+    method = "forkserver" if "jax" in sys.modules else "fork"
+    return multiprocessing.get_context(method).Pool(workers, _init_worker, args)
+
+
+def _tokenized(
+    chunks: Iterator[Chunk], pool: Any, workers: int, stop: _StopRequests
+) -> Iterator[tuple[Chunk, tuple[list[np.ndarray], list[BadRecord], int]]]:
+    """``(chunk, process_chunk(chunk))`` in input order, tokenized by ``pool`` (at most
+    ``2 * workers + 2`` chunks in flight) or in this process; stops before the next chunk
+    once a stop is requested."""
+    in_flight: deque = deque()
+    while not stop.requested:
+        while pool is not None and len(in_flight) < 2 * workers + 2:
+            chunk = next(chunks, None)
+            if chunk is None:
+                break
+            in_flight.append((chunk, pool.apply_async(process_chunk, (chunk,))))
+        if pool is None:
+            chunk = next(chunks, None)
+            if chunk is not None:
+                in_flight.append((chunk, None))
+        if not in_flight:
+            return
+        chunk, result = in_flight.popleft()
+        yield chunk, (result.get() if result is not None else process_chunk(chunk))
+
+
+class _Job:
+    """A running job's position and counters: takes tokenized chunks in input order,
+    appends their documents, reports bad records and commits every ``commit_every``."""
+
+    def __init__(
+        self,
+        opts: PrepareOptions,
+        inputs: list[InputFile],
+        outputs: _Outputs,
+        progress: Progress,
+    ) -> None:
+        self.opts, self.inputs, self.outputs, self.progress = opts, inputs, outputs, progress
+        self.pos = dataclasses.replace(outputs.position)
+        self.run_bytes = 0.0
+        self.reported = self.since_commit = 0
+        self.causes = BadRecordCauses()
+
+    def take(self, chunk: Chunk, docs: list[np.ndarray], bad: list[BadRecord], empty: int) -> None:
+        """Writes one tokenized chunk (with ``strict``, up to its first bad record, then
+        raises PrepareError); commits when ``commit_every`` chunks are pending."""
+        opts, pos = self.opts, self.pos
+        if opts.strict and bad:
+            _stop_at_bad_record(self.outputs, pos, chunk, docs, bad[0], self.inputs)
+        for index, reason, _ in bad:
+            self._report_bad(_where(self.inputs[chunk.file], chunk.format, index), reason)
+        self.outputs.append(docs)
+        pos.docs += len(docs)
+        pos.tokens += int(sum(d.size for d in docs))
+        pos.bad += len(bad)
+        pos.empty += empty
+        pos.input_bytes += chunk.nbytes
+        self.run_bytes += chunk.nbytes
+        last = chunk.last_in_file
+        pos.file, pos.record = (chunk.file + 1, 0) if last else (chunk.file, chunk.end)
+        self.since_commit += 1
+        if self.since_commit >= opts.commit_every:
+            self.outputs.commit(pos)
+            self.pos = dataclasses.replace(self.outputs.position)
+            self.since_commit = 0
+        self.progress.update(self.pos, self.run_bytes)
+
+    def _report_bad(self, where: str, reason: str) -> None:
+        """Counts a bad record; notes it while fewer than ``max_reported_bad`` were."""
+        limit = self.opts.max_reported_bad
+        self.causes.add(reason, self.reported >= limit)
+        if self.reported < limit:
+            self.progress.note(f"skipped {where}: {reason}")
+        elif self.reported == limit > 0:
+            self.progress.note("more bad records are skipped, counted and summarized at the end")
+        self.reported += 1
+
+    def finish(self) -> None:
+        """Shows the final progress and the summary of bad records not listed one by one."""
+        self.progress.update(self.outputs.position, self.run_bytes, force=True)
+        if self.causes.unreported:
+            self.progress.note(self.causes.format_unreported())
 
 
 def _stop_at_bad_record(
     outputs: _Outputs,
-    pos: _Position,
-    chunk: _Chunk,
+    pos: Position,
+    chunk: Chunk,
     docs: list[np.ndarray],
     first_bad: tuple[int, str, tuple[int, int]],
-    inputs: list[_Input],
+    inputs: list[InputFile],
 ) -> None:
     """``--strict``: commits the chunk's documents before its first bad record (the job
     resumes at that record) and raises PrepareError naming it."""
@@ -960,8 +1021,8 @@ class BadRecordCauses:
         return f"skipped {total:,} bad record{'s' if total != 1 else ''}: {parts}"
 
 
-def _check_not_empty(
-    pos: _Position, complete: bool, opts: PrepareOptions, causes: BadRecordCauses
+def check_not_empty(
+    pos: Position, complete: bool, opts: PrepareOptions, causes: BadRecordCauses
 ) -> None:
     """Raise PrepareError when a complete job wrote no document, naming why and the fix."""
     if not complete or pos.docs > 0:
@@ -1019,7 +1080,7 @@ class _StopRequests:
         self._saved.clear()
 
 
-def _where(item: _Input, fmt: str, index: int) -> str:
+def _where(item: InputFile, fmt: str, index: int) -> str:
     if fmt in ("jsonl", "lines"):
         return f"{item.path}:{index + 1}"
     if fmt == "parquet":

@@ -30,32 +30,39 @@ from typing import Any, TextIO
 import numpy as np
 
 from zephon_jax.sources.storage import Location, filesystem, join
+from zephon_jax.sources.token_store import (
+    DEFAULT_CHUNK_TOKENS,
+    TokenStore,
+    commit_token_store,
+    create_token_store,
+    write_token_range,
+)
 from zephon_jax.tools.prepare import (
     MANIFEST,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     BadRecordCauses,
+    Chunk,
+    InputFile,
+    Position,
     PrepareError,
     PrepareOptions,
     PrepareSummary,
-    _check_not_empty,
-    _Chunk,
-    _describe_inputs,
-    _Input,
-    _job_identity,
-    _open,
-    _Position,
-    _process_chunk,
-    _setup_worker,
-    _worker,
+    check_not_empty,
     check_output,
+    describe_inputs,
+    ensure_worker,
+    job_identity,
     length_percentiles,
+    open_input,
+    process_chunk,
     worker_args,
 )
 from zephon_jax.tools.tokenizers import load_tokenizer
 
 TMP_DIR = "_beam_tmp"
 DEFAULT_UNIT_BYTES = 64 << 20
+SHARD_TOKENS = DEFAULT_CHUNK_TOKENS  # tokens per stored shard: one shard_tasks task each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +80,7 @@ class Unit:
 
 
 def plan_units(
-    inputs: list[_Input], opts: PrepareOptions, unit_bytes: int = DEFAULT_UNIT_BYTES
+    inputs: list[InputFile], opts: PrepareOptions, unit_bytes: int = DEFAULT_UNIT_BYTES
 ) -> list[Unit]:
     """The units of ``inputs`` in input order."""
     units: list[Unit] = []
@@ -81,7 +88,7 @@ def plan_units(
         if item.format == "parquet":
             import pyarrow.parquet as pq
 
-            with _open(item.path, opts.storage_options) as f:
+            with open_input(item.path, opts.storage_options) as f:
                 meta = pq.ParquetFile(f).metadata
             row = 0
             for g in range(meta.num_row_groups):
@@ -96,23 +103,23 @@ def plan_units(
     return units
 
 
-def _read_unit(unit: Unit, item: _Input, opts: PrepareOptions) -> _Chunk:
+def _read_unit(unit: Unit, item: InputFile, opts: PrepareOptions) -> Chunk:
     """The raw records of ``unit`` (record index = byte offset of the line, or the row)."""
     if item.format == "parquet":
         import pyarrow.parquet as pq
 
-        with _open(item.path, opts.storage_options) as f:
+        with open_input(item.path, opts.storage_options) as f:
             pf = pq.ParquetFile(f)
             row_group = _row_group_of(pf.metadata, unit.start)
             values = pf.read_row_group(row_group, columns=[opts.text_field]).column(0).to_pylist()
         items = [(unit.start + i, v) for i, v in enumerate(values)]
-        return _Chunk(unit.file, "parquet", unit.start, unit.end, items, 0.0)
+        return Chunk(unit.file, "parquet", unit.start, unit.end, items, 0.0)
     if item.format == "text" and not opts.lines:
-        with _open(item.path, opts.storage_options) as f:
-            return _Chunk(unit.file, "text", 0, 1, [(0, f.read())], 0.0)
+        with open_input(item.path, opts.storage_options) as f:
+            return Chunk(unit.file, "text", 0, 1, [(0, f.read())], 0.0)
     fmt = "lines" if item.format == "text" else "jsonl"
     items = []
-    with _open(item.path, opts.storage_options) as f:
+    with open_input(item.path, opts.storage_options) as f:
         pos = unit.start
         if pos > 0:
             f.seek(pos - 1)
@@ -125,7 +132,7 @@ def _read_unit(unit: Unit, item: _Input, opts: PrepareOptions) -> _Chunk:
             if line.strip():
                 items.append((pos, line))
             pos += len(line)
-    return _Chunk(unit.file, fmt, unit.start, unit.end, items, 0.0)
+    return Chunk(unit.file, fmt, unit.start, unit.end, items, 0.0)
 
 
 def _row_group_of(meta: Any, row: int) -> int:
@@ -137,26 +144,19 @@ def _row_group_of(meta: Any, row: int) -> int:
     raise PrepareError(f"row {row} starts no row group")
 
 
-def _where(item: _Input, fmt: str, index: int) -> str:
+def _where(item: InputFile, fmt: str, index: int) -> str:
     return f"{item.path}: row {index}" if fmt == "parquet" else f"{item.path}: byte {index}"
 
 
 # ----- pipeline steps (run on workers; module-level so that they pickle) --------------------
 
 
-def _ensure_worker(opts: PrepareOptions) -> None:
-    args = worker_args(opts)
-    if _worker.get("args") != args:
-        _setup_worker(*args)
-        _worker["args"] = args
-
-
-def tokenize_unit(unit: Unit, inputs: list[_Input], opts: PrepareOptions) -> dict[str, Any]:
+def tokenize_unit(unit: Unit, inputs: list[InputFile], opts: PrepareOptions) -> dict[str, Any]:
     """Tokenizes one unit and writes its tokens and lengths to the temporary directory."""
-    _ensure_worker(opts)
+    ensure_worker(opts)
     item = inputs[unit.file]
     chunk = _read_unit(unit, item, opts)
-    docs, bad, empty = _process_chunk(chunk)
+    docs, bad, empty = process_chunk(chunk)
     if bad and opts.strict:
         index, reason, _ = bad[0]
         raise PrepareError(f"{_where(item, chunk.format, index)}: {reason} (--strict: stopped)")
@@ -177,55 +177,35 @@ def tokenize_unit(unit: Unit, inputs: list[_Input], opts: PrepareOptions) -> dic
 
 def layout(stats: list[dict[str, Any]], opts: PrepareOptions) -> dict[str, Any]:
     """Lays the units out in input order, creates the arrays and writes the offsets."""
-    import tensorstore as ts
-
-    from zephon_jax.sources import token_store as tsm
-
     stats = sorted(stats, key=lambda s: s["unit"])
     tok_counts = np.array([s["tokens"] for s in stats], dtype=np.int64)
     token_base = np.concatenate([[0], np.cumsum(tok_counts)])
-    num_docs = int(sum(s["docs"] for s in stats))
-    num_tokens = int(token_base[-1])
-    loc = Location(opts.output, opts.storage_options)
     tmp = Location(join(opts.output, TMP_DIR), opts.storage_options)
-    dtype = opts.out_dtype
-    ctx = tsm._ts_context()
-    tspec = tsm._tokens_create_spec(
-        loc, dtype, tsm.DEFAULT_CHUNK_TOKENS, tsm.DEFAULT_READ_CHUNK_TOKENS
-    )
-    tspec["metadata"]["shape"] = [num_tokens]
-    ts.open(tspec, create=True, delete_existing=True, context=ctx).result()
-    ospec = tsm._offsets_create_spec(loc)
-    ospec["metadata"]["shape"] = [num_docs + 1]
-    offsets_arr = ts.open(ospec, create=True, delete_existing=True, context=ctx).result()
     lengths = [
         np.frombuffer(tmp.read(f"unit-{s['unit']:08d}.lengths") or b"", dtype="<i8") for s in stats
     ]
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths + [np.zeros(0, "<i8")]))])
-    offsets_arr.write(offsets.astype(np.int64)).result()
-    bad = [b for s in stats for b in s["bad"]]
+    create_token_store(opts.output, offsets, opts.out_dtype, storage_options=opts.storage_options)
     return {
         "token_base": token_base.tolist(),
         "units": [s["unit"] for s in stats],
-        "num_docs": num_docs,
-        "num_tokens": num_tokens,
+        "num_docs": int(sum(s["docs"] for s in stats)),
+        "num_tokens": int(token_base[-1]),
         "empty": int(sum(s["empty"] for s in stats)),
-        "bad": bad,
+        "bad": [b for s in stats for b in s["bad"]],
     }
 
 
 def shard_tasks(plan: dict[str, Any]) -> list[tuple[int, list[tuple[int, int, int]]]]:
     """For each stored shard of the tokens array: the unit pieces ``(unit, lo, hi)`` in it."""
-    from zephon_jax.sources.token_store import DEFAULT_CHUNK_TOKENS as C
-
     base, units = plan["token_base"], plan["units"]
     tasks: dict[int, list[tuple[int, int, int]]] = {}
     for k, unit in enumerate(units):
         a, b = base[k], base[k + 1]
         pos = a
         while pos < b:
-            shard = pos // C
-            end = min(b, (shard + 1) * C)
+            shard = pos // SHARD_TOKENS
+            end = min(b, (shard + 1) * SHARD_TOKENS)
             tasks.setdefault(shard, []).append((unit, pos - a, end - a))
             pos = end
     return sorted(tasks.items())
@@ -233,10 +213,6 @@ def shard_tasks(plan: dict[str, Any]) -> list[tuple[int, list[tuple[int, int, in
 
 def write_shard(task: tuple[int, list[tuple[int, int, int]]], opts: PrepareOptions) -> int:
     """Writes one stored shard of the tokens array from its unit pieces; returns its index."""
-    import tensorstore as ts
-
-    from zephon_jax.sources import token_store as tsm
-
     shard, pieces = task
     dtype = opts.out_dtype.newbyteorder("<")
     tmp = join(opts.output, TMP_DIR)
@@ -246,28 +222,17 @@ def write_shard(task: tuple[int, list[tuple[int, int, int]]], opts: PrepareOptio
         raw = fs.cat_file(inner, start=lo * dtype.itemsize, end=hi * dtype.itemsize)
         parts.append(np.frombuffer(raw, dtype=dtype))
     data = np.concatenate(parts).astype(opts.out_dtype)
-    loc = Location(opts.output, opts.storage_options)
-    arr = ts.open(tsm._array_spec(loc, tsm.TOKENS_DIR), context=tsm._ts_context()).result()
-    start = shard * tsm.DEFAULT_CHUNK_TOKENS
-    arr[start : start + data.size].write(data).result()
+    write_token_range(opts.output, shard * SHARD_TOKENS, data, storage_options=opts.storage_options)
     return shard
 
 
-def finalize(_count: int, plan: dict[str, Any], inputs: list[_Input], opts: PrepareOptions) -> None:
+def finalize(
+    _count: int, plan: dict[str, Any], inputs: list[InputFile], opts: PrepareOptions
+) -> None:
     """Commits the store (meta.json, then prepare.json) and deletes the unit files."""
-    from zephon_jax.sources import token_store as tsm
-
     loc = Location(opts.output, opts.storage_options)
-    meta = {
-        "format": tsm.FORMAT,
-        "version": tsm.VERSION,
-        "num_docs": plan["num_docs"],
-        "num_tokens": plan["num_tokens"],
-        "dtype": opts.out_dtype.name,
-        "attrs": {},
-    }
-    tsm._write_meta(loc, meta)
-    position = _Position(
+    commit_token_store(opts.output, storage_options=opts.storage_options)
+    position = Position(
         file=len(inputs),
         docs=plan["num_docs"],
         tokens=plan["num_tokens"],
@@ -286,7 +251,7 @@ def finalize(_count: int, plan: dict[str, Any], inputs: list[_Input], opts: Prep
         },
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
-        "job": _job_identity(opts, inputs),
+        "job": job_identity(opts, inputs),
         "committed": position.to_json(),
         "pending": None,
         "complete": True,
@@ -331,10 +296,33 @@ def prepare_beam(
         import apache_beam as beam
     except ImportError as e:
         raise PrepareError("--engine beam needs Apache Beam: pip install 'zephon_jax[beam]'") from e
+    text_stream = _text_stream(stream)
+    inputs = _check_job(opts, text_stream)
+    units = plan_units(inputs, opts, unit_bytes)
+    if text_stream is not None:
+        print(
+            f"prepare (beam): {len(inputs)} files in {len(units)} units -> {opts.output}",
+            file=text_stream,
+        )
+    with beam.Pipeline(options=beam_options(num_workers, pipeline_args)) as p:
+        _add_steps(beam, p, units, inputs, opts)
+    return _summary(opts, text_stream)
+
+
+def _text_stream(stream: TextIO | None | str) -> TextIO | None:
+    """``stream`` with ``"stderr"`` resolved; PrepareError for any other string."""
     if isinstance(stream, str):
         if stream != "stderr":
             raise PrepareError(f"stream must be a text stream, None or 'stderr'; got {stream!r}")
-        stream = sys.stderr
+        return sys.stderr
+    return stream
+
+
+def _check_job(opts: PrepareOptions, stream: TextIO | None) -> list[InputFile]:
+    """Checks the options and the output (emptied with ``overwrite``); returns the inputs.
+
+    Raises PrepareError for options the Beam engine cannot run or an output that is not
+    empty."""
     if opts.to != "store":
         raise PrepareError("--engine beam writes a TokenStore only: use --to store")
     load_tokenizer(opts.tokenizer)
@@ -344,7 +332,7 @@ def prepare_beam(
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
     worker_args(opts)  # fail early on --append-eos without an id
-    inputs = _describe_inputs(opts, stream)
+    inputs = describe_inputs(opts, stream)
     loc = Location(opts.output, opts.storage_options)
     if opts.overwrite and loc.exists():
         loc.delete_all()
@@ -353,53 +341,39 @@ def prepare_beam(
             f"output {opts.output} is not empty; --engine beam writes a new store: choose a new "
             "location or pass --overwrite"
         )
-    units = plan_units(inputs, opts, unit_bytes)
-    if stream is not None:
-        print(
-            f"prepare (beam): {len(inputs)} files in {len(units)} units -> {opts.output}",
-            file=stream,
-        )
-    with beam.Pipeline(options=beam_options(num_workers, pipeline_args)) as p:
-        stats = (
-            p
-            | "Units" >> beam.Create(units)
-            | "Spread" >> beam.Reshuffle()
-            | "Tokenize" >> beam.Map(tokenize_unit, inputs, opts)
-            | "Gather" >> beam.combiners.ToList()
-        )
-        plan = stats | "Layout" >> beam.Map(layout, opts)
-        written = (
-            plan
-            | "Shards" >> beam.FlatMap(shard_tasks)
-            | "SpreadShards" >> beam.Reshuffle()
-            | "WriteShards" >> beam.Map(write_shard, opts)
-            | "Count" >> beam.combiners.Count.Globally()
-        )
-        _ = written | "Commit" >> beam.Map(finalize, beam.pvalue.AsSingleton(plan), inputs, opts)
-    from zephon_jax.sources.token_store import TokenStore
+    return inputs
 
+
+def _add_steps(
+    beam: Any, p: Any, units: list[Unit], inputs: list[InputFile], opts: PrepareOptions
+) -> None:
+    """Adds the job's steps (tokenize, lay out, write shards, commit) to pipeline ``p``."""
+    stats = (
+        p
+        | "Units" >> beam.Create(units)
+        | "Spread" >> beam.Reshuffle()
+        | "Tokenize" >> beam.Map(tokenize_unit, inputs, opts)
+        | "Gather" >> beam.combiners.ToList()
+    )
+    plan = stats | "Layout" >> beam.Map(layout, opts)
+    written = (
+        plan
+        | "Shards" >> beam.FlatMap(shard_tasks)
+        | "SpreadShards" >> beam.Reshuffle()
+        | "WriteShards" >> beam.Map(write_shard, opts)
+        | "Count" >> beam.combiners.Count.Globally()
+    )
+    _ = written | "Commit" >> beam.Map(finalize, beam.pvalue.AsSingleton(plan), inputs, opts)
+
+
+def _summary(opts: PrepareOptions, stream: TextIO | None) -> PrepareSummary:
+    """The finished job's summary from its store and ``prepare.json``; reports its bad
+    records on ``stream``. Raises PrepareError when it produced no document."""
     store = TokenStore(opts.output, storage_options=opts.storage_options)
-    raw = loc.read(MANIFEST)
+    raw = Location(opts.output, opts.storage_options).read(MANIFEST)
     record = json.loads(raw.decode()) if raw else {}
     committed = record.get("committed", {})
-    report = record.get("bad_report", {})
-    causes = BadRecordCauses()
-    causes.all.update(report.get("causes", {}))
-    causes.examples.update(report.get("examples", {}))
-    if stream is not None:
-        for where, reason in report.get("first", []):
-            print(f"skipped {where}: {reason}", file=stream)
-        rest = len(report.get("first", []))
-        if committed.get("bad", 0) > rest:
-            causes.unreported.update(causes.all)
-            by_cause = ", ".join(f"{n:,} {c}" for c, n in causes.all.most_common())
-            more = committed["bad"] - rest
-            print(
-                f"... and {more:,} more bad records skipped; all bad records by cause: {by_cause}"
-                if rest
-                else f"skipped {more:,} bad record{'s' if more != 1 else ''}: {by_cause}",
-                file=stream,
-            )
+    causes = _report_bad_records(record.get("bad_report", {}), committed, stream)
     summary = PrepareSummary(
         output=opts.output,
         documents=store.num_docs,
@@ -414,5 +388,31 @@ def prepare_beam(
         target="store",
     )
     if store.num_docs == 0:
-        _check_not_empty(_Position(**committed), True, opts, causes)
+        check_not_empty(Position(**committed), True, opts, causes)
     return summary
+
+
+def _report_bad_records(
+    report: dict[str, Any], committed: dict[str, Any], stream: TextIO | None
+) -> BadRecordCauses:
+    """Prints the bad records of ``prepare.json``'s report on ``stream`` (the first ones,
+    then a summary by cause) as the local engine does; returns them counted by cause."""
+    causes = BadRecordCauses()
+    causes.all.update(report.get("causes", {}))
+    causes.examples.update(report.get("examples", {}))
+    if stream is None:
+        return causes
+    for where, reason in report.get("first", []):
+        print(f"skipped {where}: {reason}", file=stream)
+    rest = len(report.get("first", []))
+    if committed.get("bad", 0) > rest:
+        causes.unreported.update(causes.all)
+        by_cause = ", ".join(f"{n:,} {c}" for c, n in causes.all.most_common())
+        more = committed["bad"] - rest
+        print(
+            f"... and {more:,} more bad records skipped; all bad records by cause: {by_cause}"
+            if rest
+            else f"skipped {more:,} bad record{'s' if more != 1 else ''}: {by_cause}",
+            file=stream,
+        )
+    return causes
