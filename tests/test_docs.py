@@ -278,3 +278,24 @@ def test_every_mesh_recipe_gives_auto_axes():
             assert "axis_types=" in call, (path.name, call)
     assert calls  # the plain-JAX recipe on the distributed page
     assert "zj.data_mesh()" in (DOCS / "distributed.md").read_text()
+
+
+def test_architecture_page_lists_the_layers_of_the_import_contract():
+    """The layer table of docs/architecture.md is the [tool.importlinter] contract, in order,
+    and the page shows the diagram its script draws."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = project["tool"]["importlinter"]["contracts"]
+    declared = [
+        [name.strip().removeprefix("zephon_jax.") for name in layer.split("|")]
+        for layer in reversed(contract["layers"])  # bottom first, as the page lists them
+    ]
+    text = (DOCS / "architecture.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    cells = re.findall(r"^\| (`.*?) \|", section, flags=re.M)
+    listed = [re.findall(r"`([a-z_]+)/?`", cell) for cell in cells]
+    assert listed == declared
+    assert "![" in text and "(_static/architecture.svg)" in text
+    assert (DOCS / "_static" / "architecture.svg").is_file()
+    assert (DOCS / "_static" / "architecture.py").is_file()
