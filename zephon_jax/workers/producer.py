@@ -13,15 +13,15 @@ A worker keeps its lanes' snapshots after every batch it made that the loader
 may still ask about, and sends them only when asked (:meth:`lane_snapshots`,
 i.e. ``get_state``): batches carry no state.
 
-Parent and workers talk in the named messages below, one per class, through
-one pipe each way per worker. Both sides write their messages themselves (no
-feeder threads: a worker busy in Python would delay them by the interpreter's
-switch interval), each in one system call, and read everything waiting at once
-(:mod:`zephon_jax.workers.pipes`); the two messages of every batch (:class:`Batch`,
-:class:`Free`) are packed by hand rather than pickled, and a worker reads its
-commands once per batch. The loader's writes are small and never block: it sends the
-dataset and restore states, which may be large, as a :class:`Parcel` in shared
-memory. A worker's death is seen at once through its process sentinel.
+Parent and workers talk in named messages (:mod:`zephon_jax.workers.protocol`), one
+per class, through one pipe each way per worker. Both sides write their messages
+themselves (no feeder threads: a worker busy in Python would delay them by the
+interpreter's switch interval), each in one system call, and read everything waiting
+at once (:mod:`zephon_jax.workers.pipes`); the two messages of every batch (:class:`Batch`,
+:class:`Free`) are packed by hand rather than pickled, and a worker reads its commands
+once per batch. The loader's writes are small and never block: it sends the dataset and
+restore states, which may be large, as a :class:`~zephon_jax.workers.protocol.Parcel` in
+shared memory. A worker's death is seen at once through its process sentinel.
 
 The parts: :mod:`~zephon_jax.workers.protocol` (the messages and their encoding),
 :mod:`~zephon_jax.workers.child` (the worker process's loop),
