@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from zephon_jax.workers import producer as workers
+from zephon_jax.workers import protocol
 from zephon_jax.workers.pipes import FrameReader, write_frame
+from zephon_jax.workers.shared_slots import Layout
 
 
 @pytest.fixture
@@ -90,13 +91,13 @@ def test_end_of_pipe_after_the_last_whole_frame(pipe):
 @pytest.mark.parametrize(
     "message",
     [
-        workers.Batch(3, 17, 2, True, None),
-        workers.Batch(0, 1, 0, False, None),
-        workers.Free(2, 3, 15),
-        workers.AskStates(1, 9),
-        workers.End(4, {0: ("snapshot",)}),
-        workers.Batch(1, 2, 0, True, workers.Layout((), {}, "segment_1")),
+        protocol.Batch(3, 17, 2, True, None),
+        protocol.Batch(0, 1, 0, False, None),
+        protocol.Free(2, 3, 15),
+        protocol.AskStates(1, 9),
+        protocol.End(4, {0: ("snapshot",)}),
+        protocol.Batch(1, 2, 0, True, Layout((), {}, "segment_1")),
     ],
 )
 def test_messages_round_trip(message):
-    assert workers._decode(workers._encode(message)) == message
+    assert protocol.decode(protocol.encode(message)) == message

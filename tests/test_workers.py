@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
-from zephon_jax.workers import producer as workers
-from zephon_jax.workers.producer import WorkerError
+from zephon_jax.errors import WorkerError
+from zephon_jax.workers import parent
 
 STEPS = 20
 BAD_LENGTH = 77  # the record length on which failing_map raises
@@ -109,7 +109,7 @@ def test_batches_and_states_identical_for_every_worker_count(reference, num_work
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm to list segments")
 def test_every_command_as_a_shared_memory_parcel(reference, monkeypatch):
     """Large loader messages (dataset, restore states) go through shared memory; here all do."""
-    monkeypatch.setattr(workers, "_INLINE_BYTES", 0)
+    monkeypatch.setattr(parent, "INLINE_BYTES", 0)
     it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=3))
     prefix = it._producer._prefix
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from zephon_jax.core.kernels import DONE, OUT_FULL, ROW_FULL
+from zephon_jax.core.kernel_codes import DONE, OUT_FULL, ROW_FULL
 from zephon_jax.core.lineage import PIECE_BITS
 
 _jit = numba.njit(cache=True, nogil=True)

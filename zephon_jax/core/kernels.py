@@ -28,6 +28,8 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
+from zephon_jax.core import kernel_codes
+
 _KERNELS: Any = False  # not yet looked for
 
 
@@ -77,5 +79,5 @@ def _warn_interpreted(error: ImportError) -> None:
     )
 
 
-# Stop codes of ``place``.
-DONE, OUT_FULL, ROW_FULL = 0, 1, 2
+# Stop codes of ``place`` (kept in kernel_codes, which the compiled kernels import).
+DONE, OUT_FULL, ROW_FULL = kernel_codes.DONE, kernel_codes.OUT_FULL, kernel_codes.ROW_FULL

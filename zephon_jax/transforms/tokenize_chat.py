@@ -33,7 +33,7 @@ import numpy as np
 
 from zephon_jax.errors import PipelineError
 from zephon_jax.transforms.tokenize import record_field
-from zephon_jax.transforms.tokenizer_adapters import TransformersTokenizer, _is_instance_of_lib
+from zephon_jax.transforms.tokenizer_adapters import TransformersTokenizer, is_instance_of_lib
 
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 METHODS = ("generation_markers", "prefix_difference")
@@ -72,7 +72,7 @@ class TokenizeChatTransform:
     """
 
     def __init__(self, tokenizer: Any, field: str = "messages"):
-        if not _is_instance_of_lib(tokenizer, "transformers", "PreTrainedTokenizerBase"):
+        if not is_instance_of_lib(tokenizer, "transformers", "PreTrainedTokenizerBase"):
             raise PipelineError(
                 f"tokenize_chat needs a transformers tokenizer with a chat template; got "
                 f"{type(tokenizer).__module__}.{type(tokenizer).__name__}. Wrap a "

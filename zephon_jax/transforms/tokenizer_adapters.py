@@ -56,8 +56,9 @@ def _sha256(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def _is_instance_of_lib(obj: Any, module: str, attr_path: str) -> bool:
-    """``isinstance(obj, module.attr_path)`` without importing ``module``."""
+def is_instance_of_lib(obj: Any, module: str, attr_path: str) -> bool:
+    """``isinstance(obj, module.attr_path)`` without importing ``module`` (False while it is
+    not imported: then ``obj`` cannot be one of its objects)."""
     import sys
 
     lib = sys.modules.get(module)
@@ -390,13 +391,13 @@ def as_text_tokenizer(tokenizer: Any) -> TextTokenizer:
     """Wraps ``tokenizer`` (see the module docstring); raises a PipelineError otherwise."""
     if isinstance(tokenizer, TextTokenizer):
         return tokenizer
-    if _is_instance_of_lib(tokenizer, "tokenizers", "Tokenizer"):
+    if is_instance_of_lib(tokenizer, "tokenizers", "Tokenizer"):
         return HFTokenizersTokenizer(tokenizer)
-    if _is_instance_of_lib(tokenizer, "transformers", "PreTrainedTokenizerBase"):
+    if is_instance_of_lib(tokenizer, "transformers", "PreTrainedTokenizerBase"):
         return TransformersTokenizer(tokenizer)
-    if _is_instance_of_lib(tokenizer, "tiktoken", "Encoding"):
+    if is_instance_of_lib(tokenizer, "tiktoken", "Encoding"):
         return TiktokenTokenizer(tokenizer)
-    if _is_instance_of_lib(tokenizer, "sentencepiece", "SentencePieceProcessor"):
+    if is_instance_of_lib(tokenizer, "sentencepiece", "SentencePieceProcessor"):
         return SentencePieceTokenizer(tokenizer)
     if callable(tokenizer):
         return CallableTokenizer(tokenizer)

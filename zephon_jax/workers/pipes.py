@@ -7,12 +7,15 @@ receiving side; here a frame (a 4-byte length, then the payload) goes out in one
 and splits it into frames itself: messages that queued while the reader was busy
 cost one system call together. The reading end is non-blocking, so a reader
 that finds nothing learns it without waiting and decides itself how to wait
-(for the pipe, and the other side's death).
+(for the pipe, and the other side's death: :class:`Readable`).
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import multiprocessing.connection
 import os
+import select
 import struct
 
 _HEADER = struct.Struct("<I")
@@ -74,3 +77,28 @@ class FrameReader:
         else:
             self._start = end
         return frame
+
+
+class Readable:
+    """Waits until one of ``handles`` (connections, process sentinels) can be read.
+
+    One ``poll`` object for the life of the connections (``mp.connection.wait``
+    builds a selector per call, which costs more than a small message).
+    """
+
+    def __init__(self, *handles):
+        self.handles = handles
+        self.fds = [h if isinstance(h, int) else h.fileno() for h in handles]
+        self._poll = None
+        if hasattr(select, "poll"):
+            self._poll = select.poll()
+            for fd in self.fds:
+                self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float | None = None) -> list[int]:
+        """The indices of the readable handles (closed ones too); empty after ``timeout_s``."""
+        if self._poll is None:
+            ready = mp.connection.wait(self.handles, timeout_s)
+            return [i for i, h in enumerate(self.handles) if h in ready]
+        events = self._poll.poll(None if timeout_s is None else timeout_s * 1000)
+        return sorted(self.fds.index(fd) for fd, _ in events)
