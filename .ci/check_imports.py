@@ -65,7 +65,7 @@ def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
             targets = imported(node, name, path.name == "__init__.py", known)
             edges[name].update(t for t in targets if t != name)
             if targets and id(node) in in_function:
-                local.append(f"{path}:{getattr(node, "lineno", 0)}: {ast.unparse(node)}")
+                local.append(f"{path}:{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
     return edges, local
 
 
