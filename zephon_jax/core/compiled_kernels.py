@@ -88,7 +88,7 @@ def emit(i, fill, count, pieces, out, row_end, n_out, n_rows):
 def to_end(slots, at):
     """Moves ``slots[at]`` after the others; returns its new place."""
     row = slots[at]
-    last = slots.shape[0] - 1
+    last = len(slots) - 1
     for a in range(at, last):
         slots[a] = slots[a + 1]
     slots[last] = row
@@ -100,9 +100,10 @@ def best_row(fill, room):
     """best_fit: the fullest row filled to at most ``room`` (the lowest of equals), or -1."""
     i = -1
     top = -1
-    for b in range(fill.shape[0]):
-        if fill[b] <= room and fill[b] > top:
-            top = fill[b]
+    for b in range(len(fill)):
+        f = fill[b]
+        if top < f <= room:
+            top = f
             i = b
     return i
 
@@ -110,7 +111,7 @@ def best_row(fill, room):
 @jit
 def first_place(fill, slots, room):
     """first_fit: the place in ``slots`` of the first row filled to at most ``room``, or -1."""
-    for a in range(slots.shape[0]):
+    for a in range(len(slots)):
         if fill[slots[a]] <= room:
             return a
     return -1
@@ -122,10 +123,10 @@ def fullest(fill, slots, best):
     index), or its place in ``slots`` (first_fit, which scans them in that order)."""
     top = -1
     at = 0
-    for a in range(fill.shape[0]):
-        b = a if best else slots[a]
-        if fill[b] > top:
-            top = fill[b]
+    for a in range(len(fill)):
+        f = fill[a if best else slots[a]]
+        if f > top:
+            top = f
             at = a
     return at
 
@@ -146,13 +147,12 @@ def choose(fill, slots, room, best):
 
 
 @jit
-def place_piece(fill, count, pieces, slots, piece, seq_len, max_segments, best, out, row_end,
-                n_out, n_rows):  # fmt: skip
-    """Places one piece, ``piece`` = (lineage code, token start, length, leaf), into the
+def place_piece(fill, count, pieces, slots, code, start, length, leaf, seq_len, max_segments,
+                best, out, row_end, n_out, n_rows):  # fmt: skip
+    """Places one piece (its lineage code, token start, length and leaf) into the
     open rows by the rules (see the module docstring), emitting rows to ``out`` and
     ``row_end`` from ``n_out``, ``n_rows`` on. Returns ``(n_out, n_rows, stop)``: ``DONE``,
     or ``OUT_FULL`` / ``ROW_FULL`` (that array must grow; nothing of the piece is placed)."""
-    length = piece[2]
     room = seq_len - length
     i, at = choose(fill, slots, room, best)
     if n_out + count[i] + 1 > out.shape[1] or n_rows + 2 > row_end.shape[0]:
@@ -164,8 +164,10 @@ def place_piece(fill, count, pieces, slots, piece, seq_len, max_segments, best, 
     m = count[i]
     if m == pieces.shape[2]:
         return n_out, n_rows, ROW_FULL
-    for f in range(4):
-        pieces[f, i, m] = piece[f]
+    pieces[0, i, m] = code
+    pieces[1, i, m] = start
+    pieces[2, i, m] = length
+    pieces[3, i, m] = leaf
     count[i] = m + 1
     fill[i] += length
     if fill[i] == seq_len or count[i] == max_segments:
@@ -176,13 +178,13 @@ def place_piece(fill, count, pieces, slots, piece, seq_len, max_segments, best, 
 
 
 @jit
-def cut_piece(s0, n, j, cut, position, leaf):
+def cut_piece(s0, n, j, cut, position):
     """Piece ``j`` of the document of ``n`` tokens from ``s0`` at lane ``position``, as
-    (lineage code, token start, length, leaf): cut into pieces of at most ``cut`` (code
+    (lineage code, token start, length): cut into pieces of at most ``cut`` (code
     ``~((position << PIECE_BITS) | j)``), or whole with ``cut`` 0 (code: the position)."""
     if cut > 0:
-        return (~((position << PIECE_BITS) | j), s0 + j * cut, min(cut, n - j * cut), leaf)
-    return (position, s0, n, leaf)
+        return ~((position << PIECE_BITS) | j), s0 + j * cut, min(cut, n - j * cut)
+    return position, s0, n
 
 
 @jit
@@ -191,7 +193,8 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
     """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
     ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
 
-    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
+    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset; the
+    document arrays may be numpy arrays of any integer type, or (interpreted) lists.
     ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
     its pieces as (lineage code, token start, length, leaf); ``slots``: the rows in the
     order first_fit scans them (the order they opened; an emitted row moves to the
@@ -205,23 +208,23 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
     n_out = 0
     n_rows = 0
     j = j0
-    for k in range(k0, records.shape[0]):
+    for k in range(k0, len(records)):
         leaf = leaves[k]
         r = bases[leaf] + records[k]
         s0 = offsets[r]
         n = offsets[r + 1] - s0
         npieces = (n + cut - 1) // cut if cut > 0 else min(n, 1)
         while j < npieces:
-            piece = cut_piece(s0, n, j, cut, positions[k], leaf)
+            code, start, length = cut_piece(s0, n, j, cut, positions[k])
             n_out, n_rows, stop = place_piece(
-                fill, count, pieces, slots, piece, seq_len, max_segments, best, out, row_end,
-                n_out, n_rows,
+                fill, count, pieces, slots, code, start, length, leaf, seq_len, max_segments,
+                best, out, row_end, n_out, n_rows,
             )  # fmt: skip
             if stop != DONE:
                 return k, j, n_out, n_rows, stop
             j += 1
         j = 0
-    return records.shape[0], 0, n_out, n_rows, DONE
+    return len(records), 0, n_out, n_rows, DONE
 
 
 @jit

@@ -23,13 +23,13 @@ two operators one after the other.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from zephon_jax.core.checks import positive_int
-from zephon_jax.core.compiled_kernels import DONE, OUT_FULL, place
+from zephon_jax.core.compiled_kernels import COMPILED, DONE, OUT_FULL, place
 from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element, HeldLineages, held_lineage
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
@@ -42,10 +42,23 @@ _FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
 _BASES = np.zeros(1, np.int64)  # records' pieces are documents of one leaf
 
 
+def _row_array(num_bins: int, value: int | None) -> Any:
+    """``num_bins`` times ``value`` (None: ``0, 1, ...``) as int64, or as a list where
+    the kernels run interpreted."""
+    if COMPILED:
+        return (
+            np.zeros(num_bins, np.int64)
+            if value is not None
+            else np.arange(num_bins, dtype=np.int64)
+        )
+    return [value] * num_bins if value is not None else list(range(num_bins))
+
+
 class OpenRows:
     """Open rows as the arrays :func:`~zephon_jax.core.compiled_kernels.place` updates.
 
-    ``fill[i]``, ``count[i]``: tokens and pieces in row ``i``; ``piece_array[:, i, m]``:
+    ``fill[i]``, ``count[i]``: tokens and pieces in row ``i`` (int64 arrays, or lists
+    where the kernel runs interpreted: it reads them faster); ``piece_array[:, i, m]``:
     piece ``m`` of row ``i`` as (lineage code, token start, length, leaf); ``slots``:
     the rows in bin order (first_fit moves an emitted row to the end; best_fit never
     reorders); ``out`` and ``row_end`` receive emitted rows. What a code, start and
@@ -56,10 +69,10 @@ class OpenRows:
     __slots__ = ("fill", "count", "piece_array", "slots", "out", "row_end")
 
     def __init__(self, num_bins: int):
-        self.fill = np.zeros(num_bins, np.int64)
-        self.count = np.zeros(num_bins, np.int64)
+        self.fill: Any = _row_array(num_bins, 0)
+        self.count: Any = _row_array(num_bins, 0)
         self.piece_array = np.zeros((4, num_bins, _FIRST_CAPACITY), np.int64)
-        self.slots = np.arange(num_bins, dtype=np.int64)
+        self.slots: Any = _row_array(num_bins, None)
         self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
         self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
 
@@ -244,29 +257,30 @@ class Bins(OpenRows):
 
 def _hold_pieces(carry: Bins, record: np.ndarray, lineage: Any, cut: int, lengths: list[int]):
     """Holds ``record`` cut into pieces of at most ``cut`` as ``split`` makes them, with
-    each piece's lineage ``((lineage,), j)``, kept as one int where it can be."""
+    each piece's lineage ``((lineage,), j)``, kept as one int where it can be; returns
+    the next piece's id."""
     n = record.shape[0]
-    count = 1 if n <= cut else -(-n // cut)
+    count = -(-n // cut)
     if type(lineage) is int and lineage >= 0 and count <= PIECE_MASK:
         code = lineage << PIECE_BITS
         carry.compact = True
-        held = [~(code | j) for j in range(count)]
+        held: list[Any] = [~(code | j) for j in range(count)]
     else:
         held = [((lineage,), j) for j in range(count)]
-    if count == 1:
-        carry.hold(record, held[0])
-        lengths.append(n)
-        return
     for j in range(count):
         piece = record[j * cut : (j + 1) * cut]
         carry.hold(piece, held[j])
         lengths.append(piece.shape[0])
+    return carry.next_id
 
 
 def _documents(first: int, lengths: list[int]) -> tuple:
     """Pieces of ``lengths`` held with ids ``first, first + 1, ...`` as the documents
-    :meth:`OpenRows.place` takes: each its own document of leaf 0, its id as position."""
+    :meth:`OpenRows.place` takes: each its own document of leaf 0, its id as position
+    (as lists where the kernel runs interpreted: it reads them faster)."""
     k = len(lengths)
+    if not COMPILED:
+        return [0, *accumulate(lengths)], [0], [0] * k, range(k), range(first, first + k)
     offsets = np.zeros(k + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     records = np.arange(k, dtype=np.int64)
@@ -397,8 +411,15 @@ class BinPackOperator(LineageOperator):
         seq_len = self.spec.seq_len
         fields = carry.fields
         single = fields[0] if fields is not None and len(fields) == 1 else None
-        hold, append, ndarray = carry.hold, lengths.append, np.ndarray
+        record_of, lineage_of, append, ndarray = (
+            carry.record_of,
+            carry.lineage_of,
+            lengths.append,
+            np.ndarray,
+        )
+        x = carry.next_id  # the next piece's id
         empty = 0
+        stop, error = len(elements), None
         record: Any = None
         for index in range(start, len(elements)):
             element = elements[index]
@@ -408,25 +429,39 @@ class BinPackOperator(LineageOperator):
                 record = data.get(single)
                 if type(record) is ndarray and record.ndim == 1:
                     n = record.shape[0]
+            lineage = element.lineage
             if cut:
                 if n <= 0:
-                    if n == 0:
+                    if n == 0:  # split emits no piece of an empty record
                         empty += 1
                         continue
-                    return index, empty, None
-                _hold_pieces(carry, record, element.lineage, cut, lengths)
-                continue
-            if not 0 < n <= seq_len:  # the checks of any other record, with their errors
+                    stop = index
+                    break
+                if n > cut:
+                    carry.next_id = x
+                    x = _hold_pieces(carry, record, lineage, cut, lengths)
+                    continue
+                # Piece 0 of ``split``: its lineage ((lineage,), 0), as one int where it can be.
+                if type(lineage) is int and lineage >= 0:
+                    lineage = ~(lineage << PIECE_BITS)
+                    carry.compact = True
+                else:
+                    lineage = ((lineage,), 0)
+            elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)
                 except Exception as e:
-                    return index, empty, e
+                    stop, error = index, e
+                    break
                 if n == 0:
                     continue
                 record = arrays[0] if len(arrays) == 1 else arrays
-            hold(record, element.lineage)
+            record_of[x] = record
+            lineage_of[x] = lineage
+            x += 1
             append(n)
-        return len(elements), empty, None
+        carry.next_id = x
+        return stop, empty, error
 
     def _admit(self, carry: Bins | None, element: Element) -> tuple[Bins | None, tuple, int]:
         """Checks a record; returns the carry (made at the first record), its arrays and
@@ -464,7 +499,8 @@ class BinPackOperator(LineageOperator):
             return self.save(carry.to_bins())
         if carry.saved is None:
             held = tuple(chain.from_iterable(map(carry.held, range(self.num_bins))))
-            carry.saved = Saved(held, tuple(carry.count[carry.slots].tolist()))
+            count = carry.count
+            carry.saved = Saved(held, tuple([int(count[i]) for i in carry.slots]))
         return carry.saved
 
     def save_lineages(self, carry: Bins | None) -> tuple[Sequence, tuple | None]:
