@@ -7,7 +7,8 @@ the rare images outside ``[0, n)`` are walked back in by applying the network
 again (cycle walking). Everything is vectorized over numpy arrays with integer
 arithmetic only, so results are bit-identical on every machine; once a pipeline
 has loaded the compiled kernels (numba), the same network runs compiled
-(:mod:`zephon_jax.core.kernels`).
+(:mod:`zephon_jax.core.kernels`); the hash, :func:`~zephon_jax.core.compiled_kernels.mix64`,
+is the kernels' one, run here over whole arrays.
 """
 
 from __future__ import annotations

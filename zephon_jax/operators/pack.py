@@ -327,14 +327,10 @@ class BinPackOperator(LineageOperator):
         raise error
 
     def step_block(self, carry: Bins | None, elements: Sequence[Element]):
-        """The fold of ``step`` over ``elements``, in one loop over plain ints.
-
-        ``best_fit`` takes the fullest bin filled to at most ``seq_len - n`` (ties:
-        the lowest index) by bisection in the sorted bin codes; ``first_fit`` the
-        lowest such bin. If none fits, the fullest bin (the lowest of equals) is
-        emitted and the record starts a new row there (``best_fit``) or, the
-        emitted bin moved after the others (see :meth:`Bins.retire`), in the last
-        bin (``first_fit``).
+        """The fold of ``step`` over ``elements``: their records are held in the
+        carry, then placed by one call of the placement kernel
+        (:func:`~zephon_jax.core.compiled_kernels.place`, whose rules the module
+        docstring gives).
         """
         out: list[Element] = []
         start = 0

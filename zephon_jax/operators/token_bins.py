@@ -3,7 +3,7 @@
 A lane that reads a token array column-wise (see :mod:`zephon_jax.engine.columns`)
 keeps its open rows as :class:`TokenBins`: per row its fill and piece count, per
 piece its lineage code, token start, length and source, in int64 arrays that compiled
-kernels (:mod:`zephon_jax.core.kernels`) update. It saves exactly what
+kernels (:mod:`zephon_jax.core.compiled_kernels`) update. It saves exactly what
 :class:`~zephon_jax.operators.pack.Bins` saves (the same lineages, the same
 counts), so states do not tell the two apart; a restored lane's ``Bins`` is
 adopted as ``TokenBins`` on its first block, and ``flush`` or ``save`` read it
