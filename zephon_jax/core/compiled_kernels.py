@@ -1,26 +1,76 @@
-"""The compiled kernels: numba functions at module level, imported only with numba.
+"""The kernels: the hot loops, each written once in the subset of Python numba compiles.
+
+:func:`jit` compiles a kernel with numba (``numba.njit(cache=True)``) where numba
+imports and the environment does not set ``ZEPHON_JAX_COMPILED=0``; otherwise it
+returns the function as it is, and the same source runs interpreted, with the
+same results bit for bit. :func:`interpreted` gives a kernel's source function
+either way (``py_func`` of a compiled one).
 
 Each kernel is a plain module-level function, and the ones that call each other
 name each other as globals, never as closure cells: numba's on-disk cache
-(``cache=True``, beside this file, or under ``NUMBA_CACHE_DIR`` where the package
-directory is read-only) then finds them again in every new process and loader
-worker, so only the first run on a machine compiles them, and the cache holds
-one entry per kernel and signature however many runs there are. See
-:mod:`zephon_jax.core.kernels` for what each kernel does.
+(beside this file, or under ``NUMBA_CACHE_DIR`` where the package directory is
+read-only) then finds them again in every new process and loader worker, so
+only the first run on a machine compiles them, and the cache holds one entry per
+kernel and signature however many runs there are.
+
+``place``: places pieces of documents into one lane's open rows; every ``pack``
+places with it (:class:`~zephon_jax.operators.pack.Bins` over records,
+:class:`~zephon_jax.operators.token_bins.TokenBins` over token arrays). The rules,
+one piece at a time (:func:`place_piece`): best_fit takes the fullest row with
+room (the lowest of equals), first_fit the first row with room in the order the
+rows opened; if none has room, the fullest row (the lowest of equals) is emitted
+and the piece starts a new row there, for first_fit after the others; a row is
+emitted once full or at ``max_segments``. ``gather``: writes packed rows into the
+batch arrays. ``mix64`` and ``permute``: the sampler's keyed hash and permutation
+(:mod:`zephon_jax.core.permutation`).
 """
 
 from __future__ import annotations
 
-import numba
+import os
+from typing import Any, Callable, TypeVar
+
 import numpy as np
 
-from zephon_jax.core.kernel_codes import DONE, OUT_FULL, ROW_FULL
 from zephon_jax.core.lineage import PIECE_BITS
 
-_jit = numba.njit(cache=True, nogil=True)
+# Stop codes of ``place``: done; grow ``out`` (and ``row_end``); grow the open rows.
+DONE, OUT_FULL, ROW_FULL = 0, 1, 2
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-@_jit
+def _load_numba() -> tuple[Any, ImportError | None]:
+    """numba, or ``None`` and why not (``ZEPHON_JAX_COMPILED=0``: no error)."""
+    if os.environ.get("ZEPHON_JAX_COMPILED") == "0":
+        return None, None
+    try:
+        import numba
+    except ImportError as error:  # not installed, or does not import
+        return None, error
+    return numba, None
+
+
+_NUMBA, IMPORT_ERROR = _load_numba()
+COMPILED = _NUMBA is not None  # whether the kernels below run compiled
+
+
+def jit(function: _F) -> _F:
+    """``function`` compiled by numba (cached on disk, without the GIL) where
+    :data:`COMPILED`, else ``function`` itself (it then runs interpreted)."""
+    if _NUMBA is None:
+        return function
+    compiled: _F = _NUMBA.njit(cache=True, nogil=True)(function)
+    return compiled
+
+
+def interpreted(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """The Python function a kernel was made from, run interpreted (also over whole
+    numpy arrays where its operations allow, as :func:`mix64`)."""
+    return getattr(kernel, "py_func", kernel)
+
+
+@jit
 def emit(i, fill, count, pieces, out, row_end, n_out, n_rows):
     """Emits open row ``i``: its pieces to ``out`` from ``n_out`` on, its end to
     ``row_end[n_rows]``; the row is empty again. Returns the new ``(n_out, n_rows)``."""
@@ -34,107 +84,150 @@ def emit(i, fill, count, pieces, out, row_end, n_out, n_rows):
     return n_out, n_rows + 1
 
 
-@_jit
+@jit
 def to_end(slots, at):
     """Moves ``slots[at]`` after the others; returns its new place."""
     row = slots[at]
-    last = slots.shape[0] - 1
+    last = len(slots) - 1
     for a in range(at, last):
         slots[a] = slots[a + 1]
     slots[last] = row
     return last
 
 
-@_jit
+@jit
+def best_row(fill, room):
+    """best_fit: the fullest row filled to at most ``room`` (the lowest of equals), or -1."""
+    i = -1
+    top = -1
+    for b in range(len(fill)):
+        f = fill[b]
+        if top < f <= room:
+            top = f
+            i = b
+    return i
+
+
+@jit
+def first_place(fill, slots, room):
+    """first_fit: the place in ``slots`` of the first row filled to at most ``room``, or -1."""
+    for a in range(len(slots)):
+        if fill[slots[a]] <= room:
+            return a
+    return -1
+
+
+@jit
+def fullest(fill, slots, best):
+    """The fullest row (the lowest of equals): its index (best_fit, which scans rows by
+    index), or its place in ``slots`` (first_fit, which scans them in that order)."""
+    top = -1
+    at = 0
+    for a in range(len(fill)):
+        f = fill[a if best else slots[a]]
+        if f > top:
+            top = f
+            at = a
+    return at
+
+
+@jit
+def choose(fill, slots, room, best):
+    """The row for a piece that leaves ``room`` in an empty row, and its place in
+    ``slots`` (first_fit): the one with room by the method's rule, else the fullest."""
+    if best:
+        i = best_row(fill, room)
+        if i < 0:
+            i = fullest(fill, slots, best)
+        return i, i
+    at = first_place(fill, slots, room)
+    if at < 0:
+        at = fullest(fill, slots, best)
+    return slots[at], at
+
+
+@jit
+def place_piece(fill, count, pieces, slots, code, start, length, leaf, seq_len, max_segments,
+                best, out, row_end, n_out, n_rows):  # fmt: skip
+    """Places one piece (its lineage code, token start, length and leaf) into the
+    open rows by the rules (see the module docstring), emitting rows to ``out`` and
+    ``row_end`` from ``n_out``, ``n_rows`` on. Returns ``(n_out, n_rows, stop)``: ``DONE``,
+    or ``OUT_FULL`` / ``ROW_FULL`` (that array must grow; nothing of the piece is placed)."""
+    room = seq_len - length
+    i, at = choose(fill, slots, room, best)
+    if n_out + count[i] + 1 > out.shape[1] or n_rows + 2 > row_end.shape[0]:
+        return n_out, n_rows, OUT_FULL
+    if fill[i] > room:  # no row has room: the fullest goes out, the piece starts a new one
+        n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+        if not best:
+            at = to_end(slots, at)
+    m = count[i]
+    if m == pieces.shape[2]:
+        return n_out, n_rows, ROW_FULL
+    pieces[0, i, m] = code
+    pieces[1, i, m] = start
+    pieces[2, i, m] = length
+    pieces[3, i, m] = leaf
+    count[i] = m + 1
+    fill[i] += length
+    if fill[i] == seq_len or count[i] == max_segments:
+        n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
+        if not best:
+            to_end(slots, at)
+    return n_out, n_rows, DONE
+
+
+@jit
+def cut_piece(s0, n, j, cut, position):
+    """Piece ``j`` of the document of ``n`` tokens from ``s0`` at lane ``position``, as
+    (lineage code, token start, length): cut into pieces of at most ``cut`` (code
+    ``~((position << PIECE_BITS) | j)``), or whole with ``cut`` 0 (code: the position)."""
+    if cut > 0:
+        return ~((position << PIECE_BITS) | j), s0 + j * cut, min(cut, n - j * cut)
+    return position, s0, n
+
+
+@jit
 def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions, k0, j0,
-           cut, seq_len, max_segments, best, out, row_end):  # fmt: skip
+          cut, seq_len, max_segments, best, out, row_end):  # fmt: skip
     """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
     ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
 
-    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset.
+    Leaf ``l``'s document ``d`` spans ``offsets[bases[l] + d]`` to the next offset; the
+    document arrays may be numpy arrays of any integer type, or (interpreted) lists.
     ``fill[i]``/``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, :count[i]]``
     its pieces as (lineage code, token start, length, leaf); ``slots``: the rows in the
     order first_fit scans them (the order they opened; an emitted row moves to the
     end), unused by best_fit, which scans rows by index; ``cut`` > 0 cuts documents
-    into pieces of at most ``cut`` (code ``~((position << PIECE_BITS) | j)``), 0 takes them
-    whole (code: the position). Emitted rows go to ``out`` (pieces) and ``row_end``
-    (each row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
+    into pieces of at most ``cut`` (see :func:`cut_piece`), 0 takes them whole; empty
+    documents are skipped. Emitted rows go to ``out`` (pieces) and ``row_end`` (each
+    row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
     stopped and why (``DONE``; ``OUT_FULL``, ``ROW_FULL``: grow that array and go on from
     piece ``j`` of document ``k``; nothing of that piece is placed yet).
     """
-    num_bins = fill.shape[0]
-    cap = pieces.shape[2]
-    out_cap = out.shape[1]
     n_out = 0
     n_rows = 0
     j = j0
-    for k in range(k0, records.shape[0]):
+    for k in range(k0, len(records)):
         leaf = leaves[k]
         r = bases[leaf] + records[k]
         s0 = offsets[r]
         n = offsets[r + 1] - s0
-        if n == 0:
-            j = 0
-            continue
-        npieces = (n + cut - 1) // cut if cut > 0 else 1
-        position = positions[k]
+        npieces = (n + cut - 1) // cut if cut > 0 else min(n, 1)
         while j < npieces:
-            if cut > 0:
-                start = s0 + j * cut
-                length = min(cut, n - j * cut)
-                code = ~((position << PIECE_BITS) | j)
-            else:
-                start = s0
-                length = n
-                code = position
-            room = seq_len - length
-            i = -1
-            at = -1  # first_fit: the row's place in ``slots``
-            if best:
-                top = -1
-                for b in range(num_bins):
-                    if fill[b] <= room and fill[b] > top:
-                        top = fill[b]
-                        i = b
-            else:
-                for a in range(num_bins):
-                    if fill[slots[a]] <= room:
-                        at = a
-                        i = slots[a]
-                        break
-            if i < 0:  # no row has room: the fullest (the lowest of equals) goes out
-                top = -1
-                for a in range(num_bins):
-                    b = a if best else slots[a]
-                    if fill[b] > top:
-                        top = fill[b]
-                        at = a
-                        i = b
-            if n_out + count[i] + 1 > out_cap or n_rows + 2 > row_end.shape[0]:
-                return k, j, n_out, n_rows, OUT_FULL
-            if fill[i] > room:
-                n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
-                if not best:
-                    at = to_end(slots, at)
-            if count[i] == cap:
-                return k, j, n_out, n_rows, ROW_FULL
-            m = count[i]
-            pieces[0, i, m] = code
-            pieces[1, i, m] = start
-            pieces[2, i, m] = length
-            pieces[3, i, m] = leaf
-            count[i] = m + 1
-            fill[i] += length
-            if fill[i] == seq_len or count[i] == max_segments:
-                n_out, n_rows = emit(i, fill, count, pieces, out, row_end, n_out, n_rows)
-                if not best:
-                    to_end(slots, at)
+            code, start, length = cut_piece(s0, n, j, cut, positions[k])
+            n_out, n_rows, stop = place_piece(
+                fill, count, pieces, slots, code, start, length, leaf, seq_len, max_segments,
+                best, out, row_end, n_out, n_rows,
+            )  # fmt: skip
+            if stop != DONE:
+                return k, j, n_out, n_rows, stop
             j += 1
         j = 0
-    return records.shape[0], 0, n_out, n_rows, DONE
+    return len(records), 0, n_out, n_rows, DONE
 
 
-@_jit
+@jit
 def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
             positions):  # fmt: skip
     """Row ``r`` of the batch from pieces ``row_end[r - 1]:row_end[r]``: their tokens one
@@ -169,15 +262,16 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
     return True
 
 
-@_jit
+@jit
 def mix64(x):
-    """SplitMix64's finalizer on one uint64, as :func:`zephon_jax.core.permutation._mix64`."""
+    """SplitMix64's finalizer: a bijective avalanche hash of a uint64 (wraps mod 2**64);
+    interpreted, of every element of a uint64 array (:func:`interpreted`)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
 
-@_jit
+@jit
 def permute(x, n, a, b, round_keys, out):
     """``out[i]``: the image of ``x[i]`` (uint64, below ``n``) under the Feistel
     network over ``Z_a x Z_b`` with ``round_keys``, cycle-walked into ``[0, n)``."""

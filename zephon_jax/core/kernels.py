@@ -1,34 +1,23 @@
-"""Compiled kernels (numba, a dependency of the package) for the hot loops.
+"""Which kernels a pipeline runs compiled: the column-wise packing and the sampler.
 
-:func:`kernels` returns them, or ``None`` when numba cannot be imported or the
-environment sets ``ZEPHON_JAX_COMPILED=0``; callers then take their Python
-path, which gives the same results bit for bit. When numba cannot be imported
-(and ``ZEPHON_JAX_COMPILED`` is not ``0``) the first call warns once per
-process, in one line, that the loader runs interpreted and how to fix it. The
-kernels live in
-:mod:`zephon_jax.core.compiled_kernels` (imported only here, so a process that packs
-no token array never imports numba); they are compiled the first time on a
+:func:`kernels` returns the compiled kernels of :mod:`zephon_jax.core.compiled_kernels`,
+or ``None`` when numba cannot be imported or the environment sets
+``ZEPHON_JAX_COMPILED=0``; token arrays then pack on the general path, which
+places with the same kernel run interpreted and gives the same results bit for
+bit. When numba cannot be imported (and ``ZEPHON_JAX_COMPILED`` is not ``0``)
+the first call warns once per process, in one line, that the loader runs
+interpreted and how to fix it. The kernels are compiled the first time on a
 machine and loaded from numba's on-disk cache by every later process and
 loader worker.
-
-``place``: places the pieces of a block of documents into one lane's open rows,
-exactly as :meth:`~zephon_jax.operators.pack.BinPackOperator.step_block` does
-(best_fit: the fullest row with room, the lowest of equals; first_fit: the
-first row with room, in the order the rows opened; if none has room, the
-fullest row is emitted and the piece starts a new row, for first_fit after the
-others; a row is emitted once full or at ``max_segments``). ``gather``: writes packed rows into the batch arrays.
-``permute``: the sampler's keyed permutation
-(:func:`~zephon_jax.core.permutation.permute`), element by element.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from types import SimpleNamespace
 from typing import Any
 
-from zephon_jax.core import kernel_codes
+from zephon_jax.core import compiled_kernels as compiled
 
 _KERNELS: Any = False  # not yet looked for
 
@@ -41,22 +30,20 @@ def kernels() -> Any:
     """
     global _KERNELS
     if _KERNELS is False:
-        _KERNELS = None if os.environ.get("ZEPHON_JAX_COMPILED") == "0" else _compile()
+        _KERNELS = _compiled()
     return _KERNELS
 
 
 def loaded_kernels() -> Any:
     """The kernels if something already asked for them (a pipeline that packs token
-    arrays), else ``None``: the sampler's permutation uses them then, without making
-    every process that shuffles import numba."""
+    arrays), else ``None``: the sampler's permutation runs compiled then."""
     return _KERNELS or None
 
 
-def _compile() -> Any:
-    try:
-        from zephon_jax.core import compiled_kernels as compiled
-    except ImportError as error:  # numba is not installed, or does not import
-        _warn_interpreted(error)
+def _compiled() -> Any:
+    if not compiled.COMPILED:
+        if compiled.IMPORT_ERROR is not None:
+            _warn_interpreted(compiled.IMPORT_ERROR)
         return None
     return SimpleNamespace(
         place=compiled.place,
@@ -77,7 +64,3 @@ def _warn_interpreted(error: ImportError) -> None:
         RuntimeWarning,
         stacklevel=2,
     )
-
-
-# Stop codes of ``place`` (kept in kernel_codes, which the compiled kernels import).
-DONE, OUT_FULL, ROW_FULL = kernel_codes.DONE, kernel_codes.OUT_FULL, kernel_codes.ROW_FULL

@@ -7,7 +7,8 @@ the rare images outside ``[0, n)`` are walked back in by applying the network
 again (cycle walking). Everything is vectorized over numpy arrays with integer
 arithmetic only, so results are bit-identical on every machine; once a pipeline
 has loaded the compiled kernels (numba), the same network runs compiled
-(:mod:`zephon_jax.core.kernels`).
+(:mod:`zephon_jax.core.kernels`); the hash, :func:`~zephon_jax.core.compiled_kernels.mix64`,
+is the kernels' one, run here over whole arrays.
 """
 
 from __future__ import annotations
@@ -17,20 +18,14 @@ import math
 
 import numpy as np
 
+from zephon_jax.core.compiled_kernels import interpreted, mix64
 from zephon_jax.core.kernels import loaded_kernels
 
 _U64 = np.uint64
 _ROUNDS = 4
 _GOLDEN = 0x9E3779B97F4A7C15
-_M1 = _U64(0xBF58476D1CE4E5B9)
-_M2 = _U64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer: a bijective avalanche hash of uint64 arrays (wraps mod 2**64)."""
-    x = (x ^ (x >> _U64(30))) * _M1
-    x = (x ^ (x >> _U64(27))) * _M2
-    return x ^ (x >> _U64(31))
+# SplitMix64's finalizer over uint64 arrays: the compiled kernel's source, interpreted.
+_mix64 = interpreted(mix64)
 
 
 @functools.lru_cache(maxsize=65536)

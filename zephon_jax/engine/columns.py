@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.core.kernels import DONE, OUT_FULL, kernels
+from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.operators.pack import BinPackOperator
@@ -52,8 +52,8 @@ class ColumnarPlan:
     tokens: tuple[np.ndarray, ...]
     offsets: np.ndarray
     bases: np.ndarray
-    # What each placement needs, at once: the kernel, offsets, bases, cut, row length,
-    # segments bound (-1: none), best fit, the pack's spec, the field and the tokens.
+    # What each placement needs, at once: offsets, bases, cut, best fit, the pack's spec,
+    # the field and the tokens.
     arguments: tuple
 
 
@@ -97,10 +97,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
     offsets = np.concatenate([s.offsets for s in sources])
     bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
-    arguments = (
-        compiled.place, offsets, bases, cut, spec.seq_len, spec.max_segments or -1,
-        pack.method == "best_fit", spec, field, tokens,
-    )  # fmt: skip
+    arguments = (offsets, bases, cut, pack.best, spec, field, tokens)
     return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
 
 
@@ -232,37 +229,20 @@ def _place(
             carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
         )
     carry._form = None  # the rows change (as carry.changed())
-    place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
+    offsets, bases, cut, best, spec, field, tokens = columns.arguments
     several = len(tokens) > 1
     rows: list[Element] = []
-    k = j = 0
-    while True:
-        out, row_end = carry.out, carry.row_end
-        k, j, n_out, n_rows, stop = place(
-            carry.fill, carry.count, carry.pieces, carry.slots, offsets, bases, leaves, records,
-            positions, k, j, cut, seq_len, max_segments, best, out, row_end,
-        )  # fmt: skip
-        if n_rows:
-            codes, starts, lengths, sources = out[:, :n_out].tolist()
-            begin = 0
-            for end in row_end[:n_rows].tolist():
-                held = tuple(lengths[begin:end])
-                row = TokenRow(
-                    spec,
-                    field,
-                    tokens,
-                    starts[begin:end],
-                    held,
-                    sources[begin:end] if several else None,
-                )
-                rows.append(Element(row, (tuple(codes[begin:end]), held)))
-                begin = end
-        if stop == DONE:
-            break
-        if stop == OUT_FULL:
-            carry.grow_out()
-        else:
-            carry.grow_rows()
+    (codes, starts, lengths, sources), ends = carry.place(
+        (offsets, bases, leaves, records, positions), cut, spec, best
+    )
+    begin = 0
+    for end in ends:
+        held = tuple(lengths[begin:end])
+        row = TokenRow(
+            spec, field, tokens, starts[begin:end], held, sources[begin:end] if several else None
+        )
+        rows.append(Element(row, (tuple(codes[begin:end]), held)))
+        begin = end
     if rows:
         lane._row_reached(rows)
     else:  # the stage the records reached, for the no-progress error

@@ -23,13 +23,13 @@ two operators one after the other.
 
 from __future__ import annotations
 
-import bisect
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from zephon_jax.core.checks import positive_int
+from zephon_jax.core.compiled_kernels import COMPILED, DONE, OUT_FULL, place
 from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element, HeldLineages, held_lineage
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
@@ -38,45 +38,122 @@ from zephon_jax.state.envelope import is_int
 
 DEFAULT_NUM_BINS = 32
 METHODS = ("first_fit", "best_fit")
-_SCAN_IN_PYTHON = 64  # up to this many bins, a Python scan beats numpy's call overhead
+_FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
+_BASES = np.zeros(1, np.int64)  # records' pieces are documents of one leaf
 
 
-class Bins:
-    """The open rows of one lane: the records, lineages and fill of each.
+def _row_array(num_bins: int, value: int | None) -> Any:
+    """``num_bins`` times ``value`` (None: ``0, 1, ...``) as int64, or as a list where
+    the kernels run interpreted."""
+    if COMPILED:
+        return (
+            np.zeros(num_bins, np.int64)
+            if value is not None
+            else np.arange(num_bins, dtype=np.int64)
+        )
+    return [value] * num_bins if value is not None else list(range(num_bins))
 
-    ``pieces[i]`` are the records in bin ``i`` (each one's array when records
-    have one field, else its tuple of arrays) and ``lineages[i]`` their
-    lineages (a tuple, replaced as the bin grows; a piece of a split record as
-    one int, see :func:`held_lineage`), in segment order; ``fill[i]`` is their
-    total length. ``order`` keeps every bin's :func:`_code` sorted (best_fit). For
-    first_fit the bins are in the order they opened: the open ones first, an
-    emitted bin moved to the end (:meth:`retire`). Bins keep arrays and lineages,
-    not elements: arrays, ints and tuples of them, which the garbage collector does
-    not track (or stops tracking), so thousands of open rows cost it nothing; and a
-    snapshot takes the bins' tuples as they are.
+
+class OpenRows:
+    """Open rows as the arrays :func:`~zephon_jax.core.compiled_kernels.place` updates.
+
+    ``fill[i]``, ``count[i]``: tokens and pieces in row ``i`` (int64 arrays, or lists
+    where the kernel runs interpreted: it reads them faster); ``piece_array[:, i, m]``:
+    piece ``m`` of row ``i`` as (lineage code, token start, length, leaf); ``slots``:
+    the rows in bin order (first_fit moves an emitted row to the end; best_fit never
+    reorders); ``out`` and ``row_end`` receive emitted rows. What a code, start and
+    leaf stand for is the subclass's: :class:`Bins` (records) or
+    :class:`~zephon_jax.operators.token_bins.TokenBins` (token arrays).
     """
 
-    __slots__ = (
-        "fields",
-        "pieces",
-        "lineages",
-        "fill",
-        "fill_array",
-        "order",
-        "compact",
-        "_saved",
-        "_form",
-    )
+    __slots__ = ("fill", "count", "piece_array", "slots", "out", "row_end")
 
     def __init__(self, num_bins: int):
+        self.fill: Any = _row_array(num_bins, 0)
+        self.count: Any = _row_array(num_bins, 0)
+        self.piece_array = np.zeros((4, num_bins, _FIRST_CAPACITY), np.int64)
+        self.slots: Any = _row_array(num_bins, None)
+        self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
+        self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
+
+    def grow_rows(self) -> None:
+        """Doubles the pieces an open row can hold."""
+        pieces = np.zeros((4, self.piece_array.shape[1], 2 * self.piece_array.shape[2]), np.int64)
+        pieces[:, :, : self.piece_array.shape[2]] = self.piece_array
+        self.piece_array = pieces
+
+    def grow_out(self) -> None:
+        """Doubles the emitted pieces and rows one kernel call can hold."""
+        self.out = np.empty((4, 2 * self.out.shape[1]), np.int64)
+        self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
+
+    def place(self, documents: tuple, cut: int, spec: PackSpec, best: bool) -> tuple[list, list]:
+        """Places ``documents`` = ``(offsets, bases, leaves, records, positions)`` (see
+        :func:`~zephon_jax.core.compiled_kernels.place`) with ``spec``'s row length and
+        segment bound, growing the arrays as the kernel asks. Returns the emitted
+        rows: their pieces as four lists (codes, starts, lengths, leaves) and each
+        row's end in them."""
+        offsets, bases, leaves, records, positions = documents
+        seq_len, max_segments = spec.seq_len, spec.max_segments or -1
+        columns: list[list[int]] = [[], [], [], []]
+        ends: list[int] = []
+        k = j = 0
+        while True:
+            out, row_end = self.out, self.row_end
+            k, j, n_out, n_rows, stop = place(
+                self.fill, self.count, self.piece_array, self.slots, offsets, bases, leaves, records,
+                positions, k, j, cut, seq_len, max_segments, best, out, row_end,
+            )  # fmt: skip
+            if n_rows:
+                done = len(columns[0])
+                for column, part in zip(columns, out[:, :n_out].tolist()):
+                    column += part
+                ends += [done + e for e in row_end[:n_rows].tolist()]
+            if stop == DONE:
+                return columns, ends
+            if stop == OUT_FULL:
+                self.grow_out()
+            else:
+                self.grow_rows()
+
+    def put(self, a: int, code: int, n: int) -> None:
+        """Puts a piece of length ``n`` with ``code`` (start and leaf 0) into bin ``a``."""
+        i = int(self.slots[a])
+        m = int(self.count[i])
+        while m == self.piece_array.shape[2]:
+            self.grow_rows()
+        self.piece_array[:, i, m] = (code, 0, n, 0)
+        self.count[i] = m + 1
+        self.fill[i] += n
+
+    def codes(self, a: int) -> list[int]:
+        """The codes of bin ``a``'s pieces."""
+        i = self.slots[a]
+        return self.piece_array[0, i, : self.count[i]].tolist()
+
+
+class Bins(OpenRows):
+    """The open rows of one lane over records (see :class:`OpenRows`).
+
+    A piece's code is its id: ``record_of[id]`` is the record (its array when records
+    have one field, else its tuple of arrays), ``lineage_of[id]`` its lineage (a piece
+    of a split record's as one int, see :func:`held_lineage`); start and leaf are 0.
+    ``pieces`` and ``lineages`` read them by bin, in bin order.
+    ``compact``: whether a bin has held a lineage in compact form. Bins keep arrays
+    and lineages, not elements: arrays, ints and tuples of them, which the garbage
+    collector does not track (or stops tracking), so thousands of open rows cost it
+    nothing.
+    """
+
+    __slots__ = ("fields", "record_of", "lineage_of", "next_id", "compact", "_saved", "_form")
+
+    def __init__(self, num_bins: int):
+        super().__init__(num_bins)
         self.fields: tuple[str, ...] | None = None
-        self.pieces: list[list[Any]] = [[] for _ in range(num_bins)]
-        self.lineages: list[tuple] = [()] * num_bins
-        self.fill = [0] * num_bins
-        # The same fills, for a vectorized first-fit scan over many bins.
-        self.fill_array = np.zeros(num_bins, np.int64) if num_bins > _SCAN_IN_PYTHON else None
-        self.order: list[int] | None = None  # the sorted codes of the bins (see above)
-        self.compact = False  # whether a bin has held a lineage in compact form
+        self.record_of: dict[int, Any] = {}
+        self.lineage_of: dict[int, Any] = {}
+        self.next_id = 0
+        self.compact = False
         self._saved: Saved | None = None  # the saved form, until a bin changes
         self._form: tuple[HeldLineages, tuple] | None = None  # the same, as lineages
 
@@ -91,82 +168,123 @@ class Bins:
         self._saved = saved
         self._form = None
 
+    @property
+    def pieces(self) -> list[list[Any]]:
+        """Each bin's records, in bin order."""
+        get = self.record_of.__getitem__
+        return [list(map(get, self.codes(a))) for a in range(len(self.fill))]
+
+    @property
+    def lineages(self) -> tuple[tuple, ...]:
+        """Each bin's lineages, in bin order (the tuples :meth:`lineage_form` holds)."""
+        return self.lineage_form()[0].groups
+
     def lineage_form(self) -> tuple[HeldLineages, tuple]:
-        """The lineages of the held records in bin order (the bins' tuples, joined when
+        """The lineages of the held records in bin order (each bin's tuple, joined when
         read), and each bin's count; cached until a bin changes."""
         form = self._form
         if form is None:
-            bins = tuple(self.lineages)
+            get = self.lineage_of.__getitem__
+            bins = tuple(tuple(map(get, self.codes(a))) for a in range(len(self.fill)))
             form = self._form = (HeldLineages(bins, held_lineage), tuple(map(len, bins)))
         return form
 
-    def held(self, i: int) -> list[Element]:
-        """The records of bin ``i`` as elements (their data rebuilt from the arrays)."""
+    def held(self, a: int) -> list[Element]:
+        """The records of bin ``a`` as elements (their data rebuilt from the arrays)."""
         fields = self.fields or ()
+        ids = self.codes(a)
+        records, lineages = self.record_of, self.lineage_of
         if len(fields) == 1:
             (field,) = fields
-            return [
-                Element({field: array}, held_lineage(lineage))
-                for array, lineage in zip(self.pieces[i], self.lineages[i])
-            ]
-        return [
-            Element(dict(zip(fields, arrays)), held_lineage(lineage))
-            for arrays, lineage in zip(self.pieces[i], self.lineages[i])
-        ]
+            return [Element({field: records[x]}, held_lineage(lineages[x])) for x in ids]
+        return [Element(dict(zip(fields, records[x])), held_lineage(lineages[x])) for x in ids]
 
-    def add(self, i: int, record: Any, lineage: Any, n: int) -> None:
-        """Puts a record (its array, or tuple of arrays) of length ``n`` into bin ``i``."""
-        self.pieces[i].append(record)
-        self.lineages[i] += (lineage,)
-        self.fill[i] += n
-        if self.fill_array is not None:
-            self.fill_array[i] = self.fill[i]
-        self.order = None  # rebuilt when next needed
+    def contents(self, a: int) -> list[tuple[Any, Any, int]]:
+        """Bin ``a``'s pieces as (record, lineage, length)."""
+        i = self.slots[a]
+        ids, lengths = self.piece_array[[0, 2], i, : self.count[i]].tolist()
+        return [(self.record_of[x], self.lineage_of[x], n) for x, n in zip(ids, lengths)]
+
+    def hold(self, record: Any, lineage: Any) -> int:
+        """Keeps a record (its array, or tuple of arrays) and its lineage; returns its id."""
+        x = self.next_id
+        self.next_id = x + 1
+        self.record_of[x] = record
+        self.lineage_of[x] = lineage
+        return x
+
+    def add(self, a: int, record: Any, lineage: Any, n: int) -> None:
+        """Puts a record (its array, or tuple of arrays) of length ``n`` into bin ``a``."""
+        self.put(a, self.hold(record, lineage), n)
         self.saved = None
 
-    def retire(self, i: int) -> int:
-        """Moves bin ``i`` (just emitted, empty) after the others; returns its new index."""
-        self.pieces.append(self.pieces.pop(i))
-        self.lineages.append(self.lineages.pop(i))
-        self.fill.append(self.fill.pop(i))
-        fill_array = self.fill_array
-        if fill_array is not None:
-            fill_array[i:-1] = fill_array[i + 1 :]
-            fill_array[-1] = 0
-        self.order = None
-        return len(self.fill) - 1
+    def rows(self, emitted: tuple[list, list], spec: PackSpec, compact: bool) -> list[Element]:
+        """The rows :meth:`place` emitted, as packed rows derived from their records
+        (recipe: their lengths); their records leave the bins.
 
-    def emit(self, i: int, spec: PackSpec, compact: bool = False) -> Element:
-        """Bin ``i`` as a packed row derived from its records (recipe: their lengths).
-
-        ``compact``: the row's lineage keeps the bin's compact piece lineages (see
-        :func:`~zephon_jax.core.lineage.plain_lineage`), for rows that go straight to the batch.
-        """
-        records = self.pieces[i]
+        ``compact``: the rows' lineages keep the bins' compact piece lineages (see
+        :func:`~zephon_jax.core.lineage.plain_lineage`), for rows that go straight to
+        the batch."""
+        (ids, _, lengths, _), ends = emitted
         fields = self.fields or ()
-        lengths = tuple(map(len, records) if len(fields) == 1 else (len(r[0]) for r in records))
-        row = PackedRow(spec, fields, records, lengths)
-        # What derive(row, <the records>, lengths) makes.
-        parents = self.lineages[i]
-        if self.compact and not compact:
-            bits, mask = PIECE_BITS, PIECE_MASK  # held_lineage, inlined
-            parents = tuple(
-                [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
-            )
-        element = Element(row, (parents, lengths))
-        records.clear()  # the row has a copy; the bin keeps its list (no new one for the collector)
-        self.lineages[i] = ()
-        self.fill[i] = 0
-        if self.fill_array is not None:
-            self.fill_array[i] = 0
+        pop_record, pop_lineage = self.record_of.pop, self.lineage_of.pop
+        expand = self.compact and not compact
+        out = []
+        begin = 0
+        for end in ends:
+            held = ids[begin:end]
+            recipe = tuple(lengths[begin:end])
+            row = PackedRow(spec, fields, list(map(pop_record, held)), recipe)
+            parents = tuple(map(pop_lineage, held))
+            if expand:  # what derive(row, <the records>, lengths) makes: held_lineage, inlined
+                bits, mask = PIECE_BITS, PIECE_MASK
+                parents = tuple(
+                    [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
+                )
+            out.append(Element(row, (parents, recipe)))
+            begin = end
+        return out
+
+    def emit(self, a: int, spec: PackSpec, compact: bool = False) -> Element:
+        """Bin ``a`` as a packed row derived from its records (see :meth:`rows`)."""
+        i = self.slots[a]
+        c = int(self.count[i])
+        ids, _, lengths, _ = self.piece_array[:, i, :c].tolist()
+        self.fill[i] = self.count[i] = 0
         self._saved = self._form = None  # as ``saved = None``, without the setter's call
-        return element
+        return self.rows(([ids, [], lengths, []], [c]), spec, compact)[0]
 
 
-def _code(fill: int, i: int, num_bins: int) -> int:
-    """Sorts bins by fill, then by index downwards: ``(fill, -i)`` as one int
-    (inlined in :meth:`BinPackOperator.step_block`)."""
-    return fill * num_bins + num_bins - 1 - i
+def _hold_pieces(carry: Bins, record: np.ndarray, lineage: Any, cut: int, lengths: list[int]):
+    """Holds ``record`` cut into pieces of at most ``cut`` as ``split`` makes them, with
+    each piece's lineage ``((lineage,), j)``, kept as one int where it can be; returns
+    the next piece's id."""
+    n = record.shape[0]
+    count = -(-n // cut)
+    if type(lineage) is int and lineage >= 0 and count <= PIECE_MASK:
+        code = lineage << PIECE_BITS
+        carry.compact = True
+        held: list[Any] = [~(code | j) for j in range(count)]
+    else:
+        held = [((lineage,), j) for j in range(count)]
+    for j in range(count):
+        piece = record[j * cut : (j + 1) * cut]
+        carry.hold(piece, held[j])
+        lengths.append(piece.shape[0])
+    return carry.next_id
+
+
+def _documents(first: int, lengths: list[int]) -> tuple:
+    """Pieces of ``lengths`` held with ids ``first, first + 1, ...`` as the documents
+    :meth:`OpenRows.place` takes: each its own document of leaf 0, its id as position
+    (as lists where the kernel runs interpreted: it reads them faster)."""
+    k = len(lengths)
+    if not COMPILED:
+        return [0, *accumulate(lengths)], [0], [0] * k, range(k), range(first, first + k)
+    offsets = np.zeros(k + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    records = np.arange(k, dtype=np.int64)
+    return offsets, _BASES, np.zeros(k, np.int64), records, records + first
 
 
 class BinPackOperator(LineageOperator):
@@ -198,6 +316,7 @@ class BinPackOperator(LineageOperator):
         )
         self.spec = PackSpec(seq_len, f"pack(method={method!r})", dtypes, max_segments)
         self.seq_len = self.spec.seq_len
+        self.best = method == "best_fit"
         self.max_held = self.num_bins * min(self.seq_len, self.spec.max_segments or self.seq_len)
 
     def step(self, carry: Bins | None, element: Element):
@@ -208,14 +327,10 @@ class BinPackOperator(LineageOperator):
         raise error
 
     def step_block(self, carry: Bins | None, elements: Sequence[Element]):
-        """The fold of ``step`` over ``elements``, in one loop over plain ints.
-
-        ``best_fit`` takes the fullest bin filled to at most ``seq_len - n`` (ties:
-        the lowest index) by bisection in the sorted bin codes; ``first_fit`` the
-        lowest such bin. If none fits, the fullest bin (the lowest of equals) is
-        emitted and the record starts a new row there (``best_fit``) or, the
-        emitted bin moved after the others (see :meth:`Bins.retire`), in the last
-        bin (``first_fit``).
+        """The fold of ``step`` over ``elements``: their records are held in the
+        carry, then placed by one call of the placement kernel
+        (:func:`~zephon_jax.core.compiled_kernels.place`, whose rules the module
+        docstring gives).
         """
         out: list[Element] = []
         start = 0
@@ -265,33 +380,42 @@ class BinPackOperator(LineageOperator):
         """Places ``elements[start:]`` into ``carry``'s bins; returns ``out`` with the rows.
 
         With ``cut`` (see :meth:`place_split`), returns ``(out, count, empty)``
-        instead: it cuts each element into pieces first and stops at one it cannot take.
+        instead: it cuts each element into pieces first and stops at one it cannot
+        take. The elements before one that fails are placed before the error goes up.
         """
-        spec = self.spec
-        seq_len = spec.seq_len
-        max_segments = spec.max_segments or -1
-        width = self.num_bins
-        top = width - 1
-        bisect_right, insort = bisect.bisect_right, bisect.insort
-        ndarray = np.ndarray
-        fill, pieces_of, lineages_of, fill_array = (
-            carry.fill,
-            carry.pieces,
-            carry.lineages,
-            carry.fill_array,
-        )
-        emit, retire = carry.emit, carry.retire
-        best = self.method == "best_fit"
-        order: list[int] = []  # best_fit: the bins' codes, sorted
-        if best:
-            if carry.order is None:  # kept sorted from here on; rebuilt after a restore or flush
-                carry.order = sorted(_code(u, j, width) for j, u in enumerate(fill))
-            order = carry.order
         carry.saved = None  # the block changes it (no save runs until it returns)
+        first = carry.next_id
+        lengths: list[int] = []
+        taken, empty, failure = self._hold(carry, elements, start, cut, lengths)
+        if lengths:
+            placed = carry.place(_documents(first, lengths), 0, self.spec, self.best)
+            out += carry.rows(placed, self.spec, compact)
+        if failure is not None:
+            raise StepFailed(taken, failure, out, carry) from failure
+        return (out, taken, empty) if cut else out
+
+    def _hold(
+        self, carry: Bins, elements: Sequence[Element], start: int, cut: int, lengths: list[int]
+    ) -> tuple[int, int, Exception | None]:
+        """Holds the records of ``elements[start:]`` in ``carry`` (cut into pieces of at
+        most ``cut``, given one) in order, appending their lengths to ``lengths``.
+
+        Returns ``(stop, empty, error)``: the element it stopped at (all taken:
+        ``len(elements)``; with ``cut``, the first that is not a one-field record of
+        the carry's field; without, the first that fails its checks, with ``error``)
+        and how many empty ones it dropped (``split`` emits nothing for them)."""
+        seq_len = self.spec.seq_len
         fields = carry.fields
         single = fields[0] if fields is not None and len(fields) == 1 else None
-        count = 1  # pieces of the element (more only with ``cut``)
+        record_of, lineage_of, append, ndarray = (
+            carry.record_of,
+            carry.lineage_of,
+            lengths.append,
+            np.ndarray,
+        )
+        x = carry.next_id  # the next piece's id
         empty = 0
+        stop, error = len(elements), None
         record: Any = None
         for index in range(start, len(elements)):
             element = elements[index]
@@ -307,65 +431,33 @@ class BinPackOperator(LineageOperator):
                     if n == 0:  # split emits no piece of an empty record
                         empty += 1
                         continue
-                    return out, index, empty
-                value = record
-                count = 1 if n <= cut else -(-n // cut)
-                # The lineage of piece j, ((lineage,), j), kept as one int where it can be.
-                coded = type(lineage) is int and lineage >= 0 and count <= PIECE_MASK
-                if coded:
-                    lineage = lineage << PIECE_BITS
+                    stop = index
+                    break
+                if n > cut:
+                    carry.next_id = x
+                    x = _hold_pieces(carry, record, lineage, cut, lengths)
+                    continue
+                # Piece 0 of ``split``: its lineage ((lineage,), 0), as one int where it can be.
+                if type(lineage) is int and lineage >= 0:
+                    lineage = ~(lineage << PIECE_BITS)
                     carry.compact = True
+                else:
+                    lineage = ((lineage,), 0)
             elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)
                 except Exception as e:
-                    raise StepFailed(index, e, out, carry) from e
+                    stop, error = index, e
+                    break
                 if n == 0:
                     continue
                 record = arrays[0] if len(arrays) == 1 else arrays
-            j = 0
-            while True:  # over the element's pieces (one, without ``cut``)
-                if cut:
-                    held = ~(lineage | j) if coded else ((element.lineage,), j)
-                    if count > 1:
-                        record = value[j * cut : (j + 1) * cut]
-                        n = record.shape[0]
-                else:
-                    held = lineage
-                room = seq_len - n
-                if best:
-                    k = bisect_right(order, room * width + top) - 1  # _code(room, 0, width)
-                    i = top - order.pop(k if k >= 0 else -1) % width
-                elif fill_array is None:  # first_fit, a scan in Python
-                    for i, u in enumerate(fill):  # noqa: B007 - the loop finds ``i``
-                        if u <= room:
-                            break
-                    else:  # no bin fits: the fullest (the lowest of equals)
-                        i = fill.index(max(fill))
-                else:  # first_fit over many bins
-                    fits = fill_array <= room
-                    i = int(fits.argmax()) if fits.any() else fill.index(max(fill))
-                if fill[i] > room:  # fits no bin: the fullest one goes out
-                    out.append(emit(i, spec, compact))
-                    if not best:
-                        i = retire(i)
-                pieces = pieces_of[i]
-                pieces.append(record)
-                lineages_of[i] += (held,)
-                used = fill[i] = fill[i] + n
-                if fill_array is not None:
-                    fill_array[i] = used
-                if used == seq_len or len(pieces) == max_segments:
-                    out.append(emit(i, spec, compact))
-                    used = 0
-                    if not best:
-                        retire(i)
-                if best:
-                    insort(order, used * width + top - i)  # _code(used, i, width)
-                j += 1
-                if j >= count:
-                    break
-        return (out, len(elements), empty) if cut else out
+            record_of[x] = record
+            lineage_of[x] = lineage
+            x += 1
+            append(n)
+        carry.next_id = x
+        return stop, empty, error
 
     def _admit(self, carry: Bins | None, element: Element) -> tuple[Bins | None, tuple, int]:
         """Checks a record; returns the carry (made at the first record), its arrays and
@@ -392,8 +484,8 @@ class BinPackOperator(LineageOperator):
             return carry, []
         if type(carry) is not Bins:  # a lane's TokenBins (see operators.token_bins)
             carry = carry.to_bins()
-        out = [carry.emit(i, self.spec) for i, u in enumerate(carry.fill) if u]
-        carry.order = None
+        fill, slots = carry.fill, carry.slots
+        out = [carry.emit(a, self.spec) for a in range(self.num_bins) if fill[slots[a]]]
         return carry, out
 
     def save(self, carry: Any) -> Saved:  # Bins, a lane's TokenBins, or None
@@ -403,7 +495,8 @@ class BinPackOperator(LineageOperator):
             return self.save(carry.to_bins())
         if carry.saved is None:
             held = tuple(chain.from_iterable(map(carry.held, range(self.num_bins))))
-            carry.saved = Saved(held, tuple(map(len, carry.lineages)))
+            count = carry.count
+            carry.saved = Saved(held, tuple([int(count[i]) for i in carry.slots]))
         return carry.saved
 
     def save_lineages(self, carry: Bins | None) -> tuple[Sequence, tuple | None]:
@@ -436,23 +529,13 @@ class BinPackOperator(LineageOperator):
         carry = Bins(self.num_bins)
         record = self.spec.record
         at = 0
-        for i, count in enumerate(counts):  # each bin built at once, as add() would
-            if not count:
-                continue
-            elements = saved.held[at : at + count]
-            at += count
-            pieces, lengths = [], []
-            for element in elements:
+        for a, count in enumerate(counts):  # bin a is row a (rows in bin order)
+            for element in saved.held[at : at + count]:
                 fields, arrays, n = record(element.data, element.lineage)
                 if carry.fields is None:
                     carry.fields = fields
-                pieces.append(arrays[0] if len(arrays) == 1 else arrays)
-                lengths.append(n)
-            carry.pieces[i] = pieces
-            carry.lineages[i] = tuple(e.lineage for e in elements)
-            carry.fill[i] = sum(lengths)
-            if carry.fill_array is not None:
-                carry.fill_array[i] = carry.fill[i]
+                carry.add(a, arrays[0] if len(arrays) == 1 else arrays, element.lineage, n)
+            at += count
         carry.saved = saved
         return carry
 

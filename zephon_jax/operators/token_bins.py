@@ -3,7 +3,7 @@
 A lane that reads a token array column-wise (see :mod:`zephon_jax.engine.columns`)
 keeps its open rows as :class:`TokenBins`: per row its fill and piece count, per
 piece its lineage code, token start, length and source, in int64 arrays that compiled
-kernels (:mod:`zephon_jax.core.kernels`) update. It saves exactly what
+kernels (:mod:`zephon_jax.core.compiled_kernels`) update. It saves exactly what
 :class:`~zephon_jax.operators.pack.Bins` saves (the same lineages, the same
 counts), so states do not tell the two apart; a restored lane's ``Bins`` is
 adopted as ``TokenBins`` on its first block, and ``flush`` or ``save`` read it
@@ -21,62 +21,30 @@ from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import PIECE_BITS, HeldLineages, held_lineage
 from zephon_jax.core.packed import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
 from zephon_jax.errors import StateError
-from zephon_jax.operators.pack import Bins
-
-_FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
+from zephon_jax.operators.pack import Bins, OpenRows
 
 
-class TokenBins:
-    """The open rows of one lane as arrays (see the module docstring).
+class TokenBins(OpenRows):
+    """The open rows of one lane as arrays (see the module docstring and
+    :class:`~zephon_jax.operators.pack.OpenRows`).
 
-    ``fill[i]``, ``count[i]``: tokens and pieces in row ``i``; ``pieces[:, i, m]``:
-    piece ``m`` of row ``i`` as (lineage code, token start, length, leaf: which of the
-    token arrays ``tokens`` it is in). A lineage code
-    is :func:`~zephon_jax.core.lineage.piece_code` for a piece cut by ``split`` (``cut``
-    > 0), else the document's position. ``slots``: the rows in the order ``Bins``
-    keeps them (first_fit moves an emitted row to the end; best_fit never reorders).
-    ``out`` and ``row_end`` receive emitted rows.
+    A piece's leaf says which of the token arrays ``tokens`` it is in; its lineage
+    code is :func:`~zephon_jax.core.lineage.piece_code` for a piece cut by ``split``
+    (``cut`` > 0), else the document's position.
     """
 
-    __slots__ = (
-        "tokens",
-        "field",
-        "cut",
-        "fill",
-        "count",
-        "pieces",
-        "slots",
-        "out",
-        "row_end",
-        "_form",
-    )
+    __slots__ = ("tokens", "field", "cut", "_form")
 
     def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
+        super().__init__(num_bins)
         self.tokens = tokens
         self.field = field
         self.cut = cut
-        self.fill = np.zeros(num_bins, np.int64)
-        self.count = np.zeros(num_bins, np.int64)
-        self.pieces = np.zeros((4, num_bins, _FIRST_CAPACITY), np.int64)
-        self.slots = np.arange(num_bins, dtype=np.int64)
-        self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
-        self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
         self._form: tuple[HeldLineages, tuple] | None = None
 
     def changed(self) -> None:
         """Drops the cached :meth:`lineage_form` (call before the rows change)."""
         self._form = None
-
-    def grow_rows(self) -> None:
-        """Doubles the pieces an open row can hold."""
-        pieces = np.zeros((4, self.pieces.shape[1], 2 * self.pieces.shape[2]), np.int64)
-        pieces[:, :, : self.pieces.shape[2]] = self.pieces
-        self.pieces = pieces
-
-    def grow_out(self) -> None:
-        """Doubles the emitted pieces and rows one kernel call can hold."""
-        self.out = np.empty((4, 2 * self.out.shape[1]), np.int64)
-        self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
 
     def lineage_form(self) -> tuple[HeldLineages, tuple]:
         """As :meth:`Bins.lineage_form <zephon_jax.operators.pack.Bins.lineage_form>`: the
@@ -85,7 +53,7 @@ class TokenBins:
         if form is None:
             slots = self.slots.tolist()
             counts = tuple(self.count[slots].tolist())
-            codes = self.pieces[0]
+            codes = self.piece_array[0]
             groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in zip(slots, counts))
             form = self._form = (HeldLineages(groups, held_lineage), counts)
         return form
@@ -99,15 +67,9 @@ class TokenBins:
         bins.compact = self.cut > 0
         tokens = self.tokens
         for a, i in enumerate(self.slots.tolist()):  # row a of the Bins: row i here
-            c = int(self.count[i])
-            if not c:
-                continue
-            codes, starts, lengths, leaves = self.pieces[:, i, :c].tolist()
-            bins.pieces[a] = [tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves)]
-            bins.lineages[a] = tuple(codes)
-            bins.fill[a] = sum(lengths)
-            if bins.fill_array is not None:
-                bins.fill_array[a] = bins.fill[a]
+            codes, starts, lengths, leaves = self.piece_array[:, i, : self.count[i]].tolist()
+            for code, s, n, l in zip(codes, starts, lengths, leaves):
+                bins.add(a, tokens[l][s : s + n], code, n)
         return bins
 
     @classmethod
@@ -122,8 +84,8 @@ class TokenBins:
         if bins is None:
             return carry
         held: list[tuple[int, int, int, int]] = []  # (row, position, piece, length)
-        for i, (lineages, pieces) in enumerate(zip(bins.lineages, bins.pieces)):
-            for lineage, piece in zip(lineages, pieces):
+        for i in range(num_bins):
+            for _, lineage, n in bins.contents(i):
                 lineage = held_lineage(lineage)
                 if plan.cut and type(lineage) is tuple and len(lineage[0]) == 1:
                     position, j = lineage[0][0], lineage[1]
@@ -134,20 +96,20 @@ class TokenBins:
                         f"lane {lane}: the state holds {lineage!r} in an open row of "
                         f"pack, which this pipeline never makes; the state was altered"
                     )
-                held.append((i, position, j, len(piece)))
+                held.append((i, position, j, n))
         if not held:
             return carry
         rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
         leaves, records = records_of(positions)
         starts = plan.offsets[plan.bases[leaves] + records] + js * plan.cut
         codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
-        while int(np.bincount(rows).max()) > carry.pieces.shape[2]:
+        while int(np.bincount(rows).max()) > carry.piece_array.shape[2]:
             carry.grow_rows()
         at = 0
         for i in range(num_bins):
             c = int(np.count_nonzero(rows == i))
             part = slice(at, at + c)
-            carry.pieces[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
+            carry.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
             carry.count[i] = c
             carry.fill[i] = int(lengths[part].sum())
             at += c

@@ -1,0 +1,220 @@
+"""The one placement kernel (``compiled_kernels.place``), compiled and interpreted.
+
+Every ``pack`` places with it: records (``Bins``) and token arrays (``TokenBins``).
+Each case is worked by hand from the rules (best_fit: the fullest row with room, the
+lowest of equals; first_fit: the first row with room in opening order; none with
+room: the fullest row goes out, the lowest of equals; a row goes out once full or at
+``max_segments``) and runs twice: compiled by numba, and as the same source
+interpreted (every kernel it calls interpreted too).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from zephon_jax.core import compiled_kernels as ck
+from zephon_jax.core.lineage import PIECE_BITS
+from zephon_jax.operators import pack, token_bins
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
+           "cut_piece", "place", "mix64")  # fmt: skip
+P = 100  # the first document's lane position (its lineage code when taken whole)
+
+
+@pytest.fixture(params=["compiled", "interpreted"])
+def kernels(request, monkeypatch):
+    """The kernels compiled, or all of them as their interpreted source."""
+    if request.param == "interpreted":
+        for name in KERNELS:
+            monkeypatch.setattr(ck, name, ck.interpreted(getattr(ck, name)))
+        assert not hasattr(ck.place, "py_func")
+    else:
+        assert ck.COMPILED and hasattr(ck.place, "py_func")
+    return ck
+
+
+def run(ck, lengths, seq_len, num_bins, best, max_segments=-1, cut=0, dtype=np.int64, cap=8,
+        out_cap=64):  # fmt: skip
+    """Places documents of ``lengths`` (positions P, P + 1, ...) into empty rows, growing
+    as the kernel asks; returns the emitted rows' codes, the open rows' codes in bin
+    order, the row each bin is, and the emitted pieces (code, start, length, leaf)."""
+    state = SimpleNamespace(
+        fill=np.zeros(num_bins, np.int64),
+        count=np.zeros(num_bins, np.int64),
+        pieces=np.zeros((4, num_bins, cap), np.int64),
+        slots=np.arange(num_bins, dtype=np.int64),
+        out=np.empty((4, out_cap), np.int64),
+        row_end=np.empty(out_cap, np.int64),
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(dtype)
+    k = len(lengths)
+    docs = (offsets, np.zeros(1, dtype), np.zeros(k, dtype), np.arange(k, dtype=dtype))
+    positions = np.arange(P, P + k, dtype=np.int64)
+    rows, pieces = [], []
+    at = j = 0
+    stops = []
+    while True:
+        at, j, n_out, n_rows, stop = ck.place(
+            state.fill, state.count, state.pieces, state.slots, *docs, positions, at, j, cut,
+            seq_len, max_segments, best, state.out, state.row_end,
+        )  # fmt: skip
+        begin = 0
+        for end in state.row_end[:n_rows].tolist():
+            rows.append(state.out[0, begin:end].tolist())
+            pieces += state.out[:, begin:end].T.tolist()
+            begin = end
+        stops.append(int(stop))
+        if stop == ck.DONE:
+            break
+        if stop == ck.OUT_FULL:
+            state.out = np.empty((4, 2 * state.out.shape[1]), np.int64)
+            state.row_end = np.empty(2 * state.row_end.shape[0], np.int64)
+        else:
+            grown = np.zeros((4, num_bins, 2 * state.pieces.shape[2]), np.int64)
+            grown[:, :, : state.pieces.shape[2]] = state.pieces
+            state.pieces = grown
+    open_rows = [state.pieces[0, i, : state.count[i]].tolist() for i in state.slots]
+    assert state.fill[state.slots].tolist() == [
+        sum(state.pieces[2, i, : state.count[i]]) for i in state.slots
+    ]
+    return SimpleNamespace(
+        rows=rows, open=open_rows, slots=state.slots.tolist(), pieces=pieces, stops=stops
+    )
+
+
+def test_best_fit_takes_the_fullest_row_with_room_first_fit_the_first(kernels):
+    # 4 -> row 0; 7 fits only row 1; 2 fits both: best_fit the fuller (row 1), first_fit row 0.
+    best = run(kernels, [4, 7, 2], 10, 2, True)
+    assert best.rows == [] and best.open == [[P], [P + 1, P + 2]]
+    first = run(kernels, [4, 7, 2], 10, 2, False)
+    assert first.rows == [] and first.open == [[P, P + 2], [P + 1]]
+
+
+def test_ties_go_to_the_lowest_row(kernels):
+    # 6 -> row 0, 6 -> row 1 (rows 1 and 2 empty: the lower); 3 fits rows 0 and 1,
+    # filled alike: best_fit takes row 0.
+    got = run(kernels, [6, 6, 3], 10, 3, True)
+    assert got.open == [[P, P + 2], [P + 1], []]
+
+
+def test_a_full_row_goes_out_at_once_and_first_fit_moves_it_last(kernels):
+    # 6 + 4 fill row 0 exactly: out. 3 then goes to the first row with room: best_fit
+    # row 0 (rows by index), first_fit row 1 (row 0 moved after it).
+    best = run(kernels, [6, 4, 3], 10, 2, True)
+    assert best.rows == [[P, P + 1]] and best.open == [[P + 2], []] and best.slots == [0, 1]
+    first = run(kernels, [6, 4, 3], 10, 2, False)
+    assert first.rows == [[P, P + 1]] and first.open == [[P + 2], []] and first.slots == [1, 0]
+
+
+def test_without_room_the_fullest_row_goes_out_the_lowest_of_equals(kernels):
+    # 7, 7 in rows 0, 1; 5 fits neither: row 0 (the lower of two full alike) goes out
+    # and 5 starts it again: best_fit in place, first_fit after row 1.
+    best = run(kernels, [7, 7, 5], 10, 2, True)
+    assert best.rows == [[P]] and best.open == [[P + 2], [P + 1]]
+    first = run(kernels, [7, 7, 5], 10, 2, False)
+    assert first.rows == [[P]] and first.open == [[P + 1], [P + 2]] and first.slots == [1, 0]
+    # The fullest, not the first: 3 then 8 (row 1), 9 fits neither and row 1 goes out.
+    fuller = run(kernels, [3, 8, 9], 10, 2, False)
+    assert fuller.rows == [[P + 1]] and fuller.open == [[P], [P + 2]]
+
+
+@pytest.mark.parametrize("best", [True, False])
+def test_a_row_goes_out_at_max_segments(kernels, best):
+    got = run(kernels, [1, 1, 1, 1, 1], 100, 2, best, max_segments=2)
+    assert got.rows == [[P, P + 1], [P + 2, P + 3]] and got.open[0] + got.open[1] == [P + 4]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_the_document_arrays_may_be_any_integer_dtype(kernels, dtype):
+    got = run(kernels, [6, 4, 3, 0, 9, 1], 10, 2, True, dtype=dtype)
+    assert got.rows == [[P, P + 1], [P + 4, P + 5]] and got.open == [[P + 2], []]
+    assert got.pieces == [[P, 0, 6, 0], [P + 1, 6, 4, 0], [P + 4, 13, 9, 0], [P + 5, 22, 1, 0]]
+
+
+def test_cut_documents_go_in_pieces_with_their_piece_codes(kernels):
+    # 10 tokens cut by 4: pieces 4, 4 (row 0 full: out) and 2.
+    got = run(kernels, [10], 8, 2, True, cut=4)
+    code = [~((P << PIECE_BITS) | j) for j in range(3)]
+    assert got.pieces == [[code[0], 0, 4, 0], [code[1], 4, 4, 0]]
+    assert got.open == [[code[2]], []]
+
+
+def test_full_arrays_stop_the_kernel_and_it_goes_on_from_the_same_piece(kernels):
+    want = run(kernels, [2, 2, 2, 6, 6, 2, 2, 2], 8, 1, True)
+    grown = run(kernels, [2, 2, 2, 6, 6, 2, 2, 2], 8, 1, True, cap=1, out_cap=1)
+    assert ck.ROW_FULL in grown.stops and ck.OUT_FULL in grown.stops
+    assert (grown.rows, grown.open, grown.pieces) == (want.rows, want.open, want.pieces)
+    assert want.rows == [[P, P + 1, P + 2], [P + 3], [P + 4, P + 5]]
+
+
+def test_mix64_interpreted_over_arrays_equals_the_kernel_element_by_element(kernels):
+    values = np.array([0, 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15], np.uint64)
+    whole = ck.interpreted(ck.mix64)(values)
+    with np.errstate(over="ignore"):  # numpy scalars warn where they wrap, arrays do not
+        assert whole.tolist() == [int(kernels.mix64(v)) for v in values]
+    assert whole.tolist()[:2] == [0, 0x5692161D100B05E5]
+
+
+def test_records_and_token_arrays_place_with_this_one_kernel():
+    assert pack.place is ck.place
+    assert issubclass(token_bins.TokenBins, pack.OpenRows) and issubclass(pack.Bins, pack.OpenRows)
+
+
+def test_without_numba_the_same_source_runs_interpreted():
+    """``ZEPHON_JAX_COMPILED=0``: the kernels are the plain functions, numba is not imported."""
+    program = (
+        "import sys; from zephon_jax.core import compiled_kernels as ck; "
+        "from zephon_jax.operators import pack; "
+        "print(ck.COMPILED, pack.place is ck.interpreted(ck.place), 'numba' in sys.modules)"
+    )
+    env = {**os.environ, "ZEPHON_JAX_COMPILED": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True", "False"]
+
+
+def _place_all(place, fill, count, slots, lengths, seq_len, best, max_segments, cut):
+    """One call of ``place`` over documents of ``lengths`` with room for everything."""
+    k = len(lengths)
+    pieces = np.zeros((4, len(fill), 64), np.int64)
+    out, row_end = np.empty((4, 4096), np.int64), np.empty(4096, np.int64)
+    offsets = [0, *np.cumsum(lengths).tolist()]
+    docs = (offsets, [0], [0] * k, list(range(k)), list(range(P, P + k)))
+    if not isinstance(fill, list):
+        docs = tuple(np.array(d, np.int64) for d in docs)
+    got = place(fill, count, pieces, slots, *docs, 0, 0, cut, seq_len, max_segments, best, out,
+                row_end)  # fmt: skip
+    assert got[4] == ck.DONE
+    n_out, n_rows = got[2], got[3]
+    held = [pieces[:, i, : count[i]].tolist() for i in slots]
+    return out[:, :n_out].tolist(), row_end[:n_rows].tolist(), held, list(slots), list(fill)
+
+
+@pytest.mark.parametrize("best", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_interpreted_and_interpreted_over_lists_agree(monkeypatch, best, seed):
+    """Random documents: the compiled kernel, its source over arrays, and its source over
+    lists (the records' path interpreted) leave the same rows and open rows."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, 300).tolist()
+    args = (lengths, 32, best, int(rng.choice([-1, 3])), int(rng.choice([0, 8])))
+
+    def arrays():
+        return np.zeros(5, np.int64), np.zeros(5, np.int64), np.arange(5, dtype=np.int64)
+
+    compiled = _place_all(ck.place, *arrays(), *args)
+    for name in KERNELS:
+        monkeypatch.setattr(ck, name, ck.interpreted(getattr(ck, name)))
+    assert _place_all(ck.place, *arrays(), *args) == compiled
+    assert _place_all(ck.place, [0] * 5, [0] * 5, list(range(5)), *args) == compiled
+    assert len(compiled[1]) > 20  # rows came out
