@@ -11,7 +11,7 @@ import pytest
 
 import zephon_jax as zj
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _toctree_entries() -> list[str]:

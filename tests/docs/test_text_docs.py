@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.mark.parametrize("page", ["tokenization.md", "training_batches.md"])

@@ -22,7 +22,7 @@ from pipelines import assert_batch_equal
 import zephon_jax as zj
 import zephon_jax.checkpoint as zc
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fault_trainer.py is
 ROOT = HERE.parent
 
 STEPS = 10

@@ -13,6 +13,10 @@ from pipelines import assert_batches_equal, concat_parts, make_docs, take
 import zephon_jax as zj
 from zephon_jax.state import codec
 
+HERE = os.path.dirname(
+    os.path.abspath(__file__)
+)  # this folder (its parent, tests/, holds the helpers)
+
 NUM_RECORDS = 40
 BAD_ID = 13  # 4 lanes: lane 13 % 4 = 1 reads record 13 at lane-local position 13 // 4 = 3
 
@@ -546,7 +550,7 @@ def test_failure_while_restoring_names_the_element_and_keeps_the_iterator():
 # ----- a training process killed during an Orbax save ------------------------------------------
 SAVER = """
 import sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 import orbax.checkpoint as ocp
 import zephon_jax as zj
 import zephon_jax.checkpoint as zc
@@ -590,7 +594,7 @@ def test_process_killed_during_an_orbax_save_keeps_the_previous_checkpoint(tmp_p
     ocp = pytest.importorskip("orbax.checkpoint")
     zc = pytest.importorskip("zephon_jax.checkpoint")
     script = tmp_path / "saver.py"
-    script.write_text(SAVER.format(tests=os.path.dirname(__file__)))
+    script.write_text(SAVER.format(tests=[HERE, os.path.dirname(HERE)]))
     directory = tmp_path / "ckpt"
     proc = subprocess.Popen(
         [sys.executable, str(script), str(directory), mode],

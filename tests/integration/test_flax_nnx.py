@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import zephon_jax as zj
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "flax_nnx_train.py"
 
 

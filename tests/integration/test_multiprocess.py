@@ -20,7 +20,7 @@ import mp_worker as worker
 import portpicker
 import pytest
 
-WORKER_PATH = Path(__file__).with_name("mp_worker.py")
+WORKER_PATH = Path(__file__).resolve().parents[1] / "mp_worker.py"
 
 STEPS = 30
 SAVE_AT = 12

@@ -119,7 +119,7 @@ def mesh_results(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("ramp_mesh") / "results.json"
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    script = Path(__file__).with_name("schedule_mesh_checks.py")
+    script = Path(__file__).resolve().parents[1] / "schedule_mesh_checks.py"
     proc = subprocess.run(
         [sys.executable, str(script), str(out)],
         env=env,

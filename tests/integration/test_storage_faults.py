@@ -263,7 +263,7 @@ def test_a_token_store_abandons_answers_slower_than_the_timeout(s3, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
         from fault_proxy import FaultProxy, timed
         from zephon_jax.sources import StorageError, TokenStore
         with FaultProxy({s3!r}) as proxy:

@@ -14,7 +14,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def test_requires_python_is_what_mypy_and_ruff_check():

@@ -20,7 +20,7 @@ from pipelines import assert_batch_equal
 
 import zephon_jax as zj
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where mesh_checks.py is
 
 STEPS = 10
 

@@ -24,6 +24,8 @@ from zephon_jax.tools.prepare import (
 )
 from zephon_jax.tools.tokenizers import byte_detokenize, byte_tokenize
 
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # full_disk.py
+
 
 def write_inputs(tmp_path):
     """A JSONL file with two bad lines, a text file, a Parquet file with a null; expected texts."""
@@ -283,12 +285,12 @@ def test_disk_full_fails_clearly_and_a_rerun_with_room_is_identical(tmp_path, to
     args = [str(source), "--to", to, "--chunk-records", "50", "--commit-every", "2"]
     driver = [
         sys.executable,
-        os.path.join(os.path.dirname(__file__), "full_disk.py"),
+        os.path.join(TESTS, "full_disk.py"),
         str(tmp_path / "mnt"),
         str(tmp_path),
         "--small=320k",
         "--big=64m",
-        f"--pythonpath={os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}",
+        f"--pythonpath={os.path.dirname(TESTS)}",
         "--",
         *args,
     ]

@@ -258,7 +258,7 @@ def test_slow_transformers_identity_follows_what_changes_the_output(tmp_path):
         used.encode(text, add_special_tokens=False)
     assert identity(used) == base
     env = dict(os.environ, PYTHONHASHSEED="123")  # another process, other str hashes
-    here = os.path.dirname(__file__)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = [sys.executable, "-c", SLOW_IDENTITY, here, str(tmp_path / "elsewhere")]
     out = subprocess.run(script, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == base
