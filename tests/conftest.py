@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mp_worker
 import pytest
+from cli_pipelines import pipelines  # noqa: F401 (the command's tests' fixture)
 
 TIERS = ("unit", "integration", "docs")
 TESTS = Path(__file__).resolve().parent

@@ -1,17 +1,13 @@
 """``Loader(sharding=...)``: global jax.Arrays, device prefetch and the state it reports.
 
 Tests here run on whatever devices this process has (one CPU device usually);
-the 8-device meshes run in one subprocess (``mesh_checks.py``), because the
-device count is fixed when jax starts.
+the 8-device meshes run in tests/integration/test_eight_devices.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,8 +15,6 @@ import pytest
 from pipelines import assert_batch_equal
 
 import zephon_jax as zj
-
-HERE = Path(__file__).resolve().parents[1]  # tests/, where mesh_checks.py is
 
 STEPS = 10
 
@@ -146,37 +140,6 @@ def test_pair_and_pytree_forms_equal_named_sharding(dataset, reference, sharding
             assert_batch_equal(next(it), want)
 
 
-@pytest.fixture(scope="module")
-def eight_device_results(tmp_path_factory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("mesh") / "results.json"
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "mesh_checks.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
-MESH_CHECKS = [
-    "data_tensor_mesh",
-    "three_axis_mesh_pair_form",
-    "per_field_shardings",
-    "state_from_mesh_restores_on_one_device",
-    "batch_not_divisible_by_shards",
-]
-
-
-@pytest.mark.parametrize("name", MESH_CHECKS)
-def test_eight_device_mesh(eight_device_results, name):
-    assert set(eight_device_results) == set(MESH_CHECKS)
-    assert eight_device_results[name] == "ok", eight_device_results[name]
-
-
 def test_loader_workers_feed_the_device_ring(dataset, reference, sharding):
     """Worker processes behind a sharded loader: same arrays, same states."""
     pytest.importorskip("zephon_jax.workers.producer")
@@ -223,25 +186,3 @@ def test_device_prefetch_fetches_worker_states_only_for_get_state(
             assert_same_state(it.get_state(), states[step])
     finally:
         it.close()
-
-
-def test_accelerator_check_script_is_exact_on_eight_simulated_devices(tmp_path):
-    """``benchmarks/accelerator_check.py`` (run as is on GPU and TPU hosts) passes here on 8
-    CPU devices: every sharded batch, with prefetch, workers and a resume, is the
-    reference's, byte for byte."""
-    out = tmp_path / "figures.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["JAX_PLATFORMS"] = "cpu"
-    script = HERE.parent / "benchmarks" / "accelerator_check.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    figures = json.loads(out.read_text())
-    assert figures["platform"] == "cpu" and len(figures["devices"]) == 8
-    assert figures["checks"] and all(figures["checks"].values()), figures["checks"]
-    assert figures["device_vs_numpy"] > 0
