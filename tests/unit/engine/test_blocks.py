@@ -380,3 +380,13 @@ def _state_at(ds, steps):
     it = iter(zj.Loader(ds))
     take(it, steps)
     return it.get_state()
+
+
+def test_block_cap_rounds_the_rows_worth_up_and_next_block_starts_over_after_a_row():
+    """32 rows' worth at 5 records per 3 rows is 53.3 records: 54, never fewer."""
+    assert lane_blocks.block_cap(5, 3) == 54
+    assert lane_blocks.block_cap(0, 3) == 1  # no record read yet for a row: at least one
+    assert lane_blocks.first_block(7, cap=54) == 54  # 56 needed, capped
+    # After a block that made a row, the next is a first block again (no doubling).
+    assert lane_blocks.next_block(128, 2, grew=True) == 32
+    assert lane_blocks.next_block(40, 2, grew=False) == 80
