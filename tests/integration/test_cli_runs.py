@@ -122,7 +122,7 @@ def test_prepare_num_workers_is_a_hidden_deprecated_alias_of_workers(tmp_path, c
     text = prep.format_help()
     assert "--workers" in text and "--num-workers" not in text
     assert "--eos-id" in text
-    # What the help says of directories is what prepare does (tests/test_prepare.py).
+    # What the help says of directories is what prepare does (tests/unit/tools/test_prepare.py).
     assert "its other files are skipped, and listed in a note" in " ".join(text.split())
     data = tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))

@@ -37,10 +37,10 @@ def test_segment_names():
 
 def test_fields_lie_at_64_byte_offsets_and_read_back(ring):
     prefix, writer, reader = ring
-    batch = {"a": np.arange(5, dtype=np.int64), "b": np.ones((2, 3), np.float32)}
+    batch = {"a": np.arange(3, dtype=np.int64), "b": np.ones((2, 3), np.float32)}
     layout = writer.write(0, batch)
     assert layout.fields == (
-        Field("a", np.dtype(np.int64), (5,), 0),  # 40 bytes, rounded up to 64
+        Field("a", np.dtype(np.int64), (3,), 0),  # 24 bytes, rounded up to 64
         Field("b", np.dtype(np.float32), (2, 3), 64),
     )
     assert layout.segment == f"{prefix}0_0" and layout.inline == {}
