@@ -135,23 +135,23 @@ def test_empty_source():
 
 # ----- user functions that raise -------------------------------------------------------------------
 USER_FUNCTIONS = {
-    "map": (lambda ds: ds.map(fails_on_bad_id), "map(test_errors.fails_on_bad_id)"),
+    "map": (lambda ds: ds.map(fails_on_bad_id), f"map({__name__}.fails_on_bad_id)"),
     "filter": (
         lambda ds: ds.filter(fails_on_bad_id_pred),
-        "filter(test_errors.fails_on_bad_id_pred)",
+        f"filter({__name__}.fails_on_bad_id_pred)",
     ),
     "random_map": (
         lambda ds: ds.random_map(fails_on_bad_id_rng, seed=3),
-        "random_map(test_errors.fails_on_bad_id_rng, seed=3)",
+        f"random_map({__name__}.fails_on_bad_id_rng, seed=3)",
     ),
     "flat_map": (
         lambda ds: ds.flat_map(fails_on_bad_id_flat),
-        "flat_map(test_errors.fails_on_bad_id_flat)",
+        f"flat_map({__name__}.fails_on_bad_id_flat)",
     ),
-    "user operator": (lambda ds: ds.apply(FailsOnBadId()), "apply(test_errors.FailsOnBadId())"),
+    "user operator": (lambda ds: ds.apply(FailsOnBadId()), f"apply({__name__}.FailsOnBadId())"),
     "map after split": (
         lambda ds: ds.split(100).map(fails_on_bad_id),
-        "map(test_errors.fails_on_bad_id) after split",
+        f"map({__name__}.fails_on_bad_id) after split",
     ),
 }
 
