@@ -1,6 +1,6 @@
 """Runs ``zephon-jax prepare`` onto a real, small filesystem that fills up, then gives it room.
 
-Started by ``tests/test_prepare.py`` as root, or inside a user and mount namespace
+Started by ``tests/integration/test_prepare_runs.py`` as root, or inside a user and mount namespace
 (``unshare --user --map-root-user --mount``) where the tests do not run as root:
 either way it may mount. Steps, each recorded in ``RESULT/report.json``:
 

@@ -1,7 +1,7 @@
 """Checks of ``Loader(sharding=...)`` on 8 simulated CPU devices in one process.
 
-The device count must be set before jax starts, so ``test_sharding.py`` runs
-this script in a subprocess; it writes ``{check name: "ok" or the traceback}``
+The device count must be set before jax starts, so
+``tests/integration/test_eight_devices.py`` runs this script in a subprocess; it writes ``{check name: "ok" or the traceback}``
 as JSON to the path given as its argument.
 """
 

@@ -1,6 +1,6 @@
 """Checks of a batch-size ramp-up through ``Loader(sharding=...)`` on 8 simulated CPU devices.
 
-``test_schedules.py`` runs this script in a subprocess (the device count is
+``tests/integration/test_schedules.py`` runs this script in a subprocess (the device count is
 fixed when jax starts); it writes ``{check name: "ok" or the traceback}`` as
 JSON to the path given as its argument.
 """

@@ -12,7 +12,7 @@ as :class:`~zephon_jax.operators.token_bins.TokenRow`.
 It is the general path's exact twin: the blocks have the same sizes, the
 pieces go into the same rows in the same order, rows and held records have the
 same lineages, so every batch, state and provenance record is the same
-byte for byte (``tests/test_token_columns.py`` checks this against
+byte for byte (``tests/integration/test_token_columns.py`` checks this against
 ``ZEPHON_JAX_COMPILED=0``). Without numba, or for any other pipeline, lanes take
 the general path.
 """

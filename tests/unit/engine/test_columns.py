@@ -1,0 +1,72 @@
+"""``columnar_plan``: which pipelines a lane reads column-wise (token arrays packed by the
+compiled kernels), and what the plan holds. (That the column-wise path gives the general
+path's batches and states, byte for byte, is tests/integration/test_token_columns.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zephon_jax as zj
+from zephon_jax.engine.columns import columnar_plan
+from zephon_jax.engine.lane import LanePlan
+from zephon_jax.sources import TokenArray
+
+# Documents of 10, 15 and 15 tokens; and of 5 and 15.
+A = TokenArray(np.arange(1, 41, dtype=np.int32), [0, 10, 25, 40])
+B = TokenArray(np.arange(1, 21, dtype=np.int32), [0, 5, 20])
+
+
+def plan_of(ds):
+    return columnar_plan(LanePlan(ds))
+
+
+def test_a_packed_token_array_is_read_column_wise():
+    plan = plan_of(zj.Dataset.source(A).shuffle(1).pack(32, num_bins=3).batch(4))
+    assert plan is not None
+    assert (plan.stage, plan.cut, plan.field) == (0, 0, "tokens")
+    assert np.shares_memory(plan.tokens[0], A.tokens)  # read in place, not copied
+    assert plan.offsets.tolist() == [0, 10, 25, 40] and plan.bases.tolist() == [0]
+    assert plan.pack.spec.seq_len == 32
+
+
+def test_split_before_pack_runs_fused_with_its_cut():
+    plan = plan_of(zj.Dataset.source(A).split(8).pack(32).batch(4))
+    assert plan is not None and (plan.stage, plan.cut) == (1, 8)
+
+
+def test_a_mixture_by_records_puts_the_offsets_one_after_the_other():
+    mixed = zj.Dataset.mix([zj.Dataset.source(A), zj.Dataset.source(B)], [0.5, 0.5])
+    plan = plan_of(mixed.pack(32).batch(4))
+    assert plan is not None
+    assert plan.offsets.tolist() == [0, 10, 25, 40, 0, 5, 20]
+    assert plan.bases.tolist() == [0, 4]  # B's offsets start at entry 4
+    assert [len(t) for t in plan.tokens] == [40, 20]
+
+
+def test_integer_tokens_into_a_narrower_integer_dtype_are_read_column_wise():
+    plan = plan_of(zj.Dataset.source(A).pack(32, dtypes={"tokens": np.int16}).batch(4))
+    assert plan is not None  # the gather checks every token against int16's bounds
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda: zj.Dataset.source(A).map(lambda r: r).pack(32), id="map"),
+        pytest.param(lambda: zj.Dataset.source(A).pack(32).map(lambda r: r), id="map after"),
+        pytest.param(lambda: zj.Dataset.source(A).pack(8), id="documents longer than rows"),
+        pytest.param(lambda: zj.Dataset.source(A).split(4).split(8).pack(32), id="two splits"),
+        pytest.param(
+            lambda: zj.Dataset.source(TokenArray(np.ones(40, np.float32), [0, 10, 40])).pack(32),
+            id="float tokens",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source(
+                [{"tokens": np.arange(5, dtype=np.int32)} for _ in range(10)]
+            ).pack(32),
+            id="not a token array",
+        ),
+    ],
+)
+def test_other_pipelines_take_the_general_path(build):
+    assert plan_of(build().batch(4)) is None

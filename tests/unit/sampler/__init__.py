@@ -1,0 +1,1 @@
+"""unit.sampler tests."""
