@@ -23,7 +23,7 @@ from zephon_jax.core import compiled_kernels as ck
 from zephon_jax.core.lineage import PIECE_BITS
 from zephon_jax.operators import pack, token_bins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)

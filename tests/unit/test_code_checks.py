@@ -13,7 +13,7 @@ import pytest
 
 import zephon_jax
 
-CI = Path(__file__).resolve().parents[1] / ".ci"
+CI = Path(__file__).resolve().parents[2] / ".ci"
 PACKAGE = Path(zephon_jax.__file__).parent
 
 
