@@ -56,6 +56,7 @@ def _pipeline(
     num_lanes: int | None = None,
     epochs: int | None = None,
     mix: bool = False,
+    training: dict | None = None,
 ) -> zj.BatchedDataset:
     if mix:
         ds = _mixture(epochs).shuffle(seed=3)
@@ -66,6 +67,8 @@ def _pipeline(
     if cut is not None:
         ds = ds.split(cut)
     ds = ds.pack(seq_len, method=method, num_bins=num_bins, max_segments=max_segments)
+    if training is not None:
+        ds = ds.to_training(**training)
     return ds.batch(batch, num_lanes=num_lanes)
 
 
@@ -125,6 +128,19 @@ CASES = {
     "mixture": {"mix": True},
     "mixture, first fit, short pieces": {"mix": True, "method": "first_fit", "cut": 16},
     "finite mixture": {"mix": True, "epochs": 1, "num_lanes": 2, "batch": 4},
+    "to_training": {"training": {}},
+    "to_training, MaxText's names": {"training": {"field_names": "maxtext"}, "cut": 20},
+    "to_training, MaxText's convention": {
+        "training": {"pad_id": 7, "convention": "maxtext"},
+        "method": "first_fit",
+        "num_lanes": 2,
+    },
+    "to_training, MaxText's names and convention, mixture": {
+        "training": {"field_names": "maxtext", "convention": "maxtext"},
+        "mix": True,
+        "epochs": 1,
+        "batch": 4,
+    },
 }
 
 
@@ -225,6 +241,11 @@ def test_pipelines_it_does_not_take_run_the_general_path():
         next(iter(zj.Loader(_pipeline(cut=None))))
     windowed = zj.Dataset.source(TOKENS).split(48).pack(48).window_shuffle(2, seed=0).batch(8)
     assert LanePlan(windowed).columnar is None
+    shifted = zj.Dataset.source(TOKENS).split(48).pack(48).to_training()
+    assert LanePlan(shifted.batch(8)).columnar is not None
+    assert LanePlan(shifted.map(lambda r: r).batch(8)).columnar is None  # a map after it
+    narrow = zj.Dataset.source(wide).split(48).pack(48, dtypes={"tokens": np.int16})
+    assert LanePlan(narrow.to_training().batch(8)).columnar is None  # values checked first
 
 
 def test_packed_row_read_alone_equals_its_batch_row():

@@ -1,13 +1,15 @@
 """Lanes that read token arrays column-wise and pack with compiled kernels.
 
-A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``,
-or one over a mixture by records of such sources (``Dataset.mix``, fixed
-weights), with no maps or filters, ``pack`` last, ``c <= S``, and integer tokens
-(or tokens the output dtype always holds), needs no element per document: a
+A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S)
+[.to_training(...)] .batch(B)``, or one over a mixture by records of such sources
+(``Dataset.mix``, fixed weights), with no maps or filters, ``pack`` last, ``c <= S``,
+and integer tokens (or tokens the output dtype always holds; always, before
+``to_training``), needs no element per document: a
 lane resolves its next positions to document ids, and one kernel call per block
 cuts the documents into pieces and places them into the lane's
 :class:`~zephon_jax.operators.token_bins.TokenBins`, returning the finished rows
-as :class:`~zephon_jax.operators.token_bins.TokenRow`.
+as :class:`~zephon_jax.operators.token_bins.TokenRow`. A ``to_training`` after
+``pack`` shifts the gathered batch arrays as a whole.
 
 It is the general path's exact twin: the blocks have the same sizes, the
 pieces go into the same rows in the same order, rows and held records have the
@@ -31,6 +33,7 @@ from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
+from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
 # that provenance keeps of its last blocks, see Lane._remember).
@@ -53,7 +56,8 @@ class ColumnarPlan:
     offsets: np.ndarray
     bases: np.ndarray
     # What each placement needs, at once: the kernel, offsets, bases, cut, row length,
-    # segments bound (-1: none), best fit, the pack's spec, the field and the tokens.
+    # segments bound (-1: none), best fit, the pack's spec, the field, the tokens and
+    # the to_training after pack (None: none).
     arguments: tuple
 
 
@@ -73,9 +77,9 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
         return None  # the kernels take the token arrays as one tuple of one array type
     ops = plan.operators
-    if len(ops) == 1 and type(ops[0]) is BinPackOperator and not plan.post_transforms[0]:
+    if len(ops) == 1 and type(ops[0]) is BinPackOperator:
         stage, cut, key = 0, 0, field
-    elif len(ops) == 2 and plan.fused[0] is not None and not plan.post_transforms[1]:
+    elif len(ops) == 2 and plan.fused[0] is not None:
         stage, cut, key = 1, plan.fused[0][1], plan.fused[0][2]
     else:
         return None
@@ -84,6 +88,9 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     if key != field or set(spec.dtypes) - {field}:
         return None
     out = spec.dtype(field)
+    training = _training_after(plan.post_transforms[stage], field)
+    if training is False or (training and not np.can_cast(dtype, out, "safe")):
+        return None  # the general path raises, or checks values before the shift
     if not np.can_cast(dtype, out, "safe") and not (
         dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
     ):
@@ -99,9 +106,20 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
     arguments = (
         compiled.place, offsets, bases, cut, spec.seq_len, spec.max_segments or -1,
-        pack.method == "best_fit", spec, field, tokens,
+        pack.method == "best_fit", spec, field, tokens, training,
     )  # fmt: skip
     return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
+
+
+def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransform | None | bool:
+    """What follows ``pack``: None (nothing), a ``to_training`` alone over rows of
+    ``tokens`` (applied to the batch arrays), or False (any other transform: the
+    general path runs)."""
+    if not transforms:
+        return None
+    if len(transforms) == 1 and type(transforms[0]) is ToTrainingTransform and field == "tokens":
+        return transforms[0]
+    return False
 
 
 def take_columns(lane: Any, n: int) -> list | None:
@@ -232,7 +250,9 @@ def _place(
             carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
         )
     carry._form = None  # the rows change (as carry.changed())
-    place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
+    place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens, training = (
+        columns.arguments
+    )
     several = len(tokens) > 1
     rows: list[Element] = []
     k = j = 0
@@ -254,6 +274,7 @@ def _place(
                     starts[begin:end],
                     held,
                     sources[begin:end] if several else None,
+                    training,
                 )
                 rows.append(Element(row, (tuple(codes[begin:end]), held)))
                 begin = end

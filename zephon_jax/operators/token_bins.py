@@ -13,15 +13,23 @@ arrays, gathered into the batch by one kernel call per batch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import PIECE_BITS, HeldLineages, held_lineage
-from zephon_jax.core.packed import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
+from zephon_jax.core.packed import (
+    POSITIONS,
+    SEGMENT_DTYPE,
+    SEGMENT_IDS,
+    PackedRow,
+    PackSpec,
+    assemble_rows,
+)
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins
+from zephon_jax.transforms.to_training import ToTrainingTransform
 
 _FIRST_CAPACITY = 8  # pieces per open row before the arrays grow
 
@@ -156,9 +164,14 @@ class TokenBins:
 
 class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
-    ``tokens`` each is in (``leaves``; None: all in the first)."""
+    ``tokens`` each is in (``leaves``; None: all in the first).
 
-    __slots__ = ("tokens", "starts", "leaves")
+    With ``training`` (a :class:`~zephon_jax.transforms.to_training.ToTrainingTransform`
+    that follows ``pack``), the row reads as that transform's output fields, and a
+    batch of such rows is shifted as a whole after the gather (the same bytes as the
+    transform row by row)."""
+
+    __slots__ = ("tokens", "starts", "leaves", "training")
 
     def __init__(
         self,
@@ -168,6 +181,7 @@ class TokenRow(PackedRow):
         starts: Sequence[int],
         lengths: tuple[int, ...],
         leaves: Sequence[int] | None = None,
+        training: ToTrainingTransform | None = None,
     ):
         self.spec = spec
         self.fields = (field,)
@@ -175,7 +189,18 @@ class TokenRow(PackedRow):
         self.starts = starts
         self.lengths = lengths
         self.leaves = leaves
+        self.training = training
         self._data = None
+
+    def keys(self):  # noqa: D102 - output names, without assembling
+        training = self.training
+        return super().keys() if training is None else list(training.output_names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
     @property
     def pieces(self) -> tuple:  # type: ignore[override]
@@ -188,16 +213,36 @@ class TokenRow(PackedRow):
     @staticmethod
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
         """``rows`` as a batch by one compiled gather, or None if they are not all
-        TokenRows of one set of token arrays and one pack (the general assembly then runs)."""
+        TokenRows of one set of token arrays and one pack (the general assembly then runs).
+        Rows with ``training`` are shifted after the gather (after the general assembly
+        where the gather does not take them)."""
+        training = rows[0].training
+        packed = TokenRow.gather_batch(rows, None if training else pool)
+        if training is None:
+            return packed
+        if packed is None:
+            plain = [PackedRow(row.spec, row.fields, row.pieces, row.lengths) for row in rows]
+            packed = assemble_rows(plain)
+        return training.apply_batch(packed)
+
+    @staticmethod
+    def gather_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
+        """The packed fields of ``rows`` by one compiled gather, or None (see
+        :meth:`assemble_batch`)."""
         compiled = kernels()
         first = rows[0]
-        tokens, spec, fields = first.tokens, first.spec, first.fields
+        tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
         starts: list[int] = []
         lengths: list[int] = []
         ends: list[int] = []
         leaves: list[int] | None = None if first.leaves is None else []
         for row in rows:  # rows of one plan share its spec and token arrays
-            if type(row) is not TokenRow or row.spec is not spec or row.tokens is not tokens:
+            if (
+                type(row) is not TokenRow
+                or row.spec is not spec
+                or row.tokens is not tokens
+                or row.training is not training
+            ):
                 return None
             starts += row.starts
             lengths += row.lengths or ()
