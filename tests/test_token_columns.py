@@ -15,6 +15,7 @@ from pipelines import assert_batch_equal, assert_batches_equal, resume_across, r
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
+from zephon_jax.engine import column_sources
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -381,3 +382,63 @@ def test_a_mixture_of_mapped_and_in_memory_arrays(tmp_path, general):
     compiled = _run(ds, 15)
     general()
     _assert_same_runs(compiled, _run(ds, 15))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Two token stores: TOKENS' and SHORT's documents."""
+    directory = tmp_path_factory.mktemp("stores")
+    return [
+        zj.sources.write_token_store(directory / name, list(source), dtype="uint16")
+        for name, source in (
+            ("a", [TOKENS[i]["tokens"] for i in range(len(TOKENS))]),
+            ("b", [SHORT[i]["tokens"] for i in range(len(SHORT))]),
+        )
+    ]
+
+
+@pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
+@pytest.mark.parametrize("mix", [False, True])
+def test_token_stores_read_column_wise_equal_the_general_path(
+    general, stores, monkeypatch, mix, training
+):
+    """Token stores, alone or mixed by records, read block by block into the arena: the
+    same batches, states and provenance; a small arena is replaced many times."""
+    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
+    if mix:
+        source = zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+    else:
+        source = zj.Dataset.source(stores[0])
+    ds = source.shuffle(seed=3).split(48).pack(48, num_bins=5)
+    if training is not None:
+        ds = ds.to_training(**training)
+    ds = ds.batch(8, num_lanes=4)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 30)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 30)
+    _assert_same_runs(compiled, want)
+    general(False)
+    _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])
+
+
+def test_token_stores_on_processes_and_workers(general, stores):
+    ds = (
+        zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+        .shuffle(seed=3)
+        .split(48)
+        .pack(48)
+        .to_training()
+        .batch(8)
+    )
+    single = take(iter(zj.Loader(ds)), 10)
+    assert_batches_equal(run_topology(ds, 2, 10), single)
+    assert_batches_equal(resume_across(ds, 10, 4, 2, 1), single[4:])
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        assert_batches_equal(take(it, 10), single)
+    finally:
+        it.close()
+    general()
+    assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)

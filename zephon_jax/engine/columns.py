@@ -22,6 +22,7 @@ the general path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from typing import Any, Sequence
 
@@ -30,6 +31,7 @@ import numpy as np
 from zephon_jax.core.kernels import DONE, OUT_FULL, kernels
 from zephon_jax.core.lineage import PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
+from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
@@ -42,40 +44,33 @@ DOCUMENTS_AHEAD = 256
 
 @dataclasses.dataclass(frozen=True)
 class ColumnarPlan:
-    """What a column-wise lane needs: the pack stage, the cut and the token arrays.
-
-    ``tokens[l]`` is leaf ``l``'s token array; ``offsets`` all leaves' offsets one after
-    the other, leaf ``l``'s from ``bases[l]``.
-    """
+    """What a column-wise lane needs: the pack stage, the cut and where the tokens are
+    (``reader``, see :mod:`zephon_jax.engine.column_sources`)."""
 
     stage: int  # the index of pack among the operators
     pack: BinPackOperator
     cut: int  # split's max_len, 0 without split
     field: str
-    tokens: tuple[np.ndarray, ...]
-    offsets: np.ndarray
-    bases: np.ndarray
-    # What each placement needs, at once: the kernel, offsets, bases, cut, row length,
-    # segments bound (-1: none), best fit, the pack's spec, the field, the tokens and
-    # the to_training after pack (None: none).
+    reader: ArrayTokens | StoreTokens
+    # What each placement needs, at once: the kernel, cut, row length, segments bound
+    # (-1: none), best fit, the pack's spec, the field and the to_training after pack
+    # (None: none).
     arguments: tuple
+
+    @property
+    def tokens(self) -> tuple[np.ndarray, ...]:
+        """The token arrays the pieces point into now."""
+        return self.reader.tokens
 
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
     """The column-wise plan for a lane plan, or None where the general path runs."""
     if plan.mixture is not None or any(plan.leaf_transforms):
         return None
-    sources = [leaf.source for leaf in plan.leaves]
-    # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
-    # source means its module is loaded.
-    token_array = sys.modules.get("zephon_jax.sources.token_array")
-    if token_array is None or any(type(s) is not token_array.TokenArray for s in sources):
+    found = _token_reader([leaf.source for leaf in plan.leaves])
+    if found is None:
         return None
-    field, dtype = sources[0].field, sources[0].tokens.dtype
-    if any(s.field != field or s.tokens.dtype != dtype for s in sources):
-        return None
-    if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
-        return None  # the kernels take the token arrays as one tuple of one array type
+    reader, field, dtype, longest = found
     ops = plan.operators
     if len(ops) == 1 and type(ops[0]) is BinPackOperator:
         stage, cut, key = 0, 0, field
@@ -95,20 +90,43 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
         dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
     ):
         return None  # the general path checks every value (gather checks integers)
-    longest = max(s.longest for s in sources)
     if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
         return None  # the general path raises or writes long lineages
     compiled = kernels()
     if compiled is None:
         return None
-    tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
-    offsets = np.concatenate([s.offsets for s in sources])
-    bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
     arguments = (
-        compiled.place, offsets, bases, cut, spec.seq_len, spec.max_segments or -1,
-        pack.method == "best_fit", spec, field, tokens, training,
+        compiled.place, cut, spec.seq_len, spec.max_segments or -1,
+        pack.method == "best_fit", spec, field, training,
     )  # fmt: skip
-    return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
+    return ColumnarPlan(stage, pack, cut, field, reader(), arguments)
+
+
+def _token_reader(sources: Sequence[Any]) -> tuple | None:
+    """``(make the reader, field, token dtype, longest document)`` for sources that are
+    all token arrays or all token stores (of one dtype), else None."""
+    # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
+    # or TokenStore source means its module is loaded.
+    token_array = sys.modules.get("zephon_jax.sources.token_array")
+    token_store = sys.modules.get("zephon_jax.sources.token_store")
+    if token_array is not None and all(type(s) is token_array.TokenArray for s in sources):
+        field, dtype = sources[0].field, sources[0].tokens.dtype
+        if any(s.field != field or s.tokens.dtype != dtype for s in sources):
+            return None
+        if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
+            return None  # the kernels take the token arrays as one tuple of one array type
+        tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
+        offsets = np.concatenate([s.offsets for s in sources])
+        bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
+        longest = max(s.longest for s in sources)
+        return functools.partial(ArrayTokens, tokens, offsets, bases), field, dtype, longest
+    if token_store is not None and all(type(s) is token_store.TokenStore for s in sources):
+        dtype = sources[0].dtype
+        if any(s.dtype != dtype for s in sources):
+            return None
+        longest = max(int(np.diff(s.offsets).max(initial=0)) for s in sources)
+        return functools.partial(StoreTokens, sources, dtype), "tokens", dtype, longest
+    return None
 
 
 def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransform | None | bool:
@@ -249,11 +267,13 @@ def _place(
         carry = lane.carries[stage] = TokenBins.adopt(
             carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
         )
+        columns.reader.register(carry)
     carry._form = None  # the rows change (as carry.changed())
-    place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens, training = (
-        columns.arguments
-    )
-    several = len(tokens) > 1
+    place, cut, seq_len, max_segments, best, spec, field, training = columns.arguments
+    reader = columns.reader
+    offsets, bases, leaves, records = reader.block(leaves, records)
+    tokens = reader.tokens
+    several = reader.several
     rows: list[Element] = []
     k = j = 0
     while True:
@@ -287,8 +307,9 @@ def _place(
     if rows:
         lane._row_reached(rows)
     else:  # the stage the records reached, for the no-progress error
-        index = bases[leaves] + records
-        placed = bool((offsets[index + 1] > offsets[index]).any())
+        placed = bool(
+            (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
+        )
         lane._deepest = max(lane._deepest, stage if placed else 0)
 
 

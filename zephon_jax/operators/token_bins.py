@@ -57,6 +57,7 @@ class TokenBins:
         "out",
         "row_end",
         "_form",
+        "__weakref__",  # a reader that moves tokens keeps the rows pointing into them
     )
 
     def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
@@ -124,8 +125,9 @@ class TokenBins:
     ) -> TokenBins:
         """``bins`` (a :class:`~zephon_jax.operators.pack.Bins` restored from a state, or
         None) as TokenBins; ``plan``: the lane's
-        :class:`~zephon_jax.engine.columns.ColumnarPlan`, ``records_of(positions)``: the
-        leaves and documents at lane positions."""
+        :class:`~zephon_jax.engine.columns.ColumnarPlan`, whose ``reader`` locates (or
+        reads) the documents, ``records_of(positions)``: the leaves and documents at lane
+        positions."""
         carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
         if bins is None:
             return carry
@@ -147,7 +149,9 @@ class TokenBins:
             return carry
         rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
         leaves, records = records_of(positions)
-        starts = plan.offsets[plan.bases[leaves] + records] + js * plan.cut
+        starts, leaves = plan.reader.starts(leaves, records)
+        starts = starts + js * plan.cut
+        carry.tokens = plan.tokens  # where the reader put the documents
         codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
         while int(np.bincount(rows).max()) > carry.pieces.shape[2]:
             carry.grow_rows()
