@@ -15,7 +15,7 @@ from pipelines import assert_batch_equal, assert_batches_equal, resume_across, r
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
-from zephon_jax.engine import column_sources
+from zephon_jax.engine import column_sources, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -230,9 +230,11 @@ def test_pipelines_it_does_not_take_run_the_general_path():
     assert LanePlan(mapped).columnar is None
     parts = [zj.Dataset.source(TOKENS), zj.Dataset.source(SHORT)]
     by_tokens = zj.Dataset.mix(parts, [1, 1], unit="tokens")  # drawn lane by lane
-    assert LanePlan(by_tokens.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(by_tokens.split(48).pack(48).batch(8)).columnar is not None
+    mapped_mix = zj.Dataset.mix([p.map(lambda r: r) for p in parts], [1, 1], unit="tokens")
+    assert LanePlan(mapped_mix.split(48).pack(48).batch(8)).columnar is None
     staged = zj.Dataset.mix(parts, {0: [1, 1], 5: [1, 2]})
-    assert LanePlan(staged.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(staged.split(48).pack(48).batch(8)).columnar is not None
     assert LanePlan(zj.Dataset.mix(parts, [1, 1]).split(48).pack(48).batch(8)).columnar
     wide = TokenArray(SHORT.tokens.astype(np.int32), SHORT.offsets)  # another dtype
     mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(wide)], [1, 1])
@@ -442,3 +444,63 @@ def test_token_stores_on_processes_and_workers(general, stores):
         it.close()
     general()
     assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
+
+
+def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=None):
+    """Sources mixed by tokens (or records) with weights changing at steps 5 and 11."""
+    parts = [zj.Dataset.source(s) for s in sources]
+    parts[-1] = parts[-1].repeat(2)  # runs out; the others repeat
+    stages = {0: [0.7, 0.3], 5: [0.2, 0.8], 11: [0.5, 0.5]}
+    ds = zj.Dataset.mix(parts, stages, unit=unit).shuffle(seed=5)
+    if cut:
+        ds = ds.split(cut)
+    ds = ds.pack(48, num_bins=4)
+    return (ds.to_training() if training else ds).batch(8, num_lanes=lanes)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {},
+        {"unit": "records", "training": False},
+        {"cut": None, "training": False, "lanes": 2},
+        {"stores": True},
+        {"stores": True, "cut": 20, "lanes": 8},
+    ],
+)
+def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, monkeypatch, case):
+    """A mixture drawn lane by lane (by tokens or with weight stages) over token arrays or
+    stores: the same batches, states and provenance, across the stage changes, and
+    states restore on either path."""
+    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
+    case = dict(case)
+    if case.pop("stores", False):
+        sources = stores
+    elif case.get("cut", 48) is None:
+        sources = [TokenArray.from_documents([d[:48] for d in _documents(k)]) for k in (1, 2)]
+    else:
+        sources = [TOKENS, SHORT]
+    ds = _drawn_mixture(sources, **case)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 30)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 30)
+    _assert_same_runs(compiled, want)
+    general(False)
+    _assert_same_runs(_run(ds, 30 - 10, want[9][3]), want[10:])
+    general()
+    _assert_same_runs(_run(ds, 30 - 7, compiled[6][3]), want[7:])
+
+
+def test_drawn_roots_are_dropped_once_no_open_row_holds_them(monkeypatch):
+    """A lane keeps only the drawn roots its open rows point to (memory stays bounded);
+    the batches do not depend on when it drops them."""
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    ds = _drawn_mixture([TOKENS, SHORT], lanes=1)
+    it = iter(zj.Loader(ds))
+    got = take(it, 40)
+    lane = it._producer.lanes[0]
+    assert lane._roots_base > 100 and len(lane._roots) < 40
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
+    assert_batches_equal(take(iter(zj.Loader(ds)), 40), got)

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 _FIRST_ARENA = 1 << 20  # tokens
+_AHEAD_KEPT = 1 << 16  # documents read ahead and not drawn yet, at most
 
 
 class ArrayTokens:
@@ -40,6 +41,20 @@ class ArrayTokens:
         """The placement kernel's ``(offsets, bases, leaves, records)`` for documents
         ``records`` of ``leaves``."""
         return self.offsets, self.bases, leaves, records
+
+    def lengths(self, leaves: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """The documents' lengths in tokens."""
+        index = self.bases[leaves] + records
+        return self.offsets[index + 1] - self.offsets[index]
+
+    ahead = lengths  # a mixture drawer's ids read ahead: nothing to read
+
+    def one(self, leaf: int, record: int) -> tuple[int, int, int]:
+        """Document ``record`` of ``leaf``: its start in ``tokens``, its length and which
+        of ``tokens`` it is in."""
+        index = int(self.bases[leaf]) + record
+        start = int(self.offsets[index])
+        return start, int(self.offsets[index + 1]) - start, leaf
 
     def starts(self, leaves: np.ndarray, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where the documents start in ``tokens``, and which of ``tokens`` they are in."""
@@ -58,29 +73,55 @@ class StoreTokens:
 
     def __init__(self, stores: Sequence[Any], dtype: np.dtype):
         self.stores = tuple(stores)
-        self.lengths = tuple(np.diff(np.asarray(s.offsets, np.int64)) for s in stores)
+        self._doc_lengths = tuple(np.diff(np.asarray(s.offsets, np.int64)) for s in stores)
         self.arena = np.empty(0, dtype)
         self.used = 0
         self.tokens: tuple[np.ndarray, ...] = (self.arena,)
         self.several = False
         self._bases = np.zeros(1, np.int64)
         self._bins: weakref.WeakSet = weakref.WeakSet()  # open rows pointing into the arena
+        # Documents read ahead for mixture drawers: (store, document) -> their starts.
+        self._read_ahead: dict[tuple[int, int], list[int]] = {}
+
+    def ahead(self, leaves: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """Reads documents a mixture drawer is about to draw (one batched read per store);
+        returns their lengths. :meth:`one` then finds them read."""
+        starts, _ = self.starts(leaves, records)
+        read = self._read_ahead
+        if len(read) > _AHEAD_KEPT:  # left by drawers that dropped their read-ahead
+            read.clear()
+        for key, start in zip(zip(leaves.tolist(), records.tolist()), starts.tolist()):
+            read.setdefault(key, []).append(start)
+        return self.lengths(leaves, records)
+
+    def one(self, leaf: int, record: int) -> tuple[int, int, int]:
+        """Document ``record`` of store ``leaf``: its start in the arena (read now unless
+        read ahead), its length and 0 (the arena's place in ``tokens``)."""
+        read = self._read_ahead.get((leaf, record))
+        if read:
+            start = read.pop()
+            if not read:
+                del self._read_ahead[(leaf, record)]
+        else:
+            start = int(self.starts(np.array([leaf]), np.array([record]))[0][0])
+        return start, int(self._doc_lengths[leaf][record]), 0
 
     def register(self, bins: Any) -> None:
         """Keeps ``bins`` (a TokenBins) pointing into the arena when it is replaced."""
         self._bins.add(bins)
 
-    def _lengths_of(self, leaves: np.ndarray, records: np.ndarray) -> np.ndarray:
+    def lengths(self, leaves: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """The documents' lengths in tokens (nothing is read)."""
         lengths = np.empty(len(records), np.int64)
         for leaf in np.unique(leaves).tolist():
             where = leaves == leaf
-            lengths[where] = self.lengths[leaf][records[where]]
+            lengths[where] = self._doc_lengths[leaf][records[where]]
         return lengths
 
     def starts(self, leaves: np.ndarray, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reads the documents into the arena: where each starts there (and zeros, the
         one array of ``tokens``)."""
-        lengths = self._lengths_of(leaves, records)
+        lengths = self.lengths(leaves, records)
         total = int(lengths.sum())
         if self.used + total > len(self.arena):
             self._replace(total)
@@ -105,16 +146,20 @@ class StoreTokens:
         starts, zeros = self.starts(leaves, records)
         spans = np.empty(2 * len(starts), np.int64)
         spans[0::2] = starts
-        spans[1::2] = starts + self._lengths_of(leaves, records)
+        spans[1::2] = starts + self.lengths(leaves, records)
         return spans, self._bases, zeros, np.arange(0, 2 * len(starts), 2, dtype=np.int64)
 
     def _replace(self, needed: int) -> None:
         """A new arena with room for ``needed`` more tokens, holding (first) the pieces
-        of the open rows that point into the old one."""
+        of the open rows that point into the old one and the documents read ahead."""
         live = [
             (bins, np.arange(bins.pieces.shape[2]) < bins.count[:, None]) for bins in self._bins
         ]
         held = sum(int(bins.pieces[2][mask].sum()) for bins, mask in live)
+        held += sum(
+            int(self._doc_lengths[leaf][record]) * len(starts)
+            for (leaf, record), starts in self._read_ahead.items()
+        )
         size = max(_FIRST_ARENA, 4 * (held + needed))
         arena = np.empty(size, self.arena.dtype)
         old = self.arena
@@ -128,6 +173,12 @@ class StoreTokens:
                 moved[k] = at
                 at += n
             bins.pieces[1][mask] = moved
+        for (leaf, record), starts in self._read_ahead.items():
+            n = int(self._doc_lengths[leaf][record])
+            for k, s in enumerate(starts):
+                arena[at : at + n] = old[s : s + n]
+                starts[k] = at
+                at += n
         self.arena = arena
         self.used = at
         self.tokens = (arena,)

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.core.kernels import DONE, OUT_FULL, kernels
-from zephon_jax.core.lineage import PIECE_MASK, Element
+from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 from zephon_jax.operators.pack import BinPackOperator
@@ -56,6 +56,9 @@ class ColumnarPlan:
     # (-1: none), best fit, the pack's spec, the field and the to_training after pack
     # (None: none).
     arguments: tuple
+    # Whether a mixture by tokens or with stages draws the documents (see _take_drawn):
+    # the kernel's codes are then indices of the lane's drawn roots.
+    drawn: bool = False
 
     @property
     def tokens(self) -> tuple[np.ndarray, ...]:
@@ -65,12 +68,15 @@ class ColumnarPlan:
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
     """The column-wise plan for a lane plan, or None where the general path runs."""
-    if plan.mixture is not None or any(plan.leaf_transforms):
+    mixture = plan.mixture
+    if any(plan.leaf_transforms) or (mixture is not None and mixture.transforms):
         return None
     found = _token_reader([leaf.source for leaf in plan.leaves])
     if found is None:
         return None
     reader, field, dtype, longest = found
+    if mixture is not None and mixture.unit == "tokens" and field != "tokens":
+        return None  # the general path raises: a mixture by tokens counts ``tokens``
     ops = plan.operators
     if len(ops) == 1 and type(ops[0]) is BinPackOperator:
         stage, cut, key = 0, 0, field
@@ -99,7 +105,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
         compiled.place, cut, spec.seq_len, spec.max_segments or -1,
         pack.method == "best_fit", spec, field, training,
     )  # fmt: skip
-    return ColumnarPlan(stage, pack, cut, field, reader(), arguments)
+    return ColumnarPlan(stage, pack, cut, field, reader(), arguments, mixture is not None)
 
 
 def _token_reader(sources: Sequence[Any]) -> tuple | None:
@@ -146,6 +152,8 @@ def take_columns(lane: Any, n: int) -> list | None:
     pending = lane.pending
     if n == 1 and pending:  # the common case with one lane per row
         return [pending.popleft()]
+    if lane.drawer is not None:
+        return _take_drawn(lane, n)
     if len(pending) < n:
         plan = lane.plan
         columns = plan.columnar
@@ -195,6 +203,8 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
     on its own (it lacks rows and the ids of its first block). Ids read ahead only
     cache what the sampler gives for the next positions: no row or state depends on it."""
     short, starts = [], []
+    if lanes and lanes[0].drawer is not None:
+        return  # a mixture drawer reads no ids ahead
     for lane in lanes:
         missing = rows - len(lane.pending)
         if lane.input_done or missing <= 0:
@@ -261,19 +271,48 @@ def _place(
 ) -> None:
     """Places the documents ``records`` of ``leaves`` (at lane ``positions``) into the
     lane's open rows; finished rows go to ``pending``."""
-    stage = columns.stage
-    carry = lane.carries[stage]
+    carry = _open_rows(lane, columns)
+    _place_spans(lane, columns, carry, positions, *columns.reader.block(leaves, records))
+
+
+def _open_rows(lane: Any, columns: ColumnarPlan) -> TokenBins:
+    """The lane's open rows of pack as TokenBins (adopting those a restore made)."""
+    carry = lane.carries[columns.stage]
     if type(carry) is not TokenBins:
-        carry = lane.carries[stage] = TokenBins.adopt(
-            carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
+        carry = lane.carries[columns.stage] = TokenBins.adopt(
+            carry,
+            columns.pack.num_bins,
+            columns,
+            lane.lane,
+            functools.partial(_roots_of, lane)
+            if columns.drawn
+            else lambda p: _documents_of(lane, p),
         )
+        if columns.drawn:
+            carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
         columns.reader.register(carry)
+    return carry
+
+
+def _place_spans(
+    lane: Any,
+    columns: ColumnarPlan,
+    carry: TokenBins,
+    positions: np.ndarray,
+    offsets: np.ndarray,
+    bases: np.ndarray,
+    leaves: np.ndarray,
+    records: np.ndarray,
+) -> None:
+    """:func:`_place` of documents already located: the placement kernel's arguments
+    (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`)."""
+    stage = columns.stage
     carry._form = None  # the rows change (as carry.changed())
     place, cut, seq_len, max_segments, best, spec, field, training = columns.arguments
     reader = columns.reader
-    offsets, bases, leaves, records = reader.block(leaves, records)
     tokens = reader.tokens
     several = reader.several
+    translate = carry.translate
     rows: list[Element] = []
     k = j = 0
     while True:
@@ -296,7 +335,9 @@ def _place(
                     sources[begin:end] if several else None,
                     training,
                 )
-                rows.append(Element(row, (tuple(codes[begin:end]), held)))
+                parents = codes[begin:end]
+                parents = tuple(parents) if translate is None else translate(parents)
+                rows.append(Element(row, (parents, held)))
                 begin = end
         if stop == DONE:
             break
@@ -318,3 +359,78 @@ def _documents_of(lane: Any, positions: np.ndarray) -> tuple[np.ndarray, np.ndar
     plan = lane.plan
     res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
     return res.leaf, res.record
+
+
+def _take_drawn(lane: Any, n: int) -> list | None:
+    """:func:`take_columns` where a mixture drawer draws the documents: one at a time and
+    placed at once, as the general path pushes each drawn record (the draws depend on
+    the step, so a lane draws exactly the records its rows need)."""
+    pending = lane.pending
+    drawer = lane.drawer
+    plan = lane.plan
+    columns = plan.columnar
+    limit = plan.max_records_without_row
+    stage = drawer.node.stages.index_at(lane.step)
+    roots = lane._roots
+    reader = columns.reader
+    bases = np.zeros(len(reader.tokens), np.int64)  # a document's span: spans[0:2]
+    while len(pending) < n:
+        if lane.input_done:
+            return None
+        item = drawer.draw(stage, lane.next_position)
+        if item is None:
+            lane._finish_input()
+            continue
+        lane.next_position += 1
+        lane._without_row += 1  # reset when a row reaches ``pending``
+        index = lane._roots_base + len(roots)
+        roots.append(item.lineage)
+        carry = _open_rows(lane, columns)  # (a restored lane reads its held documents)
+        start, length, leaf = reader.one(*item.data)
+        spans = np.array([start, start + length])
+        _place_spans(
+            lane, columns, carry, np.array([index]), spans, bases, np.array([leaf]), _FIRST
+        )
+        if len(roots) >= _ROOTS_KEPT:
+            roots = _prune_roots(lane, columns.cut)
+        if lane._without_row > limit:
+            lane._raise_no_progress()
+    return [pending.popleft() for _ in range(n)]
+
+
+_FIRST = np.zeros(1, np.int64)
+_ROOTS_KEPT = 4096  # drawn roots a lane keeps before it drops those no open row holds
+
+
+def _prune_roots(lane: Any, cut: int) -> list:
+    """Drops the lane's drawn roots that no piece in its open rows points to; returns
+    the roots kept."""
+    carry = lane.carries[lane.plan.columnar.stage]
+    held = carry.pieces[0][np.arange(carry.pieces.shape[2]) < carry.count[:, None]]
+    end = lane._roots_base + len(lane._roots)
+    first = end
+    if len(held):
+        first = int(((~held) >> PIECE_BITS).min()) if cut else int(held.min())
+    del lane._roots[: first - lane._roots_base]
+    lane._roots_base = first
+    return lane._roots
+
+
+def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
+    """The lineages of pieces coded by drawn-root indices: ``((root,), piece)`` with a
+    cut, else the root (as the general path holds them)."""
+    roots, base = lane._roots, lane._roots_base
+    if cut:
+        return tuple(((roots[(~c >> PIECE_BITS) - base],), ~c & PIECE_MASK) for c in codes)
+    return tuple(roots[c - base] for c in codes)
+
+
+def _roots_of(lane: Any, roots: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Registers drawn ``roots`` (restored ones) with the lane: their indices, leaves and
+    documents."""
+    located = lane.drawer.locate(roots)
+    index = lane._roots_base + len(lane._roots) + np.arange(len(roots), dtype=np.int64)
+    lane._roots.extend(roots)
+    leaves = np.array([leaf for leaf, _, _ in located], np.int64)
+    records = np.array([record for _, record, _ in located], np.int64)
+    return index, leaves, records

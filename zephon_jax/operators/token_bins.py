@@ -57,6 +57,8 @@ class TokenBins:
         "out",
         "row_end",
         "_form",
+        "translate",
+        "_translated",
         "__weakref__",  # a reader that moves tokens keeps the rows pointing into them
     )
 
@@ -71,6 +73,10 @@ class TokenBins:
         self.out = np.empty((4, 4 * _FIRST_CAPACITY), np.int64)
         self.row_end = np.empty(4 * _FIRST_CAPACITY, np.int64)
         self._form: tuple[HeldLineages, tuple] | None = None
+        # Where the codes index a lane's drawn roots: codes -> their lineages (set by
+        # the lane), and the rows' lineages translated so far.
+        self.translate: Callable[[list], tuple] | None = None
+        self._translated: dict[tuple, tuple] = {}
 
     def changed(self) -> None:
         """Drops the cached :meth:`lineage_form` (call before the rows change)."""
@@ -96,8 +102,19 @@ class TokenBins:
             counts = tuple(self.count[slots].tolist())
             codes = self.pieces[0]
             groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in zip(slots, counts))
-            form = self._form = (HeldLineages(groups, held_lineage), counts)
+            if self.translate is None:
+                form = self._form = (HeldLineages(groups, held_lineage), counts)
+            else:
+                form = self._form = (HeldLineages(self._translate(groups)), counts)
         return form
+
+    def _translate(self, groups: tuple[tuple, ...]) -> tuple[tuple, ...]:
+        """The rows' codes as lineages, rows unchanged since the last call read back."""
+        translate, done = self.translate, self._translated
+        assert translate is not None
+        out = tuple(done.get(g) or translate(list(g)) if g else () for g in groups)
+        self._translated = dict(zip(groups, out))
+        return out
 
     def to_bins(self) -> Any:
         """The same open rows as :class:`~zephon_jax.operators.pack.Bins`."""
@@ -105,7 +122,7 @@ class TokenBins:
         num_bins = len(self.fill)
         bins = Bins(num_bins)
         bins.fields = (self.field,)
-        bins.compact = self.cut > 0
+        bins.compact = self.cut > 0 and self.translate is None
         tokens = self.tokens
         for a, i in enumerate(self.slots.tolist()):  # row a of the Bins: row i here
             c = int(self.count[i])
@@ -113,7 +130,7 @@ class TokenBins:
                 continue
             codes, starts, lengths, leaves = self.pieces[:, i, :c].tolist()
             bins.pieces[a] = [tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves)]
-            bins.lineages[a] = tuple(codes)
+            bins.lineages[a] = tuple(codes) if self.translate is None else self.translate(codes)
             bins.fill[a] = sum(lengths)
             if bins.fill_array is not None:
                 bins.fill_array[a] = bins.fill[a]
@@ -127,28 +144,20 @@ class TokenBins:
         None) as TokenBins; ``plan``: the lane's
         :class:`~zephon_jax.engine.columns.ColumnarPlan`, whose ``reader`` locates (or
         reads) the documents, ``records_of(positions)``: the leaves and documents at lane
-        positions."""
+        positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
+        the drawn roots by, their leaves and documents)."""
         carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
         if bins is None:
             return carry
-        held: list[tuple[int, int, int, int]] = []  # (row, position, piece, length)
-        for i, (lineages, pieces) in enumerate(zip(bins.lineages, bins.pieces)):
-            for lineage, piece in zip(lineages, pieces):
-                lineage = held_lineage(lineage)
-                if plan.cut and type(lineage) is tuple and len(lineage[0]) == 1:
-                    position, j = lineage[0][0], lineage[1]
-                elif not plan.cut and type(lineage) is int:
-                    position, j = lineage, 0
-                else:
-                    raise StateError(
-                        f"lane {lane}: the state holds {lineage!r} in an open row of "
-                        f"pack, which this pipeline never makes; the state was altered"
-                    )
-                held.append((i, position, j, len(piece)))
+        held = _held_pieces(bins, plan.cut, plan.drawn, lane)
         if not held:
             return carry
-        rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
-        leaves, records = records_of(positions)
+        rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
+        if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
+            positions, leaves, records = records_of([h[1] for h in held])
+        else:
+            positions = np.array([h[1] for h in held], np.int64)
+            leaves, records = records_of(positions)
         starts, leaves = plan.reader.starts(leaves, records)
         starts = starts + js * plan.cut
         carry.tokens = plan.tokens  # where the reader put the documents
@@ -164,6 +173,29 @@ class TokenBins:
             carry.fill[i] = int(lengths[part].sum())
             at += c
         return carry
+
+
+def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:
+    """``(row, position or drawn root, piece, length)`` of each piece ``bins`` hold;
+    raises if a lineage is not one this pipeline makes."""
+    held = []
+    for i, (lineages, pieces) in enumerate(zip(bins.lineages, bins.pieces)):
+        for lineage, piece in zip(lineages, pieces):
+            lineage = held_lineage(lineage)
+            root: Any = None
+            j = 0
+            if cut and type(lineage) is tuple and len(lineage) == 2 and len(lineage[0]) == 1:
+                root, j = lineage[0][0], lineage[1]
+            elif not cut:
+                root = lineage
+            kind = type(root)
+            if kind is not (tuple if drawn else int) or (kind is tuple and len(root) != 3):
+                raise StateError(
+                    f"lane {lane}: the state holds {lineage!r} in an open row of "
+                    f"pack, which this pipeline never makes; the state was altered"
+                )
+            held.append((i, root, j, len(piece)))
+    return held
 
 
 class TokenRow(PackedRow):
