@@ -504,3 +504,32 @@ def test_drawn_roots_are_dropped_once_no_open_row_holds_them(monkeypatch):
     assert lane._roots_base > 100 and len(lane._roots) < 40
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
     assert_batches_equal(take(iter(zj.Loader(ds)), 40), got)
+
+
+def test_the_llm_pipeline_on_processes_workers_and_resumes(general, stores):
+    """The documented LLM pipeline's shape: two stores mixed by tokens with two weight
+    stages, split, pack, to_training: one process, two processes, a resume from a
+    mid-run state on another topology, two workers, all the per-record path's batches."""
+    parts = [zj.Dataset.source(s) for s in stores]
+    ds = (
+        zj.Dataset.mix(parts, {0: [0.7, 0.3], 4: [0.3, 0.7]}, unit="tokens")
+        .shuffle(seed=0)
+        .split(48)
+        .pack(48)
+        .to_training(pad_id=0)
+        .batch(8)
+    )
+    assert LanePlan(ds).columnar is not None
+    single = take(iter(zj.Loader(ds)), 10)
+    explained = zj.explain_step(ds, 6)
+    assert_batches_equal(run_topology(ds, 2, 10), single)
+    assert_batches_equal(resume_across(ds, 10, 5, 1, 2), single[5:])
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        assert_batches_equal(take(it, 10), single)
+    finally:
+        it.close()
+    general()
+    assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
+    assert_batches_equal(resume_across(ds, 10, 5, 2, 1), single[5:])
+    assert zj.explain_step(ds, 6) == explained
