@@ -446,8 +446,9 @@ def test_token_stores_on_processes_and_workers(general, stores):
     assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
 
 
-def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=None):
-    """Sources mixed by tokens (or records) with weights changing at steps 5 and 11."""
+def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=None, ramp=False):
+    """Sources mixed by tokens (or records) with weights changing at steps 5 and 11;
+    ``ramp``: batches of 4, then 8 from step 8, then 16 from step 15."""
     parts = [zj.Dataset.source(s) for s in sources]
     parts[-1] = parts[-1].repeat(2)  # runs out; the others repeat
     stages = {0: [0.7, 0.3], 5: [0.2, 0.8], 11: [0.5, 0.5]}
@@ -455,7 +456,8 @@ def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=N
     if cut:
         ds = ds.split(cut)
     ds = ds.pack(48, num_bins=4)
-    return (ds.to_training() if training else ds).batch(8, num_lanes=lanes)
+    size = {0: 4, 8: 8, 15: 16} if ramp else 8
+    return (ds.to_training() if training else ds).batch(size, num_lanes=lanes)
 
 
 @pytest.mark.parametrize(
@@ -466,6 +468,7 @@ def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=N
         {"cut": None, "training": False, "lanes": 2},
         {"stores": True},
         {"stores": True, "cut": 20, "lanes": 8},
+        {"ramp": True, "lanes": 2},
     ],
 )
 def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, monkeypatch, case):
