@@ -160,7 +160,7 @@ class StoreTokens:
             int(self._doc_lengths[leaf][record]) * len(starts)
             for (leaf, record), starts in self._read_ahead.items()
         )
-        size = max(_FIRST_ARENA, 4 * (held + needed))
+        size = max(_FIRST_ARENA, 2 * (held + needed))
         arena = np.empty(size, self.arena.dtype)
         old = self.arena
         at = 0
