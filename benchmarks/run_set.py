@@ -9,9 +9,9 @@ Each run is two processes, one after the other:
 * ``default``: the compiled kernels off (``ZEPHON_JAX_COMPILED=0``, the general
   path, as without numba): every case but the TokenArray lane sweep;
 * ``fast``: the compiled kernels on (the name is that of the extra that installed
-  numba before it was a dependency), when numba imports: the packing
-  cases, now with their TokenArray sides packed by the compiled kernels, and the
-  TokenArray lane sweep.
+  numba before it was a dependency), when numba imports: the LLM pipeline (on the
+  column path, as the default install runs it), the packing cases, now with their
+  TokenArray sides packed by the compiled kernels, and the TokenArray lane sweep.
 
 ``OUT/set.json`` records the command, the environment (Python, jax, jaxlib, numba
 or "not installed", Grain, numpy, the CPU model, cores, load average) and each
@@ -39,7 +39,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 DEFAULT_CASES = "llm,readme,packing,uniform,map_batch,lanes,workers,tokenize"
-FAST_CASES = "packing,uniform,lanes_token_array"
+FAST_CASES = "llm,packing,uniform,lanes_token_array"
 
 
 def _version(dist: str) -> str:

@@ -12,6 +12,9 @@ from object_stores import GCS_BUCKET, S3_BUCKET, gcs_server, s3_server, upload_t
 from pipelines import assert_batches_equal, resume_across, run_topology
 
 import zephon_jax as zj
+from zephon_jax.core import kernels as kernels_module
+from zephon_jax.engine.column_sources import StoreTokens
+from zephon_jax.engine.lane import LanePlan
 from zephon_jax.sources import (
     JsonlSource,
     ParquetSource,
@@ -192,3 +195,24 @@ def test_gcs_sources_and_store(corpus):
         got = TokenStore(f"gs://{GCS_BUCKET}/store").__getitems__([29, 3, 3])
         assert [g["tokens"].tolist() for g in got] == [list(range(29)), [0, 1, 2], [0, 1, 2]]
         assert len(store) == 30
+
+
+def test_s3_store_read_column_wise_equals_the_general_path(s3, tmp_path, monkeypatch):
+    """A TokenStore in a bucket takes the column path: each block's documents in one
+    batched read; the batches are the per-record path's over the same store."""
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(1, 500, int(rng.integers(0, 150))) for _ in range(80)]
+    url = f"s3://{S3_BUCKET}/column-store"
+    write_token_store(url, docs, dtype="int32")
+
+    def run(steps: int) -> tuple:
+        ds = zj.Dataset.source(TokenStore(url)).shuffle(seed=2).split(64).pack(64)
+        ds = ds.to_training().batch(6)
+        return LanePlan(ds).columnar, run_topology(ds, 1, steps)
+
+    columnar, got = run(10)
+    assert columnar is not None and isinstance(columnar.reader, StoreTokens)
+    monkeypatch.setattr(kernels_module, "_KERNELS", None)
+    columnar, want = run(10)
+    assert columnar is None
+    assert_batches_equal(got, want)

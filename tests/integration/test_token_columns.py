@@ -15,6 +15,7 @@ from pipelines import assert_batch_equal, assert_batches_equal, resume_across, r
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
+from zephon_jax.engine import column_sources, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -56,6 +57,7 @@ def _pipeline(
     num_lanes: int | None = None,
     epochs: int | None = None,
     mix: bool = False,
+    training: dict | None = None,
 ) -> zj.BatchedDataset:
     if mix:
         ds = _mixture(epochs).shuffle(seed=3)
@@ -66,6 +68,8 @@ def _pipeline(
     if cut is not None:
         ds = ds.split(cut)
     ds = ds.pack(seq_len, method=method, num_bins=num_bins, max_segments=max_segments)
+    if training is not None:
+        ds = ds.to_training(**training)
     return ds.batch(batch, num_lanes=num_lanes)
 
 
@@ -125,6 +129,19 @@ CASES = {
     "mixture": {"mix": True},
     "mixture, first fit, short pieces": {"mix": True, "method": "first_fit", "cut": 16},
     "finite mixture": {"mix": True, "epochs": 1, "num_lanes": 2, "batch": 4},
+    "to_training": {"training": {}},
+    "to_training, MaxText's names": {"training": {"field_names": "maxtext"}, "cut": 20},
+    "to_training, MaxText's convention": {
+        "training": {"pad_id": 7, "convention": "maxtext"},
+        "method": "first_fit",
+        "num_lanes": 2,
+    },
+    "to_training, MaxText's names and convention, mixture": {
+        "training": {"field_names": "maxtext", "convention": "maxtext"},
+        "mix": True,
+        "epochs": 1,
+        "batch": 4,
+    },
 }
 
 
@@ -213,9 +230,11 @@ def test_pipelines_it_does_not_take_run_the_general_path():
     assert LanePlan(mapped).columnar is None
     parts = [zj.Dataset.source(TOKENS), zj.Dataset.source(SHORT)]
     by_tokens = zj.Dataset.mix(parts, [1, 1], unit="tokens")  # drawn lane by lane
-    assert LanePlan(by_tokens.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(by_tokens.split(48).pack(48).batch(8)).columnar is not None
+    mapped_mix = zj.Dataset.mix([p.map(lambda r: r) for p in parts], [1, 1], unit="tokens")
+    assert LanePlan(mapped_mix.split(48).pack(48).batch(8)).columnar is None
     staged = zj.Dataset.mix(parts, {0: [1, 1], 5: [1, 2]})
-    assert LanePlan(staged.split(48).pack(48).batch(8)).columnar is None
+    assert LanePlan(staged.split(48).pack(48).batch(8)).columnar is not None
     assert LanePlan(zj.Dataset.mix(parts, [1, 1]).split(48).pack(48).batch(8)).columnar
     wide = TokenArray(SHORT.tokens.astype(np.int32), SHORT.offsets)  # another dtype
     mixed = zj.Dataset.mix([zj.Dataset.source(TOKENS), zj.Dataset.source(wide)], [1, 1])
@@ -225,6 +244,11 @@ def test_pipelines_it_does_not_take_run_the_general_path():
         next(iter(zj.Loader(_pipeline(cut=None))))
     windowed = zj.Dataset.source(TOKENS).split(48).pack(48).window_shuffle(2, seed=0).batch(8)
     assert LanePlan(windowed).columnar is None
+    shifted = zj.Dataset.source(TOKENS).split(48).pack(48).to_training()
+    assert LanePlan(shifted.batch(8)).columnar is not None
+    assert LanePlan(shifted.map(lambda r: r).batch(8)).columnar is None  # a map after it
+    narrow = zj.Dataset.source(wide).split(48).pack(48, dtypes={"tokens": np.int16})
+    assert LanePlan(narrow.to_training().batch(8)).columnar is None  # values checked first
 
 
 def test_packed_row_read_alone_equals_its_batch_row():
@@ -360,3 +384,155 @@ def test_a_mixture_of_mapped_and_in_memory_arrays(tmp_path, general):
     compiled = _run(ds, 15)
     general()
     _assert_same_runs(compiled, _run(ds, 15))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Two token stores: TOKENS' and SHORT's documents."""
+    directory = tmp_path_factory.mktemp("stores")
+    return [
+        zj.sources.write_token_store(directory / name, list(source), dtype="uint16")
+        for name, source in (
+            ("a", [TOKENS[i]["tokens"] for i in range(len(TOKENS))]),
+            ("b", [SHORT[i]["tokens"] for i in range(len(SHORT))]),
+        )
+    ]
+
+
+@pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
+@pytest.mark.parametrize("mix", [False, True])
+def test_token_stores_read_column_wise_equal_the_general_path(
+    general, stores, monkeypatch, mix, training
+):
+    """Token stores, alone or mixed by records, read block by block into the arena: the
+    same batches, states and provenance; a small arena is replaced many times."""
+    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
+    if mix:
+        source = zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+    else:
+        source = zj.Dataset.source(stores[0])
+    ds = source.shuffle(seed=3).split(48).pack(48, num_bins=5)
+    if training is not None:
+        ds = ds.to_training(**training)
+    ds = ds.batch(8, num_lanes=4)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 30)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 30)
+    _assert_same_runs(compiled, want)
+    general(False)
+    _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])
+
+
+def test_token_stores_on_processes_and_workers(general, stores):
+    ds = (
+        zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+        .shuffle(seed=3)
+        .split(48)
+        .pack(48)
+        .to_training()
+        .batch(8)
+    )
+    single = take(iter(zj.Loader(ds)), 10)
+    assert_batches_equal(run_topology(ds, 2, 10), single)
+    assert_batches_equal(resume_across(ds, 10, 4, 2, 1), single[4:])
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        assert_batches_equal(take(it, 10), single)
+    finally:
+        it.close()
+    general()
+    assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
+
+
+def _drawn_mixture(sources, unit: str = "tokens", cut=48, training=True, lanes=None, ramp=False):
+    """Sources mixed by tokens (or records) with weights changing at steps 5 and 11;
+    ``ramp``: batches of 4, then 8 from step 8, then 16 from step 15."""
+    parts = [zj.Dataset.source(s) for s in sources]
+    parts[-1] = parts[-1].repeat(2)  # runs out; the others repeat
+    stages = {0: [0.7, 0.3], 5: [0.2, 0.8], 11: [0.5, 0.5]}
+    ds = zj.Dataset.mix(parts, stages, unit=unit).shuffle(seed=5)
+    if cut:
+        ds = ds.split(cut)
+    ds = ds.pack(48, num_bins=4)
+    size = {0: 4, 8: 8, 15: 16} if ramp else 8
+    return (ds.to_training() if training else ds).batch(size, num_lanes=lanes)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {},
+        {"unit": "records", "training": False},
+        {"cut": None, "training": False, "lanes": 2},
+        {"stores": True},
+        {"stores": True, "cut": 20, "lanes": 8},
+        {"ramp": True, "lanes": 2},
+    ],
+)
+def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, monkeypatch, case):
+    """A mixture drawn lane by lane (by tokens or with weight stages) over token arrays or
+    stores: the same batches, states and provenance, across the stage changes, and
+    states restore on either path."""
+    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
+    case = dict(case)
+    if case.pop("stores", False):
+        sources = stores
+    elif case.get("cut", 48) is None:
+        sources = [TokenArray.from_documents([d[:48] for d in _documents(k)]) for k in (1, 2)]
+    else:
+        sources = [TOKENS, SHORT]
+    ds = _drawn_mixture(sources, **case)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 30)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 30)
+    _assert_same_runs(compiled, want)
+    general(False)
+    _assert_same_runs(_run(ds, 30 - 10, want[9][3]), want[10:])
+    general()
+    _assert_same_runs(_run(ds, 30 - 7, compiled[6][3]), want[7:])
+
+
+def test_drawn_roots_are_dropped_once_no_open_row_holds_them(monkeypatch):
+    """A lane keeps only the drawn roots its open rows point to (memory stays bounded);
+    the batches do not depend on when it drops them."""
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    ds = _drawn_mixture([TOKENS, SHORT], lanes=1)
+    it = iter(zj.Loader(ds))
+    got = take(it, 40)
+    lane = it._producer.lanes[0]
+    assert lane.drawn_roots_base > 100 and len(lane.drawn_roots) < 40
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
+    assert_batches_equal(take(iter(zj.Loader(ds)), 40), got)
+
+
+def test_the_llm_pipeline_on_processes_workers_and_resumes(general, stores):
+    """The documented LLM pipeline's shape: two stores mixed by tokens with two weight
+    stages, split, pack, to_training: one process, two processes, a resume from a
+    mid-run state on another topology, two workers, all the per-record path's batches."""
+    parts = [zj.Dataset.source(s) for s in stores]
+    ds = (
+        zj.Dataset.mix(parts, {0: [0.7, 0.3], 4: [0.3, 0.7]}, unit="tokens")
+        .shuffle(seed=0)
+        .split(48)
+        .pack(48)
+        .to_training(pad_id=0)
+        .batch(8)
+    )
+    assert LanePlan(ds).columnar is not None
+    single = take(iter(zj.Loader(ds)), 10)
+    explained = zj.explain_step(ds, 6)
+    assert_batches_equal(run_topology(ds, 2, 10), single)
+    assert_batches_equal(resume_across(ds, 10, 5, 1, 2), single[5:])
+    it = iter(zj.Loader(ds, num_workers=2))
+    try:
+        assert_batches_equal(take(it, 10), single)
+    finally:
+        it.close()
+    general()
+    assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
+    assert_batches_equal(resume_across(ds, 10, 5, 2, 1), single[5:])
+    assert zj.explain_step(ds, 6) == explained

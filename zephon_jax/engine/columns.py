@@ -1,13 +1,15 @@
 """Lanes that read token arrays column-wise and pack with compiled kernels.
 
-A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S) .batch(B)``,
-or one over a mixture by records of such sources (``Dataset.mix``, fixed
-weights), with no maps or filters, ``pack`` last, ``c <= S``, and integer tokens
-(or tokens the output dtype always holds), needs no element per document: a
+A pipeline ``source(TokenArray) [.shuffle] [.repeat] [.split(c)] .pack(S)
+[.to_training(...)] .batch(B)``, or one over a mixture by records of such sources
+(``Dataset.mix``, fixed weights), with no maps or filters, ``pack`` last, ``c <= S``,
+and integer tokens (or tokens the output dtype always holds; always, before
+``to_training``), needs no element per document: a
 lane resolves its next positions to document ids, and one kernel call per block
 cuts the documents into pieces and places them into the lane's
 :class:`~zephon_jax.operators.token_bins.TokenBins`, returning the finished rows
-as :class:`~zephon_jax.operators.token_bins.TokenRow`.
+as :class:`~zephon_jax.operators.token_bins.TokenRow`. A ``to_training`` after
+``pack`` shifts the gathered batch arrays as a whole.
 
 It is the general path's exact twin: the blocks have the same sizes, the
 pieces go into the same rows in the same order, rows and held records have the
@@ -20,17 +22,20 @@ the general path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from zephon_jax.core.kernels import kernels
-from zephon_jax.core.lineage import PIECE_MASK, Element
+from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
+from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
+from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
 # that provenance keeps of its last blocks, see Lane._remember).
@@ -39,43 +44,43 @@ DOCUMENTS_AHEAD = 256
 
 @dataclasses.dataclass(frozen=True)
 class ColumnarPlan:
-    """What a column-wise lane needs: the pack stage, the cut and the token arrays.
-
-    ``tokens[l]`` is leaf ``l``'s token array; ``offsets`` all leaves' offsets one after
-    the other, leaf ``l``'s from ``bases[l]``.
-    """
+    """What a column-wise lane needs: the pack stage, the cut and where the tokens are
+    (``reader``, see :mod:`zephon_jax.engine.column_sources`)."""
 
     stage: int  # the index of pack among the operators
     pack: BinPackOperator
     cut: int  # split's max_len, 0 without split
     field: str
-    tokens: tuple[np.ndarray, ...]
-    offsets: np.ndarray
-    bases: np.ndarray
-    # What each placement needs, at once: offsets, bases, cut, best fit, the pack's spec,
-    # the field and the tokens.
+    reader: ArrayTokens | StoreTokens
+    # What each placement needs, at once: the kernel, cut, row length, segments bound
+    # (-1: none), best fit, the pack's spec, the field and the to_training after pack
+    # (None: none).
     arguments: tuple
+    # Whether a mixture by tokens or with stages draws the documents (see _take_drawn):
+    # the kernel's codes are then indices of the lane's drawn roots.
+    drawn: bool = False
+
+    @property
+    def tokens(self) -> tuple[np.ndarray, ...]:
+        """The token arrays the pieces point into now."""
+        return self.reader.tokens
 
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
     """The column-wise plan for a lane plan, or None where the general path runs."""
-    if plan.mixture is not None or any(plan.leaf_transforms):
+    mixture = plan.mixture
+    if any(plan.leaf_transforms) or (mixture is not None and mixture.transforms):
         return None
-    sources = [leaf.source for leaf in plan.leaves]
-    # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
-    # source means its module is loaded.
-    token_array = sys.modules.get("zephon_jax.sources.token_array")
-    if token_array is None or any(type(s) is not token_array.TokenArray for s in sources):
+    found = _token_reader([leaf.source for leaf in plan.leaves])
+    if found is None:
         return None
-    field, dtype = sources[0].field, sources[0].tokens.dtype
-    if any(s.field != field or s.tokens.dtype != dtype for s in sources):
-        return None
-    if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
-        return None  # the kernels take the token arrays as one tuple of one array type
+    reader, field, dtype, longest = found
+    if mixture is not None and mixture.unit == "tokens" and field != "tokens":
+        return None  # the general path raises: a mixture by tokens counts ``tokens``
     ops = plan.operators
-    if len(ops) == 1 and type(ops[0]) is BinPackOperator and not plan.post_transforms[0]:
+    if len(ops) == 1 and type(ops[0]) is BinPackOperator:
         stage, cut, key = 0, 0, field
-    elif len(ops) == 2 and plan.fused[0] is not None and not plan.post_transforms[1]:
+    elif len(ops) == 2 and plan.fused[0] is not None:
         stage, cut, key = 1, plan.fused[0][1], plan.fused[0][2]
     else:
         return None
@@ -84,21 +89,58 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     if key != field or set(spec.dtypes) - {field}:
         return None
     out = spec.dtype(field)
+    training = _training_after(plan.post_transforms[stage], field)
+    if training is False or (training and not np.can_cast(dtype, out, "safe")):
+        return None  # the general path raises, or checks values before the shift
     if not np.can_cast(dtype, out, "safe") and not (
         dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
     ):
         return None  # the general path checks every value (gather checks integers)
-    longest = max(s.longest for s in sources)
     if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
         return None  # the general path raises or writes long lineages
     compiled = kernels()
     if compiled is None:
         return None
-    tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
-    offsets = np.concatenate([s.offsets for s in sources])
-    bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
-    arguments = (offsets, bases, cut, pack.best, spec, field, tokens)
-    return ColumnarPlan(stage, pack, cut, field, tokens, offsets, bases, arguments)
+    arguments = (cut, pack.best, spec, field, training)
+    return ColumnarPlan(stage, pack, cut, field, reader(), arguments, mixture is not None)
+
+
+def _token_reader(sources: Sequence[Any]) -> tuple | None:
+    """``(make the reader, field, token dtype, longest document)`` for sources that are
+    all token arrays or all token stores (of one dtype), else None."""
+    # Not imported here: importing zephon_jax.sources starts tensorstore. A TokenArray
+    # or TokenStore source means its module is loaded.
+    token_array = sys.modules.get("zephon_jax.sources.token_array")
+    token_store = sys.modules.get("zephon_jax.sources.token_store")
+    if token_array is not None and all(type(s) is token_array.TokenArray for s in sources):
+        field, dtype = sources[0].field, sources[0].tokens.dtype
+        if any(s.field != field or s.tokens.dtype != dtype for s in sources):
+            return None
+        if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
+            return None  # the kernels take the token arrays as one tuple of one array type
+        tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
+        offsets = np.concatenate([s.offsets for s in sources])
+        bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
+        longest = max(s.longest for s in sources)
+        return functools.partial(ArrayTokens, tokens, offsets, bases), field, dtype, longest
+    if token_store is not None and all(type(s) is token_store.TokenStore for s in sources):
+        dtype = sources[0].dtype
+        if any(s.dtype != dtype for s in sources):
+            return None
+        longest = max(int(np.diff(s.offsets).max(initial=0)) for s in sources)
+        return functools.partial(StoreTokens, sources, dtype), "tokens", dtype, longest
+    return None
+
+
+def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransform | None | bool:
+    """What follows ``pack``: None (nothing), a ``to_training`` alone over rows of
+    ``tokens`` (applied to the batch arrays), or False (any other transform: the
+    general path runs)."""
+    if not transforms:
+        return None
+    if len(transforms) == 1 and type(transforms[0]) is ToTrainingTransform and field == "tokens":
+        return transforms[0]
+    return False
 
 
 def take_columns(lane: Any, n: int) -> list | None:
@@ -107,6 +149,8 @@ def take_columns(lane: Any, n: int) -> list | None:
     pending = lane.pending
     if n == 1 and pending:  # the common case with one lane per row
         return [pending.popleft()]
+    if lane.drawer is not None:
+        return _take_drawn(lane, n)
     if len(pending) < n:
         plan = lane.plan
         columns = plan.columnar
@@ -156,6 +200,8 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
     on its own (it lacks rows and the ids of its first block). Ids read ahead only
     cache what the sampler gives for the next positions: no row or state depends on it."""
     short, starts = [], []
+    if lanes and lanes[0].drawer is not None:
+        return  # a mixture drawer reads no ids ahead
     for lane in lanes:
         missing = rows - len(lane.pending)
         if lane.input_done or missing <= 0:
@@ -222,15 +268,48 @@ def _place(
 ) -> None:
     """Places the documents ``records`` of ``leaves`` (at lane ``positions``) into the
     lane's open rows; finished rows go to ``pending``."""
-    stage = columns.stage
-    carry = lane.carries[stage]
+    carry = _open_rows(lane, columns)
+    _place_spans(lane, columns, carry, positions, *columns.reader.block(leaves, records))
+
+
+def _open_rows(lane: Any, columns: ColumnarPlan) -> TokenBins:
+    """The lane's open rows of pack as TokenBins (adopting those a restore made)."""
+    carry = lane.carries[columns.stage]
     if type(carry) is not TokenBins:
-        carry = lane.carries[stage] = TokenBins.adopt(
-            carry, columns.pack.num_bins, columns, lane.lane, lambda p: _documents_of(lane, p)
+        carry = lane.carries[columns.stage] = TokenBins.adopt(
+            carry,
+            columns.pack.num_bins,
+            columns,
+            lane.lane,
+            functools.partial(_roots_of, lane)
+            if columns.drawn
+            else lambda p: _documents_of(lane, p),
         )
+        if columns.drawn:
+            carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
+        columns.reader.register(carry)
+    return carry
+
+
+def _place_spans(
+    lane: Any,
+    columns: ColumnarPlan,
+    carry: TokenBins,
+    positions: np.ndarray,
+    offsets: np.ndarray,
+    bases: np.ndarray,
+    leaves: np.ndarray,
+    records: np.ndarray,
+) -> None:
+    """:func:`_place` of documents already located: the placement kernel's arguments
+    (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`)."""
+    stage = columns.stage
     carry._form = None  # the rows change (as carry.changed())
-    offsets, bases, cut, best, spec, field, tokens = columns.arguments
-    several = len(tokens) > 1
+    cut, best, spec, field, training = columns.arguments
+    reader = columns.reader
+    tokens = reader.tokens
+    several = reader.several
+    translate = carry.translate
     rows: list[Element] = []
     (codes, starts, lengths, sources), ends = carry.place(
         (offsets, bases, leaves, records, positions), cut, spec, best
@@ -239,15 +318,19 @@ def _place(
     for end in ends:
         held = tuple(lengths[begin:end])
         row = TokenRow(
-            spec, field, tokens, starts[begin:end], held, sources[begin:end] if several else None
-        )
-        rows.append(Element(row, (tuple(codes[begin:end]), held)))
+            spec, field, tokens, starts[begin:end], held,
+            sources[begin:end] if several else None, training,
+        )  # fmt: skip
+        parents = codes[begin:end]
+        parents = tuple(parents) if translate is None else translate(parents)
+        rows.append(Element(row, (parents, held)))
         begin = end
     if rows:
         lane._row_reached(rows)
     else:  # the stage the records reached, for the no-progress error
-        index = bases[leaves] + records
-        placed = bool((offsets[index + 1] > offsets[index]).any())
+        placed = bool(
+            (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
+        )
         lane._deepest = max(lane._deepest, stage if placed else 0)
 
 
@@ -256,3 +339,78 @@ def _documents_of(lane: Any, positions: np.ndarray) -> tuple[np.ndarray, np.ndar
     plan = lane.plan
     res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
     return res.leaf, res.record
+
+
+def _take_drawn(lane: Any, n: int) -> list | None:
+    """:func:`take_columns` where a mixture drawer draws the documents: one at a time and
+    placed at once, as the general path pushes each drawn record (the draws depend on
+    the step, so a lane draws exactly the records its rows need)."""
+    pending = lane.pending
+    drawer = lane.drawer
+    plan = lane.plan
+    columns = plan.columnar
+    limit = plan.max_records_without_row
+    stage = drawer.node.stages.index_at(lane.step)
+    roots = lane.drawn_roots
+    reader = columns.reader
+    bases = np.zeros(len(reader.tokens), np.int64)  # a document's span: spans[0:2]
+    while len(pending) < n:
+        if lane.input_done:
+            return None
+        item = drawer.draw(stage, lane.next_position)
+        if item is None:
+            lane._finish_input()
+            continue
+        lane.next_position += 1
+        lane._without_row += 1  # reset when a row reaches ``pending``
+        index = lane.drawn_roots_base + len(roots)
+        roots.append(item.lineage)
+        carry = _open_rows(lane, columns)  # (a restored lane reads its held documents)
+        start, length, leaf = reader.one(*item.data)
+        spans = np.array([start, start + length])
+        _place_spans(
+            lane, columns, carry, np.array([index]), spans, bases, np.array([leaf]), _FIRST
+        )
+        if len(roots) >= _ROOTS_KEPT:
+            roots = _prune_roots(lane, columns.cut)
+        if lane._without_row > limit:
+            lane._raise_no_progress()
+    return [pending.popleft() for _ in range(n)]
+
+
+_FIRST = np.zeros(1, np.int64)
+_ROOTS_KEPT = 4096  # drawn roots a lane keeps before it drops those no open row holds
+
+
+def _prune_roots(lane: Any, cut: int) -> list:
+    """Drops the lane's drawn roots that no piece in its open rows points to; returns
+    the roots kept."""
+    carry = lane.carries[lane.plan.columnar.stage]
+    held = carry.piece_array[0][np.arange(carry.piece_array.shape[2]) < carry.count[:, None]]
+    end = lane.drawn_roots_base + len(lane.drawn_roots)
+    first = end
+    if len(held):
+        first = int(((~held) >> PIECE_BITS).min()) if cut else int(held.min())
+    del lane.drawn_roots[: first - lane.drawn_roots_base]
+    lane.drawn_roots_base = first
+    return lane.drawn_roots
+
+
+def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
+    """The lineages of pieces coded by drawn-root indices: ``((root,), piece)`` with a
+    cut, else the root (as the general path holds them)."""
+    roots, base = lane.drawn_roots, lane.drawn_roots_base
+    if cut:
+        return tuple(((roots[(~c >> PIECE_BITS) - base],), ~c & PIECE_MASK) for c in codes)
+    return tuple(roots[c - base] for c in codes)
+
+
+def _roots_of(lane: Any, roots: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Registers drawn ``roots`` (restored ones) with the lane: their indices, leaves and
+    documents."""
+    located = lane.drawer.locate(roots)
+    index = lane.drawn_roots_base + len(lane.drawn_roots) + np.arange(len(roots), dtype=np.int64)
+    lane.drawn_roots.extend(roots)
+    leaves = np.array([leaf for leaf, _, _ in located], np.int64)
+    records = np.array([record for _, record, _ in located], np.int64)
+    return index, leaves, records

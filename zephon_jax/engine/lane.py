@@ -136,6 +136,7 @@ class Lane:
         self.input_done = False
         self.drawer = None
         if plan.mixture is not None:
+            columnar = plan.columnar
             self.drawer = MixtureDrawer(
                 plan.mixture,
                 lane,
@@ -143,12 +144,17 @@ class Lane:
                 self._read_leaf,
                 self._transform_root,
                 self._transform_roots,
+                None if columnar is None else columnar.reader.ahead,
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
+        # A column-wise lane's drawn roots (position, component, draw) by index, from
+        # drawn_roots_base on: the placement kernel codes pieces by these indices.
+        self.drawn_roots: list[tuple] = []
+        self.drawn_roots_base = 0
         self._without_row = 0  # records read since a row last reached ``pending``
         self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
@@ -577,6 +583,8 @@ class Lane:
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead = None
+        self.drawn_roots = []
+        self.drawn_roots_base = 0
         self._without_row = 0
         self._deepest = -1
 

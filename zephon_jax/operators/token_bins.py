@@ -13,15 +13,23 @@ arrays, gathered into the batch by one kernel call per batch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import PIECE_BITS, HeldLineages, held_lineage
-from zephon_jax.core.packed import POSITIONS, SEGMENT_DTYPE, SEGMENT_IDS, PackedRow, PackSpec
+from zephon_jax.core.packed import (
+    POSITIONS,
+    SEGMENT_DTYPE,
+    SEGMENT_IDS,
+    PackedRow,
+    PackSpec,
+    assemble_rows,
+)
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins, OpenRows
+from zephon_jax.transforms.to_training import ToTrainingTransform
 
 
 class TokenBins(OpenRows):
@@ -33,7 +41,21 @@ class TokenBins(OpenRows):
     (``cut`` > 0), else the document's position.
     """
 
-    __slots__ = ("tokens", "field", "cut", "_form")
+    __slots__ = (
+        "tokens",
+        "field",
+        "cut",
+        "fill",
+        "count",
+        "pieces",
+        "slots",
+        "out",
+        "row_end",
+        "_form",
+        "translate",
+        "_translated",
+        "__weakref__",  # a reader that moves tokens keeps the rows pointing into them
+    )
 
     def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
         super().__init__(num_bins)
@@ -41,6 +63,10 @@ class TokenBins(OpenRows):
         self.field = field
         self.cut = cut
         self._form: tuple[HeldLineages, tuple] | None = None
+        # Where the codes index a lane's drawn roots: codes -> their lineages (set by
+        # the lane), and the rows' lineages translated so far.
+        self.translate: Callable[[list], tuple] | None = None
+        self._translated: dict[tuple, tuple] = {}
 
     def changed(self) -> None:
         """Drops the cached :meth:`lineage_form` (call before the rows change)."""
@@ -55,8 +81,19 @@ class TokenBins(OpenRows):
             counts = tuple(self.count[slots].tolist())
             codes = self.piece_array[0]
             groups = tuple(tuple(codes[i, :c].tolist()) if c else () for i, c in zip(slots, counts))
-            form = self._form = (HeldLineages(groups, held_lineage), counts)
+            if self.translate is None:
+                form = self._form = (HeldLineages(groups, held_lineage), counts)
+            else:
+                form = self._form = (HeldLineages(self._translate(groups)), counts)
         return form
+
+    def _translate(self, groups: tuple[tuple, ...]) -> tuple[tuple, ...]:
+        """The rows' codes as lineages, rows unchanged since the last call read back."""
+        translate, done = self.translate, self._translated
+        assert translate is not None
+        out = tuple(done.get(g) or translate(list(g)) if g else () for g in groups)
+        self._translated = dict(zip(groups, out))
+        return out
 
     def to_bins(self) -> Any:
         """The same open rows as :class:`~zephon_jax.operators.pack.Bins`."""
@@ -64,12 +101,16 @@ class TokenBins(OpenRows):
         num_bins = len(self.fill)
         bins = Bins(num_bins)
         bins.fields = (self.field,)
-        bins.compact = self.cut > 0
+        bins.compact = self.cut > 0 and self.translate is None
         tokens = self.tokens
         for a, i in enumerate(self.slots.tolist()):  # row a of the Bins: row i here
-            codes, starts, lengths, leaves = self.piece_array[:, i, : self.count[i]].tolist()
-            for code, s, n, l in zip(codes, starts, lengths, leaves):
-                bins.add(a, tokens[l][s : s + n], code, n)
+            c = int(self.count[i])
+            if not c:
+                continue
+            codes, starts, lengths, leaves = self.piece_array[:, i, :c].tolist()
+            lineages = codes if self.translate is None else self.translate(codes)
+            for lineage, s, n, l in zip(lineages, starts, lengths, leaves):
+                bins.add(a, tokens[l][s : s + n], lineage, n)
         return bins
 
     @classmethod
@@ -78,30 +119,25 @@ class TokenBins(OpenRows):
     ) -> TokenBins:
         """``bins`` (a :class:`~zephon_jax.operators.pack.Bins` restored from a state, or
         None) as TokenBins; ``plan``: the lane's
-        :class:`~zephon_jax.engine.columns.ColumnarPlan`, ``records_of(positions)``: the
-        leaves and documents at lane positions."""
+        :class:`~zephon_jax.engine.columns.ColumnarPlan`, whose ``reader`` locates (or
+        reads) the documents, ``records_of(positions)``: the leaves and documents at lane
+        positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
+        the drawn roots by, their leaves and documents)."""
         carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
         if bins is None:
             return carry
-        held: list[tuple[int, int, int, int]] = []  # (row, position, piece, length)
-        for i in range(num_bins):
-            for _, lineage, n in bins.contents(i):
-                lineage = held_lineage(lineage)
-                if plan.cut and type(lineage) is tuple and len(lineage[0]) == 1:
-                    position, j = lineage[0][0], lineage[1]
-                elif not plan.cut and type(lineage) is int:
-                    position, j = lineage, 0
-                else:
-                    raise StateError(
-                        f"lane {lane}: the state holds {lineage!r} in an open row of "
-                        f"pack, which this pipeline never makes; the state was altered"
-                    )
-                held.append((i, position, j, n))
+        held = _held_pieces(bins, plan.cut, plan.drawn, lane)
         if not held:
             return carry
-        rows, positions, js, lengths = (np.array(c, np.int64) for c in zip(*held))
-        leaves, records = records_of(positions)
-        starts = plan.offsets[plan.bases[leaves] + records] + js * plan.cut
+        rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
+        if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
+            positions, leaves, records = records_of([h[1] for h in held])
+        else:
+            positions = np.array([h[1] for h in held], np.int64)
+            leaves, records = records_of(positions)
+        starts, leaves = plan.reader.starts(leaves, records)
+        starts = starts + js * plan.cut
+        carry.tokens = plan.tokens  # where the reader put the documents
         codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
         while int(np.bincount(rows).max()) > carry.piece_array.shape[2]:
             carry.grow_rows()
@@ -116,11 +152,39 @@ class TokenBins(OpenRows):
         return carry
 
 
+def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:
+    """``(row, position or drawn root, piece, length)`` of each piece ``bins`` hold;
+    raises if a lineage is not one this pipeline makes."""
+    held = []
+    for i in range(len(bins.fill)):
+        for _, lineage, n in bins.contents(i):
+            lineage = held_lineage(lineage)
+            root: Any = None
+            j = 0
+            if cut and type(lineage) is tuple and len(lineage) == 2 and len(lineage[0]) == 1:
+                root, j = lineage[0][0], lineage[1]
+            elif not cut:
+                root = lineage
+            kind = type(root)
+            if kind is not (tuple if drawn else int) or (kind is tuple and len(root) != 3):
+                raise StateError(
+                    f"lane {lane}: the state holds {lineage!r} in an open row of "
+                    f"pack, which this pipeline never makes; the state was altered"
+                )
+            held.append((i, root, j, n))
+    return held
+
+
 class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
-    ``tokens`` each is in (``leaves``; None: all in the first)."""
+    ``tokens`` each is in (``leaves``; None: all in the first).
 
-    __slots__ = ("tokens", "starts", "leaves")
+    With ``training`` (a :class:`~zephon_jax.transforms.to_training.ToTrainingTransform`
+    that follows ``pack``), the row reads as that transform's output fields, and a
+    batch of such rows is shifted as a whole after the gather (the same bytes as the
+    transform row by row)."""
+
+    __slots__ = ("tokens", "starts", "leaves", "training")
 
     def __init__(
         self,
@@ -130,6 +194,7 @@ class TokenRow(PackedRow):
         starts: Sequence[int],
         lengths: tuple[int, ...],
         leaves: Sequence[int] | None = None,
+        training: ToTrainingTransform | None = None,
     ):
         self.spec = spec
         self.fields = (field,)
@@ -137,7 +202,18 @@ class TokenRow(PackedRow):
         self.starts = starts
         self.lengths = lengths
         self.leaves = leaves
+        self.training = training
         self._data = None
+
+    def keys(self):  # noqa: D102 - output names, without assembling
+        training = self.training
+        return super().keys() if training is None else list(training.output_names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
     @property
     def pieces(self) -> tuple:  # type: ignore[override]
@@ -150,16 +226,36 @@ class TokenRow(PackedRow):
     @staticmethod
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
         """``rows`` as a batch by one compiled gather, or None if they are not all
-        TokenRows of one set of token arrays and one pack (the general assembly then runs)."""
+        TokenRows of one set of token arrays and one pack (the general assembly then runs).
+        Rows with ``training`` are shifted after the gather (after the general assembly
+        where the gather does not take them)."""
+        training = rows[0].training
+        packed = TokenRow.gather_batch(rows, None if training else pool)
+        if training is None:
+            return packed
+        if packed is None:
+            plain = [PackedRow(row.spec, row.fields, row.pieces, row.lengths) for row in rows]
+            packed = assemble_rows(plain)
+        return training.apply_batch(packed)
+
+    @staticmethod
+    def gather_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
+        """The packed fields of ``rows`` by one compiled gather, or None (see
+        :meth:`assemble_batch`)."""
         compiled = kernels()
         first = rows[0]
-        tokens, spec, fields = first.tokens, first.spec, first.fields
+        tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
         starts: list[int] = []
         lengths: list[int] = []
         ends: list[int] = []
         leaves: list[int] | None = None if first.leaves is None else []
         for row in rows:  # rows of one plan share its spec and token arrays
-            if type(row) is not TokenRow or row.spec is not spec or row.tokens is not tokens:
+            if (
+                type(row) is not TokenRow
+                or row.spec is not spec
+                or row.tokens is not tokens
+                or row.training is not training
+            ):
                 return None
             starts += row.starts
             lengths += row.lengths or ()

@@ -155,6 +155,12 @@ class MixtureDrawer:
     (``where(i)`` names record ``i``), so that a transform such as ``tokenize``
     encodes the block in one call. Records are read ahead per component in
     growing blocks; only the carry is state.
+
+    ``ids(leaf_ids, records)``, when given, gives the lengths (in tokens) of records of
+    sampler leaves (arrays), called once per block of draws read ahead (the caller may
+    read their tokens then): draws then read no records, and a drawn record's data is
+    ``(leaf_id, record)`` (for lanes that read the documents column-wise; only without
+    transforms). Restoring (:meth:`regenerate`) reads the records as without it.
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class MixtureDrawer:
         read: Callable[[int, list[int]], list],
         transform: Callable[[tuple, Any, Any, str], Any],
         transform_block: Callable[[tuple, list, list, Callable[[int], str]], list] | None = None,
+        ids: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ):
 
         self.node = node
@@ -173,6 +180,7 @@ class MixtureDrawer:
         self._read = read
         self._transform = transform
         self._transform_block = transform_block
+        self._ids = ids
         k = len(node.children)
         self._leaf_base = []
         base = 0
@@ -309,8 +317,25 @@ class MixtureDrawer:
         end = self._ends[component]
         stop = sub + count if end is None else min(sub + count, end)
         subs = np.arange(sub, max(stop, sub + 1), dtype=np.int64)
-        ahead.update(zip(subs.tolist(), self._read_component(component, subs)))
+        read = self._read_component if self._ids is None else self._read_ids
+        ahead.update(zip(subs.tolist(), read(component, subs)))
         return ahead.pop(sub)
+
+    def _read_ids(self, component: int, subs: np.ndarray) -> list[_Entry]:
+        """Component-local draws ``subs`` as ``(leaf_id, record)`` and their lengths (see
+        ``ids``): nothing is read."""
+        res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
+        out: list[_Entry] = [_Entry(None, 0)] * len(subs)
+        valid = np.flatnonzero(res.valid)
+        leaf_ids = self._leaf_base[component] + res.leaf[valid]
+        records = res.record[valid]
+        assert self._ids is not None
+        lengths = self._ids(leaf_ids, records).tolist()
+        if self.node.unit == "records":
+            lengths = [1] * len(valid)
+        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), lengths):
+            out[i] = _Entry((leaf, record), n)
+        return out
 
     def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs``, read and transformed (batched per source)."""

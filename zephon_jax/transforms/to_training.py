@@ -71,16 +71,29 @@ def _packed(row: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | 
 
 def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
     """``inputs``, ``targets``, ``loss_mask``, ``segment_ids``, ``positions`` of a packed row."""
-    tokens, segment_ids, positions, mask = _packed(row)
+    return shifted(*_packed(row), pad_id)
+
+
+def shifted(
+    tokens: np.ndarray,
+    segment_ids: np.ndarray,
+    positions: np.ndarray,
+    mask: np.ndarray | None,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """:func:`training_arrays` of packed arrays: one row (1-D) or a batch of rows (2-D,
+    row by row along the last axis, the same values as row by row)."""
     segment_ids = segment_ids.astype(np.int32, copy=False)
-    has_next = np.zeros(len(tokens), bool)
-    has_next[:-1] = (segment_ids[1:] == segment_ids[:-1]) & (segment_ids[:-1] != 0)
+    has_next = np.zeros(tokens.shape, bool)
+    has_next[..., :-1] = (segment_ids[..., 1:] == segment_ids[..., :-1]) & (
+        segment_ids[..., :-1] != 0
+    )
     inputs = tokens.astype(np.int32)
-    targets = np.full(len(tokens), pad_id, np.int32)
-    targets[:-1] = np.where(has_next[:-1], inputs[1:], np.int32(pad_id))
+    targets = np.full(tokens.shape, pad_id, np.int32)
+    targets[..., :-1] = np.where(has_next[..., :-1], inputs[..., 1:], np.int32(pad_id))
     loss = has_next.copy()
     if mask is not None:
-        loss[:-1] &= mask[1:] == 1
+        loss[..., :-1] &= mask[..., 1:] == 1
     return {
         "inputs": inputs,
         "targets": targets,
@@ -93,16 +106,26 @@ def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
 def maxtext_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
     """``inputs``, ``targets``, ``targets_segmentation``, ``segment_ids``, ``positions``
     of a packed row under MaxText's convention (see the module docstring)."""
-    tokens, segment_ids, positions, mask = _packed(row)
+    return maxtext_shifted(*_packed(row), pad_id)
+
+
+def maxtext_shifted(
+    tokens: np.ndarray,
+    segment_ids: np.ndarray,
+    positions: np.ndarray,
+    mask: np.ndarray | None,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """:func:`maxtext_arrays` of packed arrays: one row (1-D) or a batch of rows (2-D)."""
     segment_ids = segment_ids.astype(np.int32, copy=False)
     inputs = tokens.astype(np.int32)
     trained = segment_ids != 0 if mask is None else (segment_ids != 0) & (mask == 1)
     unshifted = np.where(trained, inputs, np.int32(pad_id))
     unshifted[segment_ids == 0] = 0
-    targets = np.full(len(tokens), pad_id, np.int32)
-    targets[:-1] = unshifted[1:]
-    weights = np.zeros(len(tokens), np.int32)
-    weights[:-1] = segment_ids[1:]
+    targets = np.full(tokens.shape, pad_id, np.int32)
+    targets[..., :-1] = unshifted[..., 1:]
+    weights = np.zeros(tokens.shape, np.int32)
+    weights[..., :-1] = segment_ids[..., 1:]
     weights[targets == pad_id] = 0
     return {
         "inputs": inputs,
@@ -135,12 +158,43 @@ class ToTrainingTransform:
         self.name = self.describe()
 
     def apply(self, row: Any, rng_key: tuple) -> dict[str, np.ndarray]:
+        return self._fields(*_packed(row))
+
+    def apply_batch(self, packed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The training fields of a batch of packed rows (``tokens``,
+        ``tokens_segment_ids``, ``tokens_positions``, and ``loss_mask`` if rows carry
+        one, each ``(rows, seq_len)``): the same arrays, byte for byte, as :meth:`apply`
+        of each row stacked."""
+        tokens, segment_ids, positions = (packed[f] for f in PACKED_FIELDS)
+        return self._fields(tokens, segment_ids, positions, packed.get("loss_mask"))
+
+    def output_names(self) -> tuple[str, ...]:
+        """The fields of the rows it gives, in order."""
+        if self.field_names == "default":
+            return ("inputs", "targets", "loss_mask", "segment_ids", "positions")
+        return (
+            "inputs",
+            "inputs_segmentation",
+            "inputs_position",
+            "targets",
+            "targets_segmentation",
+            "targets_position",
+        )
+
+    def _fields(
+        self,
+        tokens: np.ndarray,
+        segment_ids: np.ndarray,
+        positions: np.ndarray,
+        mask: np.ndarray | None,
+    ) -> dict[str, np.ndarray]:
+        """The output fields of packed arrays (one row, or rows along the last axis)."""
         if self.convention == "maxtext":
-            out = maxtext_arrays(row, self.pad_id)
+            out = maxtext_shifted(tokens, segment_ids, positions, mask, self.pad_id)
             weights = out["targets_segmentation"]
             loss_mask = (weights != 0).astype(np.float32)
         else:
-            out = training_arrays(row, self.pad_id)
+            out = shifted(tokens, segment_ids, positions, mask, self.pad_id)
             loss_mask = out["loss_mask"]
             weights = np.where(loss_mask > 0, out["segment_ids"], 0).astype(np.int32)
         if self.field_names == "default":

@@ -26,7 +26,7 @@ def test_a_packed_token_array_is_read_column_wise():
     assert plan is not None
     assert (plan.stage, plan.cut, plan.field) == (0, 0, "tokens")
     assert np.shares_memory(plan.tokens[0], A.tokens)  # read in place, not copied
-    assert plan.offsets.tolist() == [0, 10, 25, 40] and plan.bases.tolist() == [0]
+    assert plan.reader.offsets.tolist() == [0, 10, 25, 40] and plan.reader.bases.tolist() == [0]
     assert plan.pack.spec.seq_len == 32
 
 
@@ -39,8 +39,8 @@ def test_a_mixture_by_records_puts_the_offsets_one_after_the_other():
     mixed = zj.Dataset.mix([zj.Dataset.source(A), zj.Dataset.source(B)], [0.5, 0.5])
     plan = plan_of(mixed.pack(32).batch(4))
     assert plan is not None
-    assert plan.offsets.tolist() == [0, 10, 25, 40, 0, 5, 20]
-    assert plan.bases.tolist() == [0, 4]  # B's offsets start at entry 4
+    assert plan.reader.offsets.tolist() == [0, 10, 25, 40, 0, 5, 20]
+    assert plan.reader.bases.tolist() == [0, 4]  # B's offsets start at entry 4
     assert [len(t) for t in plan.tokens] == [40, 20]
 
 

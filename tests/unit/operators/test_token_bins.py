@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from zephon_jax.core.lineage import piece_code
+from zephon_jax.engine.column_sources import ArrayTokens
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins
 from zephon_jax.operators.token_bins import TokenBins, TokenRow, value_bounds
@@ -19,7 +20,7 @@ TOKENS = (np.arange(100, dtype=np.int32), np.arange(1000, 1050, dtype=np.int32))
 def put(carry, row, pieces):
     """Puts ``pieces`` (code, start, length, leaf) into open row ``row``."""
     for m, piece in enumerate(pieces):
-        carry.pieces[:, row, m] = piece
+        carry.piece_array[:, row, m] = piece
     carry.count[row] = len(pieces)
     carry.fill[row] = sum(p[2] for p in pieces)
 
@@ -28,15 +29,15 @@ def test_a_new_carry_has_empty_rows_in_order():
     carry = TokenBins(3, TOKENS, "tokens", 0)
     assert carry.fill.tolist() == [0, 0, 0] and carry.count.tolist() == [0, 0, 0]
     assert carry.slots.tolist() == [0, 1, 2]
-    assert carry.pieces.shape == (4, 3, 8)
+    assert carry.piece_array.shape == (4, 3, 8)
 
 
 def test_growing_keeps_the_pieces():
     carry = TokenBins(2, TOKENS, "tokens", 0)
     put(carry, 1, [(7, 10, 3, 0)])
     carry.grow_rows()
-    assert carry.pieces.shape == (4, 2, 16)
-    assert carry.pieces[:, 1, 0].tolist() == [7, 10, 3, 0]
+    assert carry.piece_array.shape == (4, 2, 16)
+    assert carry.piece_array[:, 1, 0].tolist() == [7, 10, 3, 0]
     carry.grow_out()
     assert carry.out.shape == (4, 64) and carry.row_end.shape == (64,)
 
@@ -48,8 +49,8 @@ def test_to_bins_gives_the_same_rows_in_the_order_bins_keeps_them():
     carry.slots[:] = [2, 0, 1]  # row 2 first (first_fit moved the others' places)
     bins = carry.to_bins()
     assert isinstance(bins, Bins) and bins.fields == ("tokens",) and not bins.compact
-    assert bins.lineages == [(7, 9), (5,), ()]
-    assert bins.fill == [6, 3, 0]
+    assert bins.lineages == ((7, 9), (5,), ())
+    assert [bins.fill[i] for i in bins.slots] == [6, 3, 0]
     assert [p.tolist() for p in bins.pieces[0]] == [[20, 21], [1004, 1005, 1006, 1007]]
     assert [p.tolist() for p in bins.pieces[1]] == [[10, 11, 12]]
     assert bins.pieces[2] == []
@@ -70,13 +71,9 @@ def test_lineage_form_is_by_row_in_bins_order_and_cached_until_changed():
 
 def columnar_plan(cut):
     """A plan over one token array of documents [0, 10), [10, 25), [25, 40), [40, 100)."""
-    return SimpleNamespace(
-        tokens=TOKENS[:1],
-        field="tokens",
-        cut=cut,
-        offsets=np.array([0, 10, 25, 40, 100], np.int64),
-        bases=np.array([0], np.int64),
-    )
+    offsets = np.array([0, 10, 25, 40, 100], np.int64)
+    reader = ArrayTokens(TOKENS[:1], offsets, np.array([0], np.int64))
+    return SimpleNamespace(tokens=TOKENS[:1], field="tokens", cut=cut, reader=reader, drawn=False)
 
 
 def records_of(positions):
@@ -86,30 +83,27 @@ def records_of(positions):
 
 def test_adopt_turns_restored_bins_into_arrays_and_back():
     bins = Bins(2)
-    bins.lineages[1] = (1, 2)
-    bins.pieces[1] = [TOKENS[0][10:25], TOKENS[0][25:40]]
-    bins.fill[1] = 30
+    bins.add(1, TOKENS[0][10:25], 1, 15)
+    bins.add(1, TOKENS[0][25:40], 2, 15)
     carry = TokenBins.adopt(bins, 2, columnar_plan(0), 0, records_of)
     assert carry.count.tolist() == [0, 2] and carry.fill.tolist() == [0, 30]
-    assert carry.pieces[:, 1, :2].tolist() == [[1, 2], [10, 25], [15, 15], [0, 0]]
+    assert carry.piece_array[:, 1, :2].tolist() == [[1, 2], [10, 25], [15, 15], [0, 0]]
     back = carry.to_bins()
-    assert back.lineages == [(), (1, 2)] and back.fill == [0, 30]
+    assert back.lineages == ((), (1, 2)) and [back.fill[i] for i in back.slots] == [0, 30]
 
 
 def test_adopt_places_split_pieces_at_their_cut():
     bins = Bins(1)
-    bins.lineages[0] = (((3,), 2),)  # piece 2 of document 3, cut every 16 tokens
-    bins.pieces[0] = [TOKENS[0][72:88]]
+    bins.add(0, TOKENS[0][72:88], ((3,), 2), 16)  # piece 2 of document 3, cut every 16 tokens
     carry = TokenBins.adopt(bins, 1, columnar_plan(16), 0, records_of)
-    code, start, length, leaf = carry.pieces[:, 0, 0].tolist()
+    code, start, length, leaf = carry.piece_array[:, 0, 0].tolist()
     assert (code, start, length, leaf) == (piece_code(3, 2), 40 + 2 * 16, 16, 0)
 
 
 def test_adopt_of_nothing_is_empty_and_of_a_foreign_lineage_is_a_state_error():
     assert TokenBins.adopt(None, 2, columnar_plan(0), 0, records_of).count.tolist() == [0, 0]
     bins = Bins(1)
-    bins.lineages[0] = (((3,), 2),)  # a split piece, in a pipeline without split
-    bins.pieces[0] = [TOKENS[0][:4]]
+    bins.add(0, TOKENS[0][:4], ((3,), 2), 4)  # a split piece, in a pipeline without split
     with pytest.raises(StateError, match="lane 5: the state holds .* which this pipeline never"):
         TokenBins.adopt(bins, 1, columnar_plan(0), 5, records_of)
 
