@@ -1,0 +1,126 @@
+"""``pack(method="concat")``: rows of exactly ``seq_len`` cut across records (contents
+and lineages by hand), ``max_segments``, the last row on flush, the saved carry and its
+checks, ``remake`` and ``trace`` of a row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zephon_jax.core.lineage import Element
+from zephon_jax.errors import PipelineError, StateError
+from zephon_jax.operators import ConcatPackOperator
+from zephon_jax.operators.base import Saved
+
+A = {"tokens": np.array([1, 2, 3], np.int32)}
+B = {"tokens": np.array([4, 5, 6, 7, 8, 9], np.int32)}
+
+
+def _row(element):
+    return {k: np.asarray(v).tolist() for k, v in dict(element.data).items()}
+
+
+def _feed(op, records):
+    carry, rows = op.init(0), []
+    for position, data in enumerate(records):
+        carry, out = op.step(carry, Element(data, position))
+        rows += out
+    return carry, rows
+
+
+def test_rows_are_cut_across_records_at_seq_len():
+    op = ConcatPackOperator(4)
+    carry, rows = _feed(op, [A, B])
+    assert [_row(r) for r in rows] == [
+        {
+            "tokens": [1, 2, 3, 4],
+            "tokens_segment_ids": [1, 1, 1, 2],
+            "tokens_positions": [0, 1, 2, 0],
+        },
+        {
+            "tokens": [5, 6, 7, 8],
+            "tokens_segment_ids": [1, 1, 1, 1],
+            "tokens_positions": [0, 1, 2, 3],  # positions restart at 0 for each piece
+        },
+    ]
+    # each row is derived from its records with their (start, stop) bounds as recipe
+    assert [r.lineage for r in rows] == [((0, 1), ((0, 3), (0, 1))), ((1,), ((1, 5),))]
+    # the tail [9] stays open; flush pads it to seq_len
+    _, last = op.flush(carry)
+    assert [_row(r) for r in last] == [
+        {
+            "tokens": [9, 0, 0, 0],
+            "tokens_segment_ids": [1, 0, 0, 0],
+            "tokens_positions": [0, 0, 0, 0],
+        }
+    ]
+    assert last[0].lineage == ((1,), ((5, 6),))
+    assert op.flush(carry)[1] == []  # emptied
+
+
+def test_max_segments_closes_a_row_early():
+    op = ConcatPackOperator(8, max_segments=2)
+    one = {"tokens": np.array([7], np.int32)}
+    _, rows = _feed(op, [one, one, one])
+    assert len(rows) == 1
+    assert _row(rows[0])["tokens"] == [7, 7, 0, 0, 0, 0, 0, 0]
+    assert _row(rows[0])["tokens_segment_ids"] == [1, 2, 0, 0, 0, 0, 0, 0]
+
+
+def test_empty_records_emit_nothing_and_leave_no_carry():
+    op = ConcatPackOperator(4)
+    carry, out = op.step(None, Element({"tokens": np.zeros(0, np.int32)}, 0))
+    assert carry is None and out == []
+    assert op.save(carry) == Saved()
+    assert op.flush(None) == (None, [])
+
+
+def test_records_with_other_fields_are_refused():
+    op = ConcatPackOperator(8)
+    carry, _ = op.step(None, Element(A, 0))
+    with pytest.raises(PipelineError, match="every record must have the same fields"):
+        op.step(carry, Element({"tokens": A["tokens"], "loss": A["tokens"]}, 1))
+
+
+def test_saved_carry_loads_to_the_same_open_row():
+    op = ConcatPackOperator(4)
+    carry, _ = _feed(op, [A, B])
+    saved = op.save(carry)
+    assert [e.lineage for e in saved.held] == [1] and saved.aux == ((5, 6),)
+    restored = op.load(Saved(saved.held, saved.aux), 0)
+    _, rows = op.step(restored, Element({"tokens": np.array([10, 11, 12], np.int32)}, 2))
+    assert _row(rows[0])["tokens"] == [9, 10, 11, 12]
+    assert rows[0].lineage == ((1, 2), ((5, 6), (0, 3)))
+    assert op.load(Saved(), 0) is None
+
+
+@pytest.mark.parametrize("bounds", [((5,),), ((3, 3),), ((-1, 2),), ((0, 1), (1, 2)), [(5, 6)]])
+def test_load_refuses_altered_bounds(bounds):
+    op = ConcatPackOperator(4)
+    with pytest.raises(StateError, match="the state was altered"):
+        op.load(Saved((Element(B, 1),), bounds), 3)
+
+
+def test_remake_rebuilds_a_row_from_its_records_and_bounds():
+    op = ConcatPackOperator(4)
+    _, rows = _feed(op, [A, B])
+    recipe = rows[0].lineage[1]
+    assert _row(Element(op.remake(recipe, [A, B]), None)) == _row(rows[0])
+    with pytest.raises(StateError, match=r"packed row piece \(0, 7\) of a record of 6 items"):
+        op.remake(((0, 7),), [B])
+
+
+def test_trace_gives_each_piece_of_a_row():
+    op = ConcatPackOperator(4)
+    assert op.trace(((0, 3), (0, 1)), ("p", "q"), None, None) == [
+        ("p", 0, 3, None),
+        ("q", 0, 1, None),
+    ]
+
+
+def test_describe_and_carry_bound():
+    op = ConcatPackOperator(4)
+    assert op.describe().startswith("pack(seq_len=4, method='concat'")
+    assert "1 open row of 4" in op.carry_bound()
+    assert op.max_held == 4
+    assert ConcatPackOperator(16, max_segments=3).max_held == 3
