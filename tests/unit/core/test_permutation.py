@@ -4,6 +4,8 @@ deterministic per key, the same compiled and interpreted; ``derive_key`` and
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -11,9 +13,19 @@ from zephon_jax.core import kernels
 from zephon_jax.core.permutation import derive_key, hash_u64, permute
 
 
+@pytest.fixture(params=["interpreted", "compiled"])
+def network(request, monkeypatch):
+    """Runs the test with the network interpreted (numpy) or compiled (numba)."""
+    compiled = kernels.kernels()
+    if compiled is None:
+        pytest.fail("numba is a dependency: the compiled kernels must load")
+    monkeypatch.setattr(kernels, "_KERNELS", None if request.param == "interpreted" else compiled)
+    return request.param
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 10, 16, 17, 100, 257, 1000])
 @pytest.mark.parametrize("key", [0, 1, 2**63 + 5])
-def test_permute_is_a_bijection_on_range_n(n, key):
+def test_permute_is_a_bijection_on_range_n(network, n, key):
     image = permute(np.arange(n), n, key)
     assert image.dtype == np.int64 and image.shape == (n,)
     assert sorted(image.tolist()) == list(range(n))
@@ -24,7 +36,7 @@ def test_permute_of_one_is_zero_and_keeps_the_shape():
     assert permute(0, 1, 9).shape == ()
 
 
-def test_permute_is_deterministic_per_key_and_differs_between_keys():
+def test_permute_is_deterministic_per_key_and_differs_between_keys(network):
     n = 101
     first = permute(np.arange(n), n, 42)
     assert np.array_equal(first, permute(np.arange(n), n, 42))
@@ -50,6 +62,57 @@ def test_permute_compiled_and_interpreted_agree(monkeypatch):
     interpreted = permute(np.arange(n), n, 11)
     monkeypatch.setattr(kernels, "_KERNELS", compiled)
     assert np.array_equal(permute(np.arange(n), n, 11), interpreted)
+
+
+# ----- a plain-Python reference of the documented network --------------------------------
+
+M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def ref_mix64(x):
+    """SplitMix64's finalizer over Python ints."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def ref_derive_key(*parts):
+    h = GOLDEN
+    for part in parts:
+        h = (ref_mix64(h ^ (part & M64)) + GOLDEN) & M64
+    return ref_mix64(h)
+
+
+def ref_permute(i, n, key):
+    """Four Feistel rounds over Z_a x Z_b (a = ceil(sqrt(n)), b = ceil(n / a)), each
+    adding a keyed hash of one half to the other, cycle-walked back into [0, n)."""
+    if n <= 1:
+        return 0
+    a = math.isqrt(n - 1) + 1
+    b = -(-n // a)
+    keys = [ref_derive_key(key, r) for r in range(4)]
+    x = i
+    while True:
+        left, right = divmod(x, b)
+        for r, rk in enumerate(keys):
+            if r % 2 == 0:
+                left = (left + ref_mix64(right ^ rk) % a) % a
+            else:
+                right = (right + ref_mix64(left ^ rk) % b) % b
+        x = left * b + right
+        if x < n:
+            return x
+
+
+@pytest.mark.parametrize("parts", [(), (0,), (7, 3), (2**64 - 1, 5, 0)])
+def test_derive_key_is_the_documented_hash(parts):
+    assert derive_key(*parts) == ref_derive_key(*parts)
+
+
+@pytest.mark.parametrize("n, key", [(2, 5), (10, 0), (37, 12345), (100, 2**63 + 1)])
+def test_permute_is_the_documented_network(network, n, key):
+    assert permute(np.arange(n), n, key).tolist() == [ref_permute(i, n, key) for i in range(n)]
 
 
 def test_derive_key_differs_per_input_and_is_stable():
