@@ -84,9 +84,11 @@ def permute(indices: np.ndarray | int, n: int, key: int) -> np.ndarray:
         compiled.permute(x.reshape(-1), limit, a_, b_, _round_key_array(int(key)), out.reshape(-1))
         return out
     round_keys = _round_keys(int(key))
+    shape = x.shape
+    x = x.reshape(-1)  # never 0-d: numpy scalars warn where arrays wrap mod 2**64
     x = _feistel(x, a_, b_, round_keys)
     outside = x >= limit
     while outside.any():
         x = np.where(outside, _feistel(x, a_, b_, round_keys), x)
         outside = x >= limit
-    return x.astype(np.int64)
+    return x.astype(np.int64).reshape(shape)

@@ -63,7 +63,10 @@ def _expand_one(
     elif retry_call(lambda: fs.isdir(inner), text, "listing"):
         listed = retry_call(lambda: fs.find(inner), text, "listing")
         matches = [
-            m for m in listed if extensions is None or os.path.splitext(m)[1].lower() in extensions
+            m
+            for m in listed
+            if (extensions is None or os.path.splitext(m)[1].lower() in extensions)
+            and not _hidden_below(m, inner)
         ]
         if skipped is not None:
             left_out = sorted(set(listed) - set(matches))

@@ -54,12 +54,6 @@ def test_permute_maps_each_index_alone_as_in_the_whole():
     assert block.shape == (1, n) and np.array_equal(block[0], whole)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interpreted, permute(int) runs mix64 on 0-d arrays, whose products are numpy "
-    "scalars: the intended wrap mod 2**64 warns 'overflow encountered in scalar multiply' "
-    "(an error under -W error); arrays of any other shape do not warn",
-)
 def test_permute_of_an_int_index_does_not_warn(monkeypatch):
     monkeypatch.setattr(kernels, "_KERNELS", None)  # the interpreted network
     with warnings.catch_warnings():
