@@ -7,6 +7,7 @@ another topology, also through packing, splitting, shuffle buffers and mixtures.
 
 from zephon_jax.core.lineage import Element, derive
 from zephon_jax.dataset import BatchedDataset, Dataset
+from zephon_jax.engine.accounting_report import accounting, merge_accounting
 from zephon_jax.engine.explain import explain_step
 from zephon_jax.errors import (
     PipelineError,
@@ -60,9 +61,11 @@ __all__ = [
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "accounting",
     "derive",
     "explain_step",
     "load_state",
+    "merge_accounting",
     "merge_states",
     "save_state",
     "stateless",

@@ -8,6 +8,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from zephon_jax.core.checks import positive_int, timeout_seconds
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.dataset import BatchedDataset
+from zephon_jax.engine.accounting_report import accounting
 from zephon_jax.engine.lane import Lane, LanePlan
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
@@ -302,6 +303,53 @@ class LoaderIterator(Iterator[Any]):
         replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
         replay.next_rows()
         return replay.provenance()
+
+    def accounting(self) -> dict[str, Any]:
+        """What the run has delivered so far, from the lanes' counters in the state.
+
+        A dict with ``step`` (the global step reached), ``steps`` (batches delivered),
+        ``skipped`` (batches passed over by :meth:`skip`), ``lanes`` (those counted),
+        ``sources`` (per source, keyed by its provenance label: ``source`` its leaf
+        index, ``tokens``, ``segments``, ``documents`` started and the highest
+        ``epoch``, None before any) and ``stages`` (for a mixture by tokens or with
+        weight stages, per stage: ``start``, ``weights``, the ``tokens`` of each
+        component and their ``shares``; else empty). The figures equal the sum of
+        :meth:`provenance` over every delivered batch (see
+        :mod:`zephon_jax.engine.accounting`) and survive checkpoints and restores on any
+        topology. This process counts the lanes it saves (:meth:`Loader.lanes_to_save`):
+        with one process the figures are global, with several
+        :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
+        state of this process's lanes, O(lanes), not O(steps).
+        """
+        loader = self.loader
+        return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())
+
+    def skip(self, n: int) -> None:
+        """Passes over the next ``n`` global batches without delivering them.
+
+        The next batch is then the one an uninterrupted run delivers at step
+        ``step + n``, on any topology; the state records the skip (its lanes are past
+        those batches, and :meth:`accounting` counts them as ``skipped``, not their
+        data), so a restore elsewhere continues the same way. This process's lanes make
+        the skipped batches' rows (only not assembled), at about the cost of producing
+        them. A finite input that ends within them ends the iteration.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise PipelineError(f"skip(n) needs an int n >= 0 (global batches); got {n!r}")
+        if n == 0:
+            return
+        state = self.get_state()
+        loader = self.loader
+        producer = RowProducer(
+            loader.dataset, loader.rows_of_size, agree_on_end=loader.agree_on_end
+        )
+        producer.restore(state)
+        step = int(state["step"])
+        for _ in range(n):
+            if not producer.skip_rows():
+                break
+            step += 1
+        self.set_state(make_state(self._fingerprint, step, producer.lane_states()))
 
     def _all_processes_have(self, have_batch: bool) -> bool:
         """Whether every process has its part of the next batch.

@@ -34,6 +34,7 @@ import numpy as np
 
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, is_derived, root_position
+from zephon_jax.engine.accounting import Tally
 from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, first_block, next_block
 from zephon_jax.engine.columns import (
     columnar_plan,
@@ -146,6 +147,7 @@ class Lane:
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
+        self.tally = Tally(plan, lane)  # what it delivered (see zephon_jax.engine.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
@@ -552,6 +554,7 @@ class Lane:
             pending,
             self.step,
             mixture,
+            self.tally.snapshot(),
         )
 
     def get_state(self) -> bytes:
@@ -572,6 +575,7 @@ class Lane:
         self.next_position = snapshot.next_position
         self.step = snapshot.step
         self.input_done = snapshot.input_done
+        self.tally.load(snapshot.tally)
         self.carries = carries
         self.pending = pending
         self._ahead.clear()

@@ -223,6 +223,7 @@ class RowProducer:
         except BaseException as e:
             self._failure = e
             raise
+        step = self.step
         self.step += 1
         rows: dict[int, list[Element]] = {}
         for l, elements in taken.items():
@@ -230,9 +231,32 @@ class RowProducer:
                 self._last = None
                 return None
             rows[l] = elements
+        lanes = self.lanes
+        for l, elements in rows.items():  # the lanes' accounting: lineages noted, counted later
+            lanes[l].tally.deliver(elements, step)
         picked = [rows[l][i] for l, i in self._picks[size]]
         self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
+
+    def skip_rows(self) -> bool:
+        """Passes over the next global batch: the lanes make their rows of it, which are
+        neither returned nor counted as delivered; each lane counts a skipped step. False
+        (nothing skipped) once a finite input ends."""
+        self._check_usable()
+        size = self.batched.batch_size_at(self.step)
+        try:
+            with paused_gc():
+                taken = take_lanes(self.lanes, size // self.batched.num_lanes)
+        except BaseException as e:
+            self._failure = e
+            raise
+        self.step += 1
+        self._last = None
+        if any(elements is None for elements in taken.values()):
+            return False
+        for lane in self.lanes.values():
+            lane.tally.skip()
+        return True
 
     def last_picks(self) -> list[tuple[int, Any]] | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""

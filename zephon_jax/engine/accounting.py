@@ -1,0 +1,353 @@
+"""Accounting: what a run has delivered, per source and per mixture stage, kept in the state.
+
+Every lane keeps a few counters, its *tally* ``(skipped, sources, stages)``:
+per sampler leaf (source) the real tokens, the segments and the documents
+started in the rows it delivered and the highest epoch seen plus one (0: none),
+per stage of a mixture by tokens or with weight stages the tokens of each
+component, and the number of global steps skipped with
+:meth:`~zephon_jax.LoaderIterator.skip`. The tally is part of the lane's state,
+so it survives checkpoints and restores on any topology, and its size depends on
+the sources and stages, never on the steps trained.
+
+The counters are exactly what summing :meth:`~zephon_jax.LoaderIterator.provenance`
+over every delivered step gives, segment by segment:
+
+* ``tokens``: ``stop - start`` of each segment; a segment that holds a whole
+  record of unrecorded length (``stop`` is ``None``: an unpacked, unsplit row)
+  counts the length of its row's ``"tokens"`` field (or of the row, if it is an
+  array);
+* ``segments``: one per segment;
+* ``documents``: the segments that begin at their record's first token
+  (``start`` is 0 or ``None``, and ``output``, after ``flat_map``, absent or 0);
+* ``epoch``: the highest epoch among the segments.
+
+Counting is lazy, off the hot path: when a lane delivers its rows of a global
+batch it only appends their lineages (pointers it holds anyway) to a list, and
+it counts that list, vectorized, when it holds :data:`FOLD_ROWS` rows, when a
+mixture stage ends, and when a state is encoded (a snapshot, taken every batch,
+keeps a reference to the list and its length, and counts only when encoded).
+Segments of records made by a user operator that keeps no pointers (``source``
+is ``None``) count for no source.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from itertools import chain
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Opaque, plain_lineage
+from zephon_jax.engine.provenance import row_pieces
+from zephon_jax.errors import StateError
+from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.split import SplitOperator
+from zephon_jax.sampler.resolve import leaves, resolve
+from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
+from zephon_jax.state.lane_format import TALLY_FIELDS
+
+# Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
+LEAF_FIELDS = TALLY_FIELDS
+# Rows a lane keeps delivered and uncounted (their lineages only) before it counts them.
+FOLD_ROWS = 1024
+_lineage = operator.attrgetter("lineage")
+
+
+def record_tokens(data: Any) -> int:
+    """The tokens of a row holding one whole record: its ``"tokens"`` field's length, or
+    the row's length if it is an array; 0 for anything else."""
+    if isinstance(data, Mapping):
+        data = data.get("tokens")
+    shape = np.shape(data) if data is not None else ()
+    return int(shape[0]) if shape else 0
+
+
+def packed_rows(plan: Any) -> bool:
+    """Whether every row comes out of a last ``pack`` fed through ``split`` (at most one)
+    and passthrough operators only, outside a mixture by tokens or stages: each row's
+    lineage then lists its pieces and their lengths, counted many rows at once."""
+    ops = plan.operators
+    if plan.mixture is not None or not ops or type(ops[-1]) is not BinPackOperator:
+        return False
+    splits = [op for op in ops[:-1] if type(op) is SplitOperator]
+    return len(splits) <= 1 and all(op.passthrough for op in ops[:-1] if op not in splits)
+
+
+def whole_records(plan: Any) -> bool:
+    """Whether rows may hold a whole record of unrecorded length (no pack, no split):
+    the lane then notes each delivered row's tokens (see :func:`record_tokens`)."""
+    return not any(type(op) in (BinPackOperator, SplitOperator) for op in plan.operators)
+
+
+def empty_tally(plan: Any) -> tuple:
+    """The tally of a lane that delivered nothing: ``(0, zeros, zeros)``."""
+    stages = 0
+    mixture = plan.mixture
+    if mixture is not None:
+        stages = len(mixture.stages.starts) * len(mixture.children)
+    return (0, (0,) * (LEAF_FIELDS * len(plan.leaves)), (0,) * stages)
+
+
+class Tally:
+    """A lane's counters, and the rows it delivered since it last counted them.
+
+    :meth:`deliver` is all the hot path pays: it appends lineages to a list.
+    ``saved`` (the counted part) is an immutable tuple, and a counted list is
+    replaced, never changed, so a :meth:`snapshot` holds a reference only.
+    """
+
+    __slots__ = ("plan", "lane", "saved", "rows", "tokens", "stage", "next_stage_at", "_parts")
+
+    def __init__(self, plan: Any, lane: int):
+        self.plan = plan
+        self.lane = lane
+        self.saved = empty_tally(plan)
+        self._parts = _Parts(plan, lane)
+        self.rows: list = []  # lineages of delivered rows, not counted yet
+        self.tokens: list | None = [] if whole_records(plan) else None
+        self.stage = 0  # the mixture stage of the rows in ``rows``
+        self.next_stage_at = 0  # the step at which the stage is looked up again
+
+    def deliver(self, rows: Sequence[Any], step: int) -> None:
+        """Notes ``rows`` (elements) delivered at global step ``step``."""
+        if step >= self.next_stage_at:
+            self._enter_stage(step)
+        self.rows.extend(map(_lineage, rows))
+        if self.tokens is not None:
+            self.tokens.extend(record_tokens(row.data) for row in rows)
+        if len(self.rows) >= FOLD_ROWS:
+            self.fold()
+
+    def skip(self) -> None:
+        """Counts one global step passed over (its rows are not delivered)."""
+        self.fold()
+        self.saved = (self.saved[0] + 1,) + self.saved[1:]
+
+    def _enter_stage(self, step: int) -> None:
+        mixture = self.plan.mixture
+        if mixture is None:
+            self.next_stage_at = sys.maxsize
+            return
+        self.fold()
+        starts = mixture.stages.starts
+        self.stage = mixture.stages.index_at(step)
+        after = self.stage + 1
+        self.next_stage_at = starts[after] if after < len(starts) else sys.maxsize
+
+    def fold(self) -> None:
+        """Counts the delivered rows not counted yet."""
+        if self.rows:
+            self.saved = self._parts.count(self.saved, self.rows, self.tokens, self.stage)
+            self.rows = []
+            self.tokens = None if self.tokens is None else []
+
+    def snapshot(self) -> Any:
+        """The counters as of now, counted only when needed (see :class:`LazyTally`)."""
+        if not self.rows:
+            return self.saved
+        return LazyTally(self._parts, self.saved, self.rows, self.tokens, self.stage)
+
+    def load(self, saved: Any) -> None:
+        """Takes the counters of a state's lane (checked against this pipeline)."""
+        saved = plain_tally(saved)
+        empty = empty_tally(self.plan)
+        if len(saved[1]) != len(empty[1]) or len(saved[2]) != len(empty[2]):
+            raise StateError(
+                f"lane {self.lane}: the state's accounting has {len(saved[1]) // LEAF_FIELDS} "
+                f"sources and {len(saved[2])} stage counters, this pipeline "
+                f"{len(empty[1]) // LEAF_FIELDS} and {len(empty[2])}; the state was altered "
+                "or comes from another pipeline"
+            )
+        self.saved = saved
+        self.rows = []
+        self.tokens = None if self.tokens is None else []
+        self.next_stage_at = 0
+
+
+class LazyTally:
+    """A snapshot's tally: the counters then, and the rows delivered and not yet counted
+    (a list the lane no longer changes beyond ``len(rows)`` entries), counted once, when
+    the saved form is asked for. Pickles as the plain saved tuple."""
+
+    __slots__ = ("_parts", "_saved", "_rows", "_n", "_tokens", "_stage")
+
+    def __init__(self, parts: Any, saved: tuple, rows: list, tokens: list | None, stage: int):
+        self._parts = parts
+        self._saved = saved
+        self._rows: list | None = rows
+        self._n = len(rows)
+        self._tokens = tokens
+        self._stage = stage
+
+    def saved(self) -> tuple:
+        """The plain saved form ``(skipped, sources, stages)``."""
+        if self._rows is not None:
+            tokens = None if self._tokens is None else self._tokens[: self._n]
+            self._saved = self._parts.count(self._saved, self._rows[: self._n], tokens, self._stage)
+            self._rows = self._tokens = None
+        return self._saved
+
+    def __reduce__(self):
+        return (tuple, (self.saved(),))
+
+    def __eq__(self, other: object) -> bool:
+        return plain_tally(self) == plain_tally(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def plain_tally(saved: Any) -> Any:
+    """A snapshot's tally as plain data (a :class:`LazyTally` counted)."""
+    return saved.saved() if type(saved) is LazyTally else saved
+
+
+class _Parts:
+    """Counts delivered rows of one lane into a tally (a pure function of the rows)."""
+
+    def __init__(self, plan: Any, lane: int):
+        self.plan = plan
+        self.lane = lane
+        self.packed = packed_rows(plan)
+        mixture = plan.mixture
+        self.component_of: list[int] | None = None
+        self.components = 0
+        if mixture is not None:
+            self.component_of = [
+                k for k, child in enumerate(mixture.children) for _ in leaves(child)
+            ]
+            self.components = len(mixture.children)
+
+    def count(self, saved: tuple, rows: list, tokens: list | None, stage: int) -> tuple:
+        """``saved`` plus the rows with lineages ``rows`` (``tokens``: their record tokens
+        where rows may be whole records) delivered in mixture stage ``stage``."""
+        counts = list(saved[1])
+        stages = list(saved[2])
+        codes = _packed_codes(rows) if self.packed else None
+        if codes is not None:
+            self._add_packed(counts, *codes)
+        else:
+            self._add_traced(counts, stages, rows, tokens, stage)
+        return (saved[0], tuple(counts), tuple(stages))
+
+    def _add_packed(self, counts: list, codes: np.ndarray, lengths: np.ndarray) -> None:
+        """Counts pieces of rows out of ``pack``: ``codes`` positions (>= 0) of whole
+        records or split pieces (< 0), ``lengths`` their tokens; vectorized."""
+        if not len(codes):
+            return
+        pieces = codes < 0
+        code = ~codes
+        positions = np.where(pieces, code >> PIECE_BITS, codes)
+        firsts = ~pieces | ((code & PIECE_MASK) == 0)  # starts at its record's first token
+        plan = self.plan
+        unique, where = np.unique(positions, return_inverse=True)
+        res = resolve(plan.sampler, self.lane, unique, plan.num_lanes)
+        leaf, epoch = res.leaf[where], res.epoch[where]
+        n = len(counts) // LEAF_FIELDS
+        tokens = np.bincount(leaf, weights=lengths, minlength=n).astype(np.int64)
+        segments = np.bincount(leaf, minlength=n)
+        documents = np.bincount(leaf[firsts], minlength=n)
+        epochs = np.zeros(n, np.int64)
+        np.maximum.at(epochs, leaf, epoch + 1)
+        figures = zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist())
+        for i, (t, g, d, e) in enumerate(figures):
+            at = LEAF_FIELDS * i
+            counts[at] += t
+            counts[at + 1] += g
+            counts[at + 2] += d
+            counts[at + 3] = max(counts[at + 3], e)
+
+    def _add_traced(
+        self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
+    ) -> None:
+        """Counts rows by walking each one's lineage to its records, as provenance does."""
+        plan = self.plan
+        pieces_of = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in rows]
+        located = self._locate(pieces_of)
+        component_of = self.component_of
+        base = stage * self.components
+        for r, pieces in enumerate(pieces_of):
+            alone = len(pieces) == 1
+            for piece in pieces:
+                lineage = piece.lineage
+                if type(lineage) is Opaque:  # a record of a user operator: no source
+                    continue
+                leaf, epoch = located[_root(lineage)]
+                start, stop = piece.start, piece.stop
+                if stop is not None:
+                    n = stop - (start or 0)
+                else:
+                    n = tokens[r] if alone and tokens is not None else 0
+                at = LEAF_FIELDS * leaf
+                counts[at] += n
+                counts[at + 1] += 1
+                if not start and not piece.output:  # starts at its record's first token
+                    counts[at + 2] += 1
+                counts[at + 3] = max(counts[at + 3], epoch + 1)
+                if component_of is not None:
+                    stages[base + component_of[leaf]] += n
+
+    def _locate(self, pieces_of: list) -> dict[Any, tuple[int, int]]:
+        """``{root: (leaf, epoch)}`` of the roots of the pieces."""
+        plan = self.plan
+        roots = sorted(
+            {_root(p.lineage) for ps in pieces_of for p in ps if type(p.lineage) is not Opaque}
+        )
+        if not roots:
+            return {}
+        if isinstance(plan.sampler, ScheduledMixtureNode):
+            found = locate_roots(plan.sampler, self.lane, plan.num_lanes, roots)
+            return {root: (leaf, epoch) for root, (leaf, _, epoch) in zip(roots, found)}
+        res = resolve(plan.sampler, self.lane, np.array(roots, np.int64), plan.num_lanes)
+        return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
+
+
+def _root(lineage: Any) -> Any:
+    return lineage if isinstance(lineage, tuple) else int(lineage)
+
+
+def _packed_codes(rows: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pieces of rows out of ``pack`` (lineages ``(parents, lengths)``) as two int64
+    arrays: a position or a :func:`~zephon_jax.core.lineage.piece_code` per piece, and
+    its length; None where a lineage has another form."""
+    try:
+        flat = list(chain.from_iterable(lineage[0] for lineage in rows))
+        lengths = np.fromiter(
+            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(flat)
+        )
+    except (TypeError, IndexError, ValueError):
+        return None
+    try:
+        codes = np.array(flat, np.int64)
+    except (TypeError, ValueError, OverflowError):
+        codes = _piece_codes(flat)
+    if codes is None or codes.shape != (len(flat),):
+        return None
+    return codes, lengths
+
+
+def _piece_codes(parents: list) -> np.ndarray | None:
+    """As :func:`_packed_codes`' codes for parents some of which are pieces of ``split``
+    written in full, ``((position,), piece)``; None where one has another form."""
+    codes = []
+    for p in parents:
+        if type(p) is int:
+            codes.append(p)
+        elif (
+            type(p) is tuple
+            and len(p) == 2
+            and type(p[0]) is tuple
+            and len(p[0]) == 1
+            and type(p[0][0]) is int
+            and type(p[1]) is int
+            and p[0][0] >= 0
+            and 0 <= p[1] <= PIECE_MASK
+        ):
+            codes.append(~((p[0][0] << PIECE_BITS) | p[1]))
+        else:
+            return None
+    try:
+        return np.array(codes, np.int64)
+    except OverflowError:
+        return None
