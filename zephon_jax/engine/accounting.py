@@ -46,6 +46,7 @@ from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.split import SplitOperator
 from zephon_jax.sampler.resolve import leaves, resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
+from zephon_jax.sampler.source import SourceNode
 from zephon_jax.state.lane_format import TALLY_FIELDS
 
 # Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
@@ -66,10 +67,10 @@ def record_tokens(data: Any) -> int:
 
 def packed_rows(plan: Any) -> bool:
     """Whether every row comes out of a last ``pack`` fed through ``split`` (at most one)
-    and passthrough operators only, outside a mixture by tokens or stages: each row's
-    lineage then lists its pieces and their lengths, counted many rows at once."""
+    and passthrough operators only: each row's lineage then lists its pieces and their
+    lengths, counted many rows at once."""
     ops = plan.operators
-    if plan.mixture is not None or not ops or type(ops[-1]) is not BinPackOperator:
+    if not ops or type(ops[-1]) is not BinPackOperator:
         return False
     splits = [op for op in ops[:-1] if type(op) is SplitOperator]
     return len(splits) <= 1 and all(op.passthrough for op in ops[:-1] if op not in splits)
@@ -166,6 +167,23 @@ class Tally:
         self.next_stage_at = 0
 
 
+def deliver_rows(lanes: Mapping[int, Any], rows: Mapping[int, Sequence[Any]], step: int) -> None:
+    """``lanes[l].tally.deliver(rows[l], step)`` for each lane ``l`` of ``rows``, with the
+    common case (no stage change, no count due, no record tokens) inlined: one list
+    extension per lane."""
+    fold_rows = FOLD_ROWS
+    for l, elements in rows.items():
+        tally = lanes[l].tally
+        held = tally.rows
+        if tally.tokens is None and step < tally.next_stage_at and len(held) < fold_rows:
+            if len(elements) == 1:  # one row per lane: the common case
+                held.append(elements[0].lineage)
+            else:
+                held.extend(map(_lineage, elements))
+        else:
+            tally.deliver(elements, step)
+
+
 class LazyTally:
     """A snapshot's tally: the counters then, and the rows delivered and not yet counted
     (a list the lane no longer changes beyond ``len(rows)`` entries), counted once, when
@@ -213,50 +231,66 @@ class _Parts:
         mixture = plan.mixture
         self.component_of: list[int] | None = None
         self.components = 0
+        self.bases: list[int] = []
         if mixture is not None:
             self.component_of = [
                 k for k, child in enumerate(mixture.children) for _ in leaves(child)
             ]
             self.components = len(mixture.children)
+            self.bases = np.cumsum([0] + [len(leaves(c)) for c in mixture.children]).tolist()
 
     def count(self, saved: tuple, rows: list, tokens: list | None, stage: int) -> tuple:
         """``saved`` plus the rows with lineages ``rows`` (``tokens``: their record tokens
         where rows may be whole records) delivered in mixture stage ``stage``."""
         counts = list(saved[1])
         stages = list(saved[2])
-        codes = _packed_codes(rows) if self.packed else None
-        if codes is not None:
-            self._add_packed(counts, *codes)
-        else:
+        pieces = None
+        if self.packed:
+            pieces = self._mixture_pieces(rows) if self.components else self._pieces(rows)
+        if pieces is None:
             self._add_traced(counts, stages, rows, tokens, stage)
+            return (saved[0], tuple(counts), tuple(stages))
+        leaf, epoch, lengths, firsts = pieces
+        _add_pieces(counts, leaf, epoch, lengths, firsts)
+        if self.components:
+            component = np.asarray(self.component_of, np.int64)[leaf]
+            base = stage * self.components
+            tokens_of = np.bincount(component, weights=lengths, minlength=self.components)
+            for k, t in enumerate(tokens_of.astype(np.int64).tolist()):
+                stages[base + k] += t
         return (saved[0], tuple(counts), tuple(stages))
 
-    def _add_packed(self, counts: list, codes: np.ndarray, lengths: np.ndarray) -> None:
-        """Counts pieces of rows out of ``pack``: ``codes`` positions (>= 0) of whole
-        records or split pieces (< 0), ``lengths`` their tokens; vectorized."""
-        if not len(codes):
-            return
+    def _pieces(self, rows: list) -> tuple | None:
+        """``(leaf, epoch, lengths, firsts)`` of the pieces of packed rows (None where a
+        lineage has another form)."""
+        found = _packed_codes(rows)
+        if found is None:
+            return None
+        codes, lengths = found
         pieces = codes < 0
         code = ~codes
         positions = np.where(pieces, code >> PIECE_BITS, codes)
         firsts = ~pieces | ((code & PIECE_MASK) == 0)  # starts at its record's first token
         plan = self.plan
-        unique, where = np.unique(positions, return_inverse=True)
-        res = resolve(plan.sampler, self.lane, unique, plan.num_lanes)
-        leaf, epoch = res.leaf[where], res.epoch[where]
-        n = len(counts) // LEAF_FIELDS
-        tokens = np.bincount(leaf, weights=lengths, minlength=n).astype(np.int64)
-        segments = np.bincount(leaf, minlength=n)
-        documents = np.bincount(leaf[firsts], minlength=n)
-        epochs = np.zeros(n, np.int64)
-        np.maximum.at(epochs, leaf, epoch + 1)
-        figures = zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist())
-        for i, (t, g, d, e) in enumerate(figures):
-            at = LEAF_FIELDS * i
-            counts[at] += t
-            counts[at + 1] += g
-            counts[at + 2] += d
-            counts[at + 3] = max(counts[at + 3], e)
+        leaf, epoch = _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
+        return leaf, epoch, lengths, firsts
+
+    def _mixture_pieces(self, rows: list) -> tuple | None:
+        """As :meth:`_pieces` in a mixture by tokens or stages, whose roots are
+        ``(position, component, component draw)``."""
+        found = _mixture_roots(rows)
+        if found is None:
+            return None
+        components, subs, lengths, firsts = found
+        plan = self.plan
+        leaf = np.zeros(len(subs), np.int64)
+        epoch = np.zeros(len(subs), np.int64)
+        for k in np.unique(components).tolist():
+            at = components == k
+            child = plan.mixture.children[k]
+            leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
+            leaf[at] += self.bases[k]
+        return leaf, epoch, lengths, firsts
 
     def _add_traced(
         self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
@@ -301,6 +335,71 @@ class _Parts:
             return {root: (leaf, epoch) for root, (leaf, _, epoch) in zip(roots, found)}
         res = resolve(plan.sampler, self.lane, np.array(roots, np.int64), plan.num_lanes)
         return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
+
+
+def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:
+    """The leaf and epoch of ``draws`` of sampler ``node``: for a source, its epochs by
+    arithmetic alone (the shuffled record is not needed); else resolved."""
+    if isinstance(node, SourceNode):
+        return np.zeros(len(draws), np.int64), (draws * num_lanes + lane) // node.size
+    unique, where = np.unique(draws, return_inverse=True)
+    res = resolve(node, lane, unique, num_lanes)
+    return res.leaf[where], res.epoch[where]
+
+
+def _add_pieces(
+    counts: list, leaf: np.ndarray, epoch: np.ndarray, lengths: np.ndarray, firsts: np.ndarray
+) -> None:
+    """Adds pieces (their leaf, epoch, length and whether each starts its record) to the
+    per-source ``counts``, vectorized."""
+    if not len(leaf):
+        return
+    n = len(counts) // LEAF_FIELDS
+    if n == 1:
+        figures = [(int(lengths.sum()), len(leaf), int(firsts.sum()), int(epoch.max()) + 1)]
+    else:
+        tokens = np.bincount(leaf, weights=lengths, minlength=n).astype(np.int64)
+        segments = np.bincount(leaf, minlength=n)
+        documents = np.bincount(leaf[firsts], minlength=n)
+        epochs = np.zeros(n, np.int64)
+        np.maximum.at(epochs, leaf, epoch + 1)
+        figures = list(zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist()))
+    for i, (t, g, d, e) in enumerate(figures):
+        at = LEAF_FIELDS * i
+        counts[at] += t
+        counts[at + 1] += g
+        counts[at + 2] += d
+        counts[at + 3] = max(counts[at + 3], e)
+
+
+def _mixture_roots(rows: list) -> tuple | None:
+    """The pieces of packed rows of a mixture by tokens or stages as arrays:
+    ``(components, component draws, lengths, firsts)``; None where a parent is not a
+    root ``(position, component, draw)`` or a piece of split of one."""
+    components, subs, firsts = [], [], []
+    try:
+        for lineage in rows:
+            for p in lineage[0]:
+                if len(p) == 3:  # a whole record
+                    components.append(p[1])
+                    subs.append(p[2])
+                    firsts.append(True)
+                else:  # ((root,), piece)
+                    root = p[0][0]
+                    components.append(root[1])
+                    subs.append(root[2])
+                    firsts.append(p[1] == 0)
+        lengths = np.fromiter(
+            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(subs)
+        )
+        return (
+            np.array(components, np.int64),
+            np.array(subs, np.int64),
+            lengths,
+            np.array(firsts, bool),
+        )
+    except (TypeError, IndexError, ValueError):
+        return None
 
 
 def _root(lineage: Any) -> Any:

@@ -9,6 +9,7 @@ import numpy as np
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
+from zephon_jax.engine.accounting import deliver_rows
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
@@ -231,9 +232,7 @@ class RowProducer:
                 self._last = None
                 return None
             rows[l] = elements
-        lanes = self.lanes
-        for l, elements in rows.items():  # the lanes' accounting: lineages noted, counted later
-            lanes[l].tally.deliver(elements, step)
+        deliver_rows(self.lanes, rows, step)  # the lanes' accounting: lineages noted only
         picked = [rows[l][i] for l, i in self._picks[size]]
         self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
