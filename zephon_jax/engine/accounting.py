@@ -417,6 +417,7 @@ def _packed_codes(rows: list) -> tuple[np.ndarray, np.ndarray] | None:
         )
     except (TypeError, IndexError, ValueError):
         return None
+    codes: np.ndarray | None
     try:
         codes = np.array(flat, np.int64)
     except (TypeError, ValueError, OverflowError):
