@@ -20,7 +20,7 @@ from zephon_jax.errors import (
 from zephon_jax.loader import Loader, LoaderIterator
 from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
 from zephon_jax.state.files import load_state, save_state
-from zephon_jax.state.global_state import merge_states
+from zephon_jax.state.global_state import exclude, merge_states
 
 __version__ = "0.3.0"  # the package version (pyproject.toml and the docs read it)
 
@@ -63,6 +63,7 @@ __all__ = [
     "ZephonError",
     "accounting",
     "derive",
+    "exclude",
     "explain_step",
     "load_state",
     "merge_accounting",

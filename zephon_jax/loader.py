@@ -14,7 +14,7 @@ from zephon_jax.engine.lane import Lane, LanePlan
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError
-from zephon_jax.state.global_state import check_state, lane_bytes, make_state
+from zephon_jax.state.global_state import check_state, exclusion_of, lane_bytes, make_state
 from zephon_jax.workers.producer import WorkerRowProducer
 
 
@@ -246,6 +246,7 @@ class LoaderIterator(Iterator[Any]):
         self._last_picks: list | None = None
         self._before_last: Any = None  # snapshots, or a function returning them (workers)
         # For metrics(): when next() was first called, seconds spent inside next(), rows.
+        self._exclude: tuple = ()  # the documents excluded (see zephon_jax.exclude)
         self._first_next: float | None = None
         self._waited = 0.0
         self._rows = 0
@@ -334,7 +335,7 @@ class LoaderIterator(Iterator[Any]):
 
         replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
         lanes = encode_snapshots(self._snapshots(self._before_last) or {})
-        replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
+        replay.restore(make_state(self._fingerprint, self.step - 1, lanes, self._exclude))
         replay.next_rows()
         return replay.provenance()
 
@@ -383,7 +384,7 @@ class LoaderIterator(Iterator[Any]):
             if not producer.skip_rows():
                 break
             step += 1
-        self.set_state(make_state(self._fingerprint, step, producer.lane_states()))
+        self.set_state(make_state(self._fingerprint, step, producer.lane_states(), self._exclude))
 
     def _all_processes_have(self, have_batch: bool) -> bool:
         """Whether every process has its part of the next batch.
@@ -451,7 +452,7 @@ class LoaderIterator(Iterator[Any]):
             lanes = encode_snapshots(self._snapshots(self._delivered))
         else:
             lanes = self._producer.lane_states()
-        return make_state(self._fingerprint, self.step, lanes)
+        return make_state(self._fingerprint, self.step, lanes, self._exclude)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from any topology, if it covers this process's lanes).
@@ -465,6 +466,7 @@ class LoaderIterator(Iterator[Any]):
         with paused_gc(long_lived=True):  # one pause for decoding and rebuilding the lanes
             self._set_state(state)
         self.step = int(state["step"])
+        self._exclude = exclusion_of(state)
         self._last_picks = self._before_last = None
 
     def _set_state(self, state: Mapping[str, Any]) -> None:
@@ -483,7 +485,10 @@ class LoaderIterator(Iterator[Any]):
             restore()
         else:
             delivered = make_state(
-                self._fingerprint, self.step, encode_snapshots(self._snapshots(self._delivered))
+                self._fingerprint,
+                self.step,
+                encode_snapshots(self._snapshots(self._delivered)),
+                self._exclude,
             )
             self._stop_prefetch()
             try:

@@ -28,6 +28,7 @@ import numpy as np
 from zephon_jax.core.kernels import DONE, OUT_FULL, kernels
 from zephon_jax.core.lineage import PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
+from zephon_jax.engine.exclusion import excluded_columns
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
@@ -127,6 +128,10 @@ def take_columns(lane: Any, n: int) -> list | None:
                 continue
             positions, leaves, records = block
             lane._without_row += len(records)  # reset when a row reaches ``pending``
+            if plan.excluded:  # records a state excludes (see zephon_jax.engine.exclusion)
+                positions, leaves, records = excluded_columns(
+                    plan.excluded, positions, leaves, records
+                )
             if len(records):
                 _place(lane, columns, positions, leaves, records)
             if lane._without_row > limit:

@@ -42,6 +42,7 @@ from zephon_jax.engine.columns import (
     take_column_lanes,
     take_columns,
 )
+from zephon_jax.engine.exclusion import Excluded, drop_excluded
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -107,6 +108,8 @@ class LanePlan:
         )
         # Set where lanes read a token array column-wise (see zephon_jax.engine.columns).
         self.columnar = columnar_plan(self)
+        # Records a state excludes, per leaf (see zephon_jax.engine.exclusion).
+        self.excluded: Excluded = {}
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
@@ -373,6 +376,13 @@ class Lane:
         if outputs:
             self._push_outputs(stage, post, outputs)
 
+    def feed(self, stage: int, elements: Sequence[Element]) -> None:
+        """Pushes ``elements`` (each as it enters ``stage``) through the operators from
+        ``stage`` on (a restore taking excluded records out, see
+        :mod:`zephon_jax.engine.exclusion`)."""
+        if elements:
+            self._push(stage, list(elements))
+
     def _push_outputs(self, stage: int, post, outputs) -> None:
         if stage + 1 == self.plan.num_operators and not post:
             self._row_reached(outputs)
@@ -464,6 +474,8 @@ class Lane:
                 if item is _SKIP:
                     continue
                 self._without_row += 1  # reset by _push when a row reaches ``pending``
+                if self.plan.excluded and item is not DROP:
+                    item = drop_excluded(self, [item])[0]
                 if item is not DROP:
                     push(0, (item,))
             else:
@@ -501,6 +513,8 @@ class Lane:
             for _ in items:
                 ahead.popleft()
             self.next_position += len(items)
+            if self.plan.excluded:
+                items = drop_excluded(self, items)
             if _SKIP in items or DROP in items:
                 counted += sum(item is not _SKIP for item in items)
                 block += [item for item in items if item is not _SKIP and item is not DROP]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -10,12 +11,13 @@ from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.engine.accounting import deliver_rows
+from zephon_jax.engine.exclusion import excluded_records
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler.resolve import can_end, end_position
-from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.global_state import exclusion_of, lane_bytes
 from zephon_jax.state.lane_format import LaneSnapshot, decode_lane_state, encode_lane_state
 
 
@@ -321,7 +323,9 @@ class RowProducer:
         of it), all lanes together (see :func:`~zephon_jax.engine.restore.restore_lanes`); on any
         error the producer is unchanged."""
         snapshots = self.check_state(state) if checked is None else checked
-        lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
+        plan = copy.copy(self.plan)  # this one's lanes go on if the restore fails
+        plan.excluded = excluded_records(plan.leaf_labels, exclusion_of(state))
+        lanes = {l: Lane(plan, l) for l in self.lane_ids}
         restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes], read_ahead=True)
         steps = {lane.step for lane in lanes.values()}
         if len(steps) > 1:
@@ -329,6 +333,7 @@ class RowProducer:
                 f"the state's lanes are at different steps {sorted(steps)}; merge states taken "
                 "after the same global batch"
             )
+        self.plan = plan
         self.lanes = lanes
         self.step = steps.pop() if steps else int(state["step"])
         self._failure = None

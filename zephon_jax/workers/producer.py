@@ -60,7 +60,7 @@ from zephon_jax.engine.rows import (
     stack_rows,
 )
 from zephon_jax.errors import PipelineError, WorkerError, add_note
-from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.global_state import EXCLUDE, exclusion_of, lane_bytes
 from zephon_jax.workers.pipes import FrameReader, write_frame
 from zephon_jax.workers.shared_slots import Layout, SlotReader, SlotWriter, unlink_quietly
 
@@ -99,7 +99,7 @@ class AskStates:
 
 class Restore(NamedTuple):
     generation: int
-    state: dict  # {"lanes": {str(lane): uint8 array}} for this worker's lanes
+    state: dict  # {"lanes": {str(lane): uint8 array}, "exclude": [...]} for its lanes
 
 
 class Stop(NamedTuple):
@@ -707,6 +707,7 @@ class WorkerRowProducer:
         self._states: Snapshots | None = {}
         self._ended = False
         self._failure: str | None = None
+        self._exclude: tuple = ()  # the documents the last restored state excludes
         self._keep_from: int | None = None  # see keep_states_from
         self._lock = threading.RLock()
 
@@ -929,6 +930,7 @@ class WorkerRowProducer:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resets every worker to ``state``; on an error the stream is unchanged."""
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
+        exclude, before = exclusion_of(state), self._exclude
         if not self._finalizer.alive:
             raise WorkerError("this producer is closed; create a new loader iterator")
         previous = None  # where to roll back to, if the workers are healthy
@@ -943,24 +945,27 @@ class WorkerRowProducer:
         except BaseException:
             self._failure = self._failure or "a worker failed to start"
             raise
-        error = self._send_restore(blobs)
+        error = self._send_restore(blobs, exclude)
         if error is not None:
-            if previous is not None and self._send_restore(previous) is None:
+            if previous is not None and self._send_restore(previous, before) is None:
                 self._failure = None  # back at the last batch handed out
             else:
                 self._failure = "restoring the previous state failed too"
             raise error[1]
         self._ended = False
         self._failure = None
+        self._exclude = exclude
         self.step = int(state["step"])
 
-    def _send_restore(self, blobs: Mapping[int, bytes]):
-        """Sends ``blobs`` to every worker; returns ``None`` or (worker, first error)."""
+    def _send_restore(self, blobs: Mapping[int, bytes], exclude: tuple = ()):
+        """Sends ``blobs`` (and the documents excluded) to every worker; returns ``None``
+        or (worker, first error)."""
         self._generation += 1
         for (lanes, _, _), worker in zip(self._plan, self._workers):
             worker.drop_pending()
             lanes_state = {str(l): np.frombuffer(blobs[l], dtype=np.uint8) for l in lanes}
-            worker.send(Restore(self._generation, {"lanes": lanes_state}))
+            listed = [list(pair) for pair in exclude]
+            worker.send(Restore(self._generation, {"lanes": lanes_state, EXCLUDE: listed}))
         first, states = None, {}
         for worker in self._workers:
             try:
