@@ -3,9 +3,12 @@ on any topology, recorded in the state (and accepted by ``zephon-jax explain``).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
-from pipelines import assert_batches_equal
+from pipelines import assert_batches_equal, concat_parts
 from test_accounting import mixed, run_global
 
 import zephon_jax as zj
@@ -174,3 +177,80 @@ def test_exclude_rejects_bad_documents():
     altered = dict(state, exclude=[["a", "x"]])
     with pytest.raises(zj.StateError, match="exclude"):
         iter(zj.Loader(mixed("pack"))).set_state(altered)
+
+
+def test_an_orbax_checkpoint_keeps_the_exclusion(tmp_path):
+    import orbax.checkpoint as ocp
+
+    import zephon_jax.checkpoint as zc
+
+    ds = mixed("pack")
+    state = run_global(ds, 2)[0][0].get_state()
+    excluded = sorted(_later_documents(ds, state, 1)[0])[:2]
+    it = iter(zj.Loader(ds))
+    it.set_state(zj.exclude(state, excluded))
+    next(it)
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(3, args=ocp.args.Composite(data=zc.Save(it)))
+        mngr.wait_until_finished()
+    want = [next(it) for _ in range(3)]
+    assert sorted(map(tuple, zj.load_state(tmp_path / "ckpt" / "3")["exclude"])) == excluded
+    restored = iter(zj.Loader(ds, process_index=1, process_count=2))
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.restore(3, args=ocp.args.Composite(data=zc.Restore(restored)))
+    other = iter(zj.Loader(ds, process_index=0, process_count=2))
+    other.set_state(zj.load_state(tmp_path / "ckpt" / "3"))
+    got = [concat_parts([next(other), next(restored)]) for _ in range(3)]
+    assert_batches_equal(got, want)
+    assert sorted(map(tuple, restored.get_state()["exclude"])) == excluded
+
+
+def test_skip_and_exclude_under_jax_on_two_processes(tmp_path, monkeypatch):
+    """A state with an exclusion, restored under jax.distributed on 2 processes x 2 devices
+    (device prefetch), skipped, run on: the same rows and merged accounting as one
+    numpy process."""
+    import mp_worker as worker
+    from test_multiprocess import launch
+
+    # The processes import this checkout's zephon_jax, whatever is installed.
+    root = str(Path(zj.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+    ds = worker.make_pipeline()
+    it = iter(zj.Loader(ds))
+    for _ in range(4):
+        next(it)
+    state = it.get_state()
+    soon = [_records(p) for p in run_global(ds, 4, state=state)[2]]
+    cut = zj.exclude(state, sorted(soon[0])[:2] + sorted(soon[3])[:1])
+    zj.save_state(cut, tmp_path / "cut.zjs")
+    steps = 12
+    one = iter(zj.Loader(ds))
+    one.set_state(cut)
+    one.skip(2)
+    reference = [worker.batch_digests(next(one)) for _ in range(7, steps + 1)]
+    flags = [f"--from-state={tmp_path / 'cut.zjs'}", "--skip=2", f"--steps={steps}"]
+    reports = launch(tmp_path, "cut", 2, 2, "data=4", "data", *flags)
+    for step, want in zip(range(7, steps + 1), reference):
+        seen: dict[int, set] = {}
+        for report in reports:
+            for row, digests in report["runs"]["from_state"][str(step)].items():
+                seen.setdefault(int(row), set()).update(digests)
+        assert seen == {r: {d} for r, d in enumerate(want)}, f"step {step}"
+    merged = zj.merge_accounting([r["accounting"] for r in reports])
+    assert merged == one.accounting()
+    assert merged["skipped"] == 2 and merged["step"] == steps
+
+
+def test_explain_step_follows_an_excluded_skipped_state():
+    ds = mixed("pack")
+    state = run_global(ds, 2)[0][0].get_state()
+    cut = zj.exclude(state, sorted(_later_documents(ds, state, 1)[0])[:2])
+    it = iter(zj.Loader(ds))
+    it.set_state(cut)
+    it.skip(1)
+    later = it.get_state()
+    for _ in range(2):
+        next(it)
+    assert zj.explain_step(ds, 4, state=later) == it.provenance()
+    assert zj.explain_step(ds, 4, state=cut) == it.provenance()
