@@ -256,3 +256,25 @@ def test_metrics_are_plain_numbers_that_grow():
     assert m["step"] == 3 and m["rows"] == 24
     assert 0 < m["wait_s"] <= m["seconds"] and 0 < m["wait_share"] <= 1
     assert m["rows_per_s"] == pytest.approx(24 / m["seconds"], rel=0.05)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_finite_input_counts_only_the_batches_delivered(processes):
+    # The batch the input ends in is not delivered: rows some lanes made for it are not
+    # counted, whichever lanes a process runs.
+    a, b = _sources()
+    ds = zj.Dataset.mix([a, b], [0.6, 0.4]).repeat(1).split(16).pack(24, num_bins=2).batch(8)
+    its = [
+        iter(zj.Loader(ds, process_index=i, process_count=processes)) for i in range(processes)
+    ]
+    batches, provenance = [], []
+    while True:
+        parts = [next(it, None) for it in its]
+        if parts[0] is None:
+            assert all(p is None for p in parts)
+            break
+        batches.append(concat_parts(parts))
+        provenance.append([row for it in its for row in it.provenance()])
+    report = zj.merge_accounting([it.accounting() for it in its])
+    assert report["steps"] == len(batches) > 3
+    assert report["sources"] == expected(ds, provenance, batches)

@@ -176,7 +176,7 @@ def test_custom_operator_page_runs():
 def test_debugging_page_runs(tmp_path, monkeypatch, capsys):
     """The loss-spike page's examples run as written and print the segments."""
     blocks = _python_blocks("debugging_loss_spikes.md")
-    assert len(blocks) == 5  # provenance, explain_step, accounting, skip, metrics
+    assert len(blocks) == 6  # provenance, explain_step, accounting, skip, exclude, metrics
     for block in blocks:
         exec(compile(block, "debugging_loss_spikes.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out

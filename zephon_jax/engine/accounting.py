@@ -21,11 +21,14 @@ over every delivered step gives, segment by segment:
   (``start`` is 0 or ``None``, and ``output``, after ``flat_map``, absent or 0);
 * ``epoch``: the highest epoch among the segments.
 
-Counting is lazy, off the hot path: when a lane delivers its rows of a global
-batch it only appends their lineages (pointers it holds anyway) to a list, and
-it counts that list, vectorized, when it holds :data:`FOLD_ROWS` rows, when a
-mixture stage ends, and when a state is encoded (a snapshot, taken every batch,
-keeps a reference to the list and its length, and counts only when encoded).
+Counting is lazy, off the hot path: when a lane makes finished rows (a block at
+a time) it appends their lineages (pointers it holds anyway) to a list; rows
+leave its queue of finished rows in the order they were made, so all but the
+last ``len(pending)`` of the list are delivered. Nothing is done per batch. The
+lane counts the delivered ones, vectorized, when :data:`FOLD_ROWS` of them wait
+(fewer with many lanes: :data:`HELD_ROWS` in all), when a mixture stage ends, and
+when a state is encoded (a snapshot, taken every batch, keeps a reference to the
+list and the number delivered, and counts only when encoded).
 Segments of records made by a user operator that keeps no pointers (``source``
 is ``None``) count for no source.
 """
@@ -51,8 +54,10 @@ from zephon_jax.state.lane_format import TALLY_FIELDS
 
 # Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
 LEAF_FIELDS = TALLY_FIELDS
-# Rows a lane keeps delivered and uncounted (their lineages only) before it counts them.
+# Rows a lane keeps delivered and uncounted (their lineages only) before it counts them,
+# and the most all lanes of a pipeline keep together (about 200 bytes each).
 FOLD_ROWS = 1024
+HELD_ROWS = 65536
 _lineage = operator.attrgetter("lineage")
 
 
@@ -92,66 +97,97 @@ def empty_tally(plan: Any) -> tuple:
 
 
 class Tally:
-    """A lane's counters, and the rows it delivered since it last counted them.
+    """A lane's counters, and what it will count of the rows it made since it last counted.
 
-    :meth:`deliver` is all the hot path pays: it appends lineages to a list.
-    ``saved`` (the counted part) is an immutable tuple, and a counted list is
-    replaced, never changed, so a :meth:`snapshot` holds a reference only.
+    The lane's finished rows leave ``pending`` in the order they were made, so of the
+    rows in :attr:`made` all but the last ``len(pending)`` are delivered. :attr:`made`
+    is a list of blocks, in order: a list of rows' lineages, or, from a column-wise
+    lane, its pieces as three lists ``(codes, lengths, ends)`` of ints the lane made
+    anyway (``ends[i]``: the pieces of the block's rows ``0..i``), no object per row. The hot path
+    pays one list append per block of rows made (:meth:`made_rows`) and nothing per
+    batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
+    replaced, never changed, so a :meth:`snapshot` holds a reference.
     """
 
-    __slots__ = ("plan", "lane", "saved", "rows", "tokens", "stage", "next_stage_at", "_parts")
+    __slots__ = (
+        "plan", "lane", "saved", "made", "rows", "tokens", "stage", "next_stage_at", "limit",
+        "_parts",
+    )  # fmt: skip
 
     def __init__(self, plan: Any, lane: int):
         self.plan = plan
         self.lane = lane
         self.saved = empty_tally(plan)
         self._parts = _Parts(plan, lane)
-        self.rows: list = []  # lineages of delivered rows, not counted yet
+        self.made: list = []  # blocks of rows made and not counted yet, in order
+        self.rows = 0  # the rows in ``made``
         self.tokens: list | None = [] if whole_records(plan) else None
-        self.stage = 0  # the mixture stage of the rows in ``rows``
+        self.stage = 0  # the mixture stage of the delivered rows not counted yet
         self.next_stage_at = 0  # the step at which the stage is looked up again
+        # Rows held uncounted at most: FOLD_ROWS, less with many lanes (HELD_ROWS in all).
+        self.limit = min(FOLD_ROWS, max(64, HELD_ROWS // plan.num_lanes))
 
-    def deliver(self, rows: Sequence[Any], step: int) -> None:
-        """Notes ``rows`` (elements) delivered at global step ``step``."""
-        if step >= self.next_stage_at:
-            self._enter_stage(step)
-        self.rows.extend(map(_lineage, rows))
+    def made_rows(self, rows: Sequence[Any], pending: int, pieces: Any = None) -> None:
+        """Notes ``rows`` (elements) made, or, from a column-wise lane, their ``pieces``
+        as lists ``(codes, lengths, ends)``; ``pending``: the rows now waiting, these
+        included."""
+        self.made.append(list(map(_lineage, rows)) if pieces is None else pieces)
+        self.rows += len(rows)
         if self.tokens is not None:
             self.tokens.extend(record_tokens(row.data) for row in rows)
-        if len(self.rows) >= FOLD_ROWS:
-            self.fold()
+        if self.rows - pending >= self.limit:
+            self.fold(pending)
 
-    def skip(self) -> None:
-        """Counts one global step passed over (its rows are not delivered)."""
-        self.fold()
-        self.saved = (self.saved[0] + 1,) + self.saved[1:]
+    def fold(self, pending: int, keep: bool = True) -> None:
+        """Counts the delivered rows not counted yet (all made but the last ``pending``);
+        ``keep=False`` passes over them (rows of skipped batches)."""
+        n = self.rows - pending
+        if n <= 0:
+            return
+        taken, self.made = take_rows(self.made, n)
+        self.rows -= n
+        if keep:
+            tokens = None if self.tokens is None else self.tokens[:n]
+            self.saved = self._parts.count(self.saved, taken, tokens, self.stage)
+        if self.tokens is not None:
+            self.tokens = self.tokens[n:]
 
-    def _enter_stage(self, step: int) -> None:
+    def enter_stage(self, step: int, pending: int) -> None:
+        """Before the rows of global step ``step`` are taken: counts those delivered
+        before in their stage, and looks up the mixture stage of the next ones."""
         mixture = self.plan.mixture
         if mixture is None:
             self.next_stage_at = sys.maxsize
             return
-        self.fold()
+        self.fold(pending)
         starts = mixture.stages.starts
         self.stage = mixture.stages.index_at(step)
         after = self.stage + 1
         self.next_stage_at = starts[after] if after < len(starts) else sys.maxsize
 
-    def fold(self) -> None:
-        """Counts the delivered rows not counted yet."""
-        if self.rows:
-            self.saved = self._parts.count(self.saved, self.rows, self.tokens, self.stage)
-            self.rows = []
-            self.tokens = None if self.tokens is None else []
+    def skipped(self, taken: int, pending: int) -> None:
+        """After a skipped step took ``taken`` rows: counts the rows delivered before it,
+        passes over those, and counts the step as skipped."""
+        self.fold(pending + taken)
+        self.fold(pending, keep=False)
+        self.saved = (self.saved[0] + 1,) + self.saved[1:]
 
-    def snapshot(self) -> Any:
+    def undelivered(self, taken: int, pending: int) -> None:
+        """After a batch that could not be completed (a finite input ended) took
+        ``taken`` rows of this lane: they are not delivered."""
+        self.fold(pending + taken)
+        self.fold(pending, keep=False)
+
+    def snapshot(self, pending: int) -> Any:
         """The counters as of now, counted only when needed (see :class:`LazyTally`)."""
-        if not self.rows:
+        n = self.rows - pending
+        if n <= 0:
             return self.saved
-        return LazyTally(self._parts, self.saved, self.rows, self.tokens, self.stage)
+        return LazyTally(self._parts, self.saved, self.made, n, self.tokens, self.stage)
 
-    def load(self, saved: Any) -> None:
-        """Takes the counters of a state's lane (checked against this pipeline)."""
+    def load(self, saved: Any, pending: Sequence[Any]) -> None:
+        """Takes the counters of a state's lane (checked against this pipeline), with
+        its unbatched rows ``pending`` made and not delivered."""
         saved = plain_tally(saved)
         empty = empty_tally(self.plan)
         if len(saved[1]) != len(empty[1]) or len(saved[2]) != len(empty[2]):
@@ -162,40 +198,38 @@ class Tally:
                 "or comes from another pipeline"
             )
         self.saved = saved
-        self.rows = []
-        self.tokens = None if self.tokens is None else []
+        self.made = [list(map(_lineage, pending))] if pending else []
+        self.rows = len(pending)
+        if self.tokens is not None:
+            self.tokens = [record_tokens(row.data) for row in pending]
         self.next_stage_at = 0
 
 
-def deliver_rows(lanes: Mapping[int, Any], rows: Mapping[int, Sequence[Any]], step: int) -> None:
-    """``lanes[l].tally.deliver(rows[l], step)`` for each lane ``l`` of ``rows``, with the
-    common case (no stage change, no count due, no record tokens) inlined: one list
-    extension per lane."""
-    fold_rows = FOLD_ROWS
-    for l, elements in rows.items():
-        tally = lanes[l].tally
-        held = tally.rows
-        if tally.tokens is None and step < tally.next_stage_at and len(held) < fold_rows:
-            if len(elements) == 1:  # one row per lane: the common case
-                held.append(elements[0].lineage)
-            else:
-                held.extend(map(_lineage, elements))
-        else:
-            tally.deliver(elements, step)
+def stage_check(lanes: Mapping[int, Any], step: int) -> int:
+    """Before the rows of global step ``step`` are taken from ``lanes``: each lane's
+    :meth:`Tally.enter_stage`; returns the next step at which to call this again."""
+    after = sys.maxsize
+    for lane in lanes.values():
+        lane.tally.enter_stage(step, len(lane.pending))
+        after = lane.tally.next_stage_at
+    return after
 
 
 class LazyTally:
     """A snapshot's tally: the counters then, and the rows delivered and not yet counted
-    (a list the lane no longer changes beyond ``len(rows)`` entries), counted once, when
-    the saved form is asked for. Pickles as the plain saved tuple."""
+    (the first ``n`` of a list the lane only appends to until it counts it and takes a new
+    one), counted once, when the saved form is asked for. Pickles as the plain saved
+    tuple."""
 
     __slots__ = ("_parts", "_saved", "_rows", "_n", "_tokens", "_stage")
 
-    def __init__(self, parts: Any, saved: tuple, rows: list, tokens: list | None, stage: int):
+    def __init__(
+        self, parts: Any, saved: tuple, rows: list, n: int, tokens: list | None, stage: int
+    ):
         self._parts = parts
         self._saved = saved
         self._rows: list | None = rows
-        self._n = len(rows)
+        self._n = n
         self._tokens = tokens
         self._stage = stage
 
@@ -203,7 +237,8 @@ class LazyTally:
         """The plain saved form ``(skipped, sources, stages)``."""
         if self._rows is not None:
             tokens = None if self._tokens is None else self._tokens[: self._n]
-            self._saved = self._parts.count(self._saved, self._rows[: self._n], tokens, self._stage)
+            taken = take_rows(self._rows, self._n)[0]
+            self._saved = self._parts.count(self._saved, taken, tokens, self._stage)
             self._rows = self._tokens = None
         return self._saved
 
@@ -239,11 +274,20 @@ class _Parts:
             self.components = len(mixture.children)
             self.bases = np.cumsum([0] + [len(leaves(c)) for c in mixture.children]).tolist()
 
-    def count(self, saved: tuple, rows: list, tokens: list | None, stage: int) -> tuple:
-        """``saved`` plus the rows with lineages ``rows`` (``tokens``: their record tokens
-        where rows may be whole records) delivered in mixture stage ``stage``."""
+    def count(self, saved: tuple, blocks: list, tokens: list | None, stage: int) -> tuple:
+        """``saved`` plus the rows of ``blocks`` (see :class:`Tally`; ``tokens``: their
+        record tokens where rows may be whole records) delivered in mixture stage
+        ``stage``."""
         counts = list(saved[1])
         stages = list(saved[2])
+        arrays = [block for block in blocks if type(block) is tuple]
+        if arrays:  # a column-wise lane's pieces (no mixture stages there)
+            codes = np.array(list(chain.from_iterable(block[0] for block in arrays)), np.int64)
+            lengths = np.array(list(chain.from_iterable(block[1] for block in arrays)), np.int64)
+            _add_pieces(counts, *self._coded_pieces(codes, lengths))
+        rows = list(chain.from_iterable(block for block in blocks if type(block) is list))
+        if not rows:
+            return (saved[0], tuple(counts), tuple(stages))
         pieces = None
         if self.packed:
             pieces = self._mixture_pieces(rows) if self.components else self._pieces(rows)
@@ -264,9 +308,11 @@ class _Parts:
         """``(leaf, epoch, lengths, firsts)`` of the pieces of packed rows (None where a
         lineage has another form)."""
         found = _packed_codes(rows)
-        if found is None:
-            return None
-        codes, lengths = found
+        return None if found is None else self._coded_pieces(*found)
+
+    def _coded_pieces(self, codes: np.ndarray, lengths: np.ndarray) -> tuple:
+        """``(leaf, epoch, lengths, firsts)`` of pieces given as codes (positions, or
+        :func:`~zephon_jax.core.lineage.piece_code`) and lengths."""
         pieces = codes < 0
         code = ~codes
         positions = np.where(pieces, code >> PIECE_BITS, codes)
@@ -335,6 +381,29 @@ class _Parts:
             return {root: (leaf, epoch) for root, (leaf, _, epoch) in zip(roots, found)}
         res = resolve(plan.sampler, self.lane, np.array(roots, np.int64), plan.num_lanes)
         return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
+
+
+def take_rows(blocks: list, n: int) -> tuple[list, list]:
+    """The blocks of the first ``n`` rows of ``blocks`` (see :class:`Tally`), and those
+    of the rest: new lists and blocks, ``blocks`` is not changed."""
+    for i, block in enumerate(blocks):
+        size = len(block) if type(block) is list else len(block[2])
+        if n > size:
+            n -= size
+            continue
+        if n == size:
+            return blocks[: i + 1], blocks[i + 1 :]
+        first: Any
+        rest: Any
+        if type(block) is list:
+            first, rest = block[:n], block[n:]
+        else:
+            codes, lengths, ends = block  # lists (column-wise lanes) or arrays
+            cut = int(ends[n - 1])
+            first = (codes[:cut], lengths[:cut], ends[:n])
+            rest = (codes[cut:], lengths[cut:], [end - cut for end in ends[n:]])
+        return [*blocks[:i], first], [rest, *blocks[i + 1 :]]
+    return list(blocks), []
 
 
 def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:

@@ -240,6 +240,8 @@ def _place(
     place, offsets, bases, cut, seq_len, max_segments, best, spec, field, tokens = columns.arguments
     several = len(tokens) > 1
     rows: list[Element] = []
+    # The rows' pieces (codes, lengths, row ends), for the lane's accounting.
+    counted: tuple[list, list, list] = ([], [], [])
     k = j = 0
     while True:
         out, row_end = carry.out, carry.row_end
@@ -249,8 +251,13 @@ def _place(
         )  # fmt: skip
         if n_rows:
             codes, starts, lengths, sources = out[:, :n_out].tolist()
+            ends = row_end[:n_rows].tolist()
+            shift = len(counted[0])
+            counted[0].extend(codes)
+            counted[1].extend(lengths)
+            counted[2].extend([end + shift for end in ends] if shift else ends)
             begin = 0
-            for end in row_end[:n_rows].tolist():
+            for end in ends:
                 held = tuple(lengths[begin:end])
                 row = TokenRow(
                     spec,
@@ -269,7 +276,7 @@ def _place(
         else:
             carry.grow_rows()
     if rows:
-        lane._row_reached(rows)
+        lane._row_reached(rows, counted)
     else:  # the stage the records reached, for the no-progress error
         index = bases[leaves] + records
         placed = bool((offsets[index + 1] > offsets[index]).any())

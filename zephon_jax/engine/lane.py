@@ -397,9 +397,11 @@ class Lane:
         op = self.plan.operators[stage]
         raise user_error(op.describe(), self.where(element.lineage), error) from error
 
-    def _row_reached(self, rows) -> None:
+    def _row_reached(self, rows, pieces=None) -> None:
         if rows:
             self.pending.extend(rows)
+            # noted for the accounting, counted later (``pieces``: see Tally.made_rows)
+            self.tally.made_rows(rows, len(self.pending), pieces)
             self._without_row = 0
             self._deepest = -1
 
@@ -568,7 +570,7 @@ class Lane:
             pending,
             self.step,
             mixture,
-            self.tally.snapshot(),
+            self.tally.snapshot(len(self.pending)),
         )
 
     def get_state(self) -> bytes:
@@ -589,9 +591,9 @@ class Lane:
         self.next_position = snapshot.next_position
         self.step = snapshot.step
         self.input_done = snapshot.input_done
-        self.tally.load(snapshot.tally)
         self.carries = carries
         self.pending = pending
+        self.tally.load(snapshot.tally, pending)
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead = None

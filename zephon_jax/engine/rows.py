@@ -10,7 +10,7 @@ import numpy as np
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
-from zephon_jax.engine.accounting import deliver_rows
+from zephon_jax.engine.accounting import stage_check
 from zephon_jax.engine.exclusion import excluded_records
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
@@ -191,6 +191,8 @@ class RowProducer:
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
         self._last: list[tuple[int, Any]] | None = None
+        self._stage_check_at = 0  # the next step at which the lanes' accounting looks up
+        # the mixture stage (see zephon_jax.engine.accounting.stage_check)
 
     @property
     def rows(self) -> list[int]:
@@ -216,6 +218,8 @@ class RowProducer:
         After an error the producer refuses to continue until :meth:`restore`.
         """
         self._check_usable()
+        if self.step >= self._stage_check_at:  # a mixture stage begins (accounting)
+            self._stage_check_at = stage_check(self.lanes, self.step)
         size = self.batched.batch_size_at(self.step)
         per_lane = size // self.batched.num_lanes
         try:
@@ -226,15 +230,14 @@ class RowProducer:
         except BaseException as e:
             self._failure = e
             raise
-        step = self.step
         self.step += 1
         rows: dict[int, list[Element]] = {}
         for l, elements in taken.items():
             if elements is None:
                 self._last = None
+                self._undelivered(taken)
                 return None
             rows[l] = elements
-        deliver_rows(self.lanes, rows, step)  # the lanes' accounting: lineages noted only
         picked = [rows[l][i] for l, i in self._picks[size]]
         self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
@@ -244,6 +247,8 @@ class RowProducer:
         neither returned nor counted as delivered; each lane counts a skipped step. False
         (nothing skipped) once a finite input ends."""
         self._check_usable()
+        if self.step >= self._stage_check_at:
+            self._stage_check_at = stage_check(self.lanes, self.step)
         size = self.batched.batch_size_at(self.step)
         try:
             with paused_gc():
@@ -254,10 +259,19 @@ class RowProducer:
         self.step += 1
         self._last = None
         if any(elements is None for elements in taken.values()):
+            self._undelivered(taken)
             return False
-        for lane in self.lanes.values():
-            lane.tally.skip()
+        for l, lane in self.lanes.items():
+            lane.tally.skipped(len(taken[l] or ()), len(lane.pending))
         return True
+
+    def _undelivered(self, taken: Mapping[int, Any]) -> None:
+        """The rows lanes took for a batch that could not be completed (a finite input
+        ended) are not delivered: their accounting passes over them."""
+        for l, elements in taken.items():
+            if elements:
+                lane = self.lanes[l]
+                lane.tally.undelivered(len(elements), len(lane.pending))
 
     def last_picks(self) -> list[tuple[int, Any]] | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""
@@ -335,6 +349,7 @@ class RowProducer:
             )
         self.plan = plan
         self.lanes = lanes
+        self._stage_check_at = 0
         self.step = steps.pop() if steps else int(state["step"])
         self._failure = None
         self._last = None

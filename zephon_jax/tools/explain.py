@@ -10,6 +10,7 @@ import numpy as np
 from zephon_jax.engine.accounting_report import accounting
 from zephon_jax.engine.explain import explain_step
 from zephon_jax.engine.provenance import Segment
+from zephon_jax.state.global_state import exclusion_of
 
 PREVIEW_CHARS = 60
 
@@ -89,6 +90,9 @@ def explain(
     if report is not None and report["skipped"]:  # the run passed over batches: say so
         skipped = report["skipped"]
         origin += f", a run that skipped {skipped} batch{'es' if skipped != 1 else ''}"
+    excluded = len(exclusion_of(state)) if state is not None else 0
+    if excluded:  # documents dropped from the state's step on (zephon_jax.exclude)
+        origin += f", {excluded} document{'s' if excluded != 1 else ''} excluded"
     lines = [
         f"global batch {step} (0-based), {len(rows)} of {size} rows, "
         f"computed {origin} in {seconds:.2f} s"
