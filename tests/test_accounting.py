@@ -264,9 +264,7 @@ def test_a_finite_input_counts_only_the_batches_delivered(processes):
     # counted, whichever lanes a process runs.
     a, b = _sources()
     ds = zj.Dataset.mix([a, b], [0.6, 0.4]).repeat(1).split(16).pack(24, num_bins=2).batch(8)
-    its = [
-        iter(zj.Loader(ds, process_index=i, process_count=processes)) for i in range(processes)
-    ]
+    its = [iter(zj.Loader(ds, process_index=i, process_count=processes)) for i in range(processes)]
     batches, provenance = [], []
     while True:
         parts = [next(it, None) for it in its]
