@@ -42,7 +42,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Opaque, plain_lineage
+from zephon_jax.core import lineage as lineage_forms
+from zephon_jax.core.lineage import Opaque, plain_lineage
 from zephon_jax.engine.provenance import row_pieces
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import BinPackOperator
@@ -315,8 +316,10 @@ class _Parts:
         :func:`~zephon_jax.core.lineage.piece_code`) and lengths."""
         pieces = codes < 0
         code = ~codes
-        positions = np.where(pieces, code >> PIECE_BITS, codes)
-        firsts = ~pieces | ((code & PIECE_MASK) == 0)  # starts at its record's first token
+        positions = np.where(pieces, code >> lineage_forms.PIECE_BITS, codes)
+        firsts = ~pieces | (
+            (code & lineage_forms.PIECE_MASK) == 0
+        )  # starts at its record's first token
         plan = self.plan
         leaf, epoch = _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
         return leaf, epoch, lengths, firsts
@@ -511,9 +514,9 @@ def _piece_codes(parents: list) -> np.ndarray | None:
             and type(p[0][0]) is int
             and type(p[1]) is int
             and p[0][0] >= 0
-            and 0 <= p[1] <= PIECE_MASK
+            and 0 <= p[1] <= lineage_forms.PIECE_MASK
         ):
-            codes.append(~((p[0][0] << PIECE_BITS) | p[1]))
+            codes.append(~((p[0][0] << lineage_forms.PIECE_BITS) | p[1]))
         else:
             return None
     try:

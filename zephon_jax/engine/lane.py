@@ -17,8 +17,9 @@ The indices the core speaks of:
 
 A lane's state is its next position, the global step it produces next, each
 operator's saved carry, the finished rows not yet batched (all written as
-lineages) and, for a mixture by tokens or with weight stages, the mixture's
-carry of plain ints (:mod:`zephon_jax.state.lane_format`).
+lineages), for a mixture by tokens or with weight stages, the mixture's
+carry of plain ints, and its accounting of the rows it delivered
+(:mod:`zephon_jax.engine.accounting`, :mod:`zephon_jax.state.lane_format`).
 Restoring regenerates every element a state points to (:mod:`zephon_jax.engine.restore`)
 and continues exactly where the state left off.
 """
