@@ -122,6 +122,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--resume", action="store_true", help="restore the latest step of --ckpt")
     p.add_argument("--epochs", type=int, help="read the sources this many times, then stop")
     p.add_argument("--schedule", action="store_true", help="staged mixture + batch ramp-up")
+    p.add_argument("--from-state", help="a state file (zj.save_state) to continue from")
+    p.add_argument("--skip", type=int, default=0, help="with --from-state: skip this many")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -211,6 +213,12 @@ def main(argv: list[str]) -> None:
         out["params_restored"] = all(np.array_equal(a, b) for a, b in zip(local, expected))
         out["restored_step"] = step
         record(it, "resumed", step + 1)
+    if args.from_state:  # restore, skip, run on, report the accounting
+        it = iter(loader())
+        it.set_state(zj.load_state(args.from_state))
+        it.skip(args.skip)
+        record(it, "from_state", it.step + 1)
+        out["accounting"] = it.accounting()
     if manager is not None:
         manager.wait_until_finished()
     tmp = args.out + ".tmp"

@@ -7,6 +7,7 @@ another topology, also through packing, splitting, shuffle buffers and mixtures.
 
 from zephon_jax.core.lineage import Element, derive
 from zephon_jax.dataset import BatchedDataset, Dataset
+from zephon_jax.engine.accounting_report import accounting, merge_accounting
 from zephon_jax.engine.explain import explain_step
 from zephon_jax.errors import (
     PipelineError,
@@ -19,7 +20,7 @@ from zephon_jax.errors import (
 from zephon_jax.loader import Loader, LoaderIterator
 from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
 from zephon_jax.state.files import load_state, save_state
-from zephon_jax.state.global_state import merge_states
+from zephon_jax.state.global_state import exclude, merge_states
 
 __version__ = "0.3.0"  # the package version (pyproject.toml and the docs read it)
 
@@ -60,9 +61,12 @@ __all__ = [
     "StateMismatchError",
     "WorkerError",
     "ZephonError",
+    "accounting",
     "derive",
+    "exclude",
     "explain_step",
     "load_state",
+    "merge_accounting",
     "merge_states",
     "save_state",
     "stateless",

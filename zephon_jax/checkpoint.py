@@ -35,6 +35,7 @@ from zephon_jax.state.files import (
     lane_file,
     read_checkpoint_item,
 )
+from zephon_jax.state.global_state import EXCLUDE
 
 
 def _check_iterator(iterator: Any, what: str) -> LoaderIterator:
@@ -77,6 +78,8 @@ class LoaderCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
                 "step": state["step"],
                 "num_lanes": iterator.loader.dataset.num_lanes,
             }
+            if EXCLUDE in state:  # the documents excluded (zephon_jax.exclude)
+                meta[EXCLUDE] = state[EXCLUDE]
         return lanes, meta
 
     @staticmethod

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 from zephon_jax.core.checks import positive_int, timeout_seconds
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.dataset import BatchedDataset
+from zephon_jax.engine.accounting_report import accounting
 from zephon_jax.engine.lane import Lane, LanePlan
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError
-from zephon_jax.state.global_state import check_state, lane_bytes, make_state
+from zephon_jax.state.global_state import check_state, exclusion_of, lane_bytes, make_state
 from zephon_jax.workers.producer import WorkerRowProducer
 
 
@@ -243,8 +245,42 @@ class LoaderIterator(Iterator[Any]):
         # or, from worker processes, the lane snapshots taken just before it.
         self._last_picks: list | None = None
         self._before_last: Any = None  # snapshots, or a function returning them (workers)
+        # For metrics(): when next() was first called, seconds spent inside next(), rows.
+        self._exclude: tuple = ()  # the documents excluded (see zephon_jax.exclude)
+        self._first_next: float | None = None
+        self._waited = 0.0
+        self._rows = 0
 
     def __next__(self) -> Any:
+        started = time.perf_counter()
+        if self._first_next is None:
+            self._first_next = started
+        try:
+            batch = self._next()
+        finally:
+            self._waited += time.perf_counter() - started
+        self._rows += len(self.loader.rows_at(self.step - 1))
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        """Figures for a dashboard, as a plain dict of numbers (ready for TensorBoard or
+        W&B): ``step`` (the global step reached),
+        ``rows`` (rows of this process delivered), ``seconds`` (wall time since the
+        first ``next()``), ``rows_per_s``, ``wait_s`` (time the training loop spent
+        waiting inside ``next()``) and ``wait_share`` (``wait_s / seconds``: near 0 when
+        the loader keeps up, near 1 when it is the bottleneck). Two clock reads per batch.
+        """
+        seconds = 0.0 if self._first_next is None else time.perf_counter() - self._first_next
+        return {
+            "step": float(self.step),
+            "rows": float(self._rows),
+            "seconds": seconds,
+            "rows_per_s": self._rows / seconds if seconds > 0 else 0.0,
+            "wait_s": self._waited,
+            "wait_share": self._waited / seconds if seconds > 0 else 0.0,
+        }
+
+    def _next(self) -> Any:
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
             last_picks = getattr(self._producer, "last_picks", None)
@@ -299,9 +335,56 @@ class LoaderIterator(Iterator[Any]):
 
         replay = RowProducer(self.loader.dataset, self.loader.rows_of_size, agree_on_end=False)
         lanes = encode_snapshots(self._snapshots(self._before_last) or {})
-        replay.restore(make_state(self._fingerprint, self.step - 1, lanes))
+        replay.restore(make_state(self._fingerprint, self.step - 1, lanes, self._exclude))
         replay.next_rows()
         return replay.provenance()
+
+    def accounting(self) -> dict[str, Any]:
+        """What the run has delivered so far, from the lanes' counters in the state.
+
+        A dict with ``step`` (the global step reached), ``steps`` (batches delivered),
+        ``skipped`` (batches passed over by :meth:`skip`), ``lanes`` (those counted),
+        ``sources`` (per source, keyed by its provenance label: ``source`` its leaf
+        index, ``tokens``, ``segments``, ``documents`` started and the highest
+        ``epoch``, None before any) and ``stages`` (for a mixture by tokens or with
+        weight stages, per stage: ``start``, ``weights``, the ``tokens`` of each
+        component and their ``shares``; else empty). The figures equal the sum of
+        :meth:`provenance` over every delivered batch (see
+        :mod:`zephon_jax.engine.accounting`) and survive checkpoints and restores on any
+        topology. This process counts the lanes it saves (:meth:`Loader.lanes_to_save`):
+        with one process the figures are global, with several
+        :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
+        state of this process's lanes, O(lanes), not O(steps).
+        """
+        loader = self.loader
+        return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())
+
+    def skip(self, n: int) -> None:
+        """Passes over the next ``n`` global batches without delivering them.
+
+        The next batch is then the one an uninterrupted run delivers at step
+        ``step + n``, on any topology; the state records the skip (its lanes are past
+        those batches, and :meth:`accounting` counts them as ``skipped``, not their
+        data), so a restore elsewhere continues the same way. This process's lanes make
+        the skipped batches' rows (only not assembled), at about the cost of producing
+        them. A finite input that ends within them ends the iteration.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise PipelineError(f"skip(n) needs an int n >= 0 (global batches); got {n!r}")
+        if n == 0:
+            return
+        state = self.get_state()
+        loader = self.loader
+        producer = RowProducer(
+            loader.dataset, loader.rows_of_size, agree_on_end=loader.agree_on_end
+        )
+        producer.restore(state)
+        step = int(state["step"])
+        for _ in range(n):
+            if not producer.skip_rows():
+                break
+            step += 1
+        self.set_state(make_state(self._fingerprint, step, producer.lane_states(), self._exclude))
 
     def _all_processes_have(self, have_batch: bool) -> bool:
         """Whether every process has its part of the next batch.
@@ -369,7 +452,7 @@ class LoaderIterator(Iterator[Any]):
             lanes = encode_snapshots(self._snapshots(self._delivered))
         else:
             lanes = self._producer.lane_states()
-        return make_state(self._fingerprint, self.step, lanes)
+        return make_state(self._fingerprint, self.step, lanes, self._exclude)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from any topology, if it covers this process's lanes).
@@ -383,6 +466,7 @@ class LoaderIterator(Iterator[Any]):
         with paused_gc(long_lived=True):  # one pause for decoding and rebuilding the lanes
             self._set_state(state)
         self.step = int(state["step"])
+        self._exclude = exclusion_of(state)
         self._last_picks = self._before_last = None
 
     def _set_state(self, state: Mapping[str, Any]) -> None:
@@ -401,7 +485,10 @@ class LoaderIterator(Iterator[Any]):
             restore()
         else:
             delivered = make_state(
-                self._fingerprint, self.step, encode_snapshots(self._snapshots(self._delivered))
+                self._fingerprint,
+                self.step,
+                encode_snapshots(self._snapshots(self._delivered)),
+                self._exclude,
             )
             self._stop_prefetch()
             try:

@@ -176,10 +176,11 @@ def test_custom_operator_page_runs():
 def test_debugging_page_runs(tmp_path, monkeypatch, capsys):
     """The loss-spike page's examples run as written and print the segments."""
     blocks = _python_blocks("debugging_loss_spikes.md")
-    assert len(blocks) == 2
+    assert len(blocks) == 6  # provenance, explain_step, accounting, skip, exclude, metrics
     for block in blocks:
         exec(compile(block, "debugging_loss_spikes.md", "exec"), {"__name__": "docs_example"})
-    assert "'label': " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "'label': " in out and "'tokens': " in out and "'rows_per_s': " in out
 
 
 def test_every_operator_has_a_section():

@@ -32,6 +32,7 @@ from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
+from zephon_jax.engine.exclusion import excluded_columns, is_excluded
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
@@ -168,6 +169,10 @@ def take_columns(lane: Any, n: int) -> list | None:
                 continue
             positions, leaves, records = block
             lane._without_row += len(records)  # reset when a row reaches ``pending``
+            if plan.excluded:  # records a state excludes (see zephon_jax.engine.exclusion)
+                positions, leaves, records = excluded_columns(
+                    plan.excluded, positions, leaves, records
+                )
             if len(records):
                 _place(lane, columns, positions, leaves, records)
             if lane._without_row > limit:
@@ -325,8 +330,11 @@ def _place_spans(
         parents = tuple(parents) if translate is None else translate(parents)
         rows.append(Element(row, (parents, held)))
         begin = end
+    # The rows' pieces (codes, lengths, row ends) for the lane's accounting; codes that
+    # index a lane's drawn roots are counted from the rows' lineages instead.
+    counted = None if translate is not None else (codes, lengths, ends)
     if rows:
-        lane._row_reached(rows)
+        lane._row_reached(rows, counted)
     else:  # the stage the records reached, for the no-progress error
         placed = bool(
             (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
@@ -363,6 +371,8 @@ def _take_drawn(lane: Any, n: int) -> list | None:
             continue
         lane.next_position += 1
         lane._without_row += 1  # reset when a row reaches ``pending``
+        if plan.excluded and is_excluded(plan.excluded, *item.data):
+            continue  # a record a state excludes (see zephon_jax.engine.exclusion)
         index = lane.drawn_roots_base + len(roots)
         roots.append(item.lineage)
         carry = _open_rows(lane, columns)  # (a restored lane reads its held documents)

@@ -17,8 +17,9 @@ The indices the core speaks of:
 
 A lane's state is its next position, the global step it produces next, each
 operator's saved carry, the finished rows not yet batched (all written as
-lineages) and, for a mixture by tokens or with weight stages, the mixture's
-carry of plain ints (:mod:`zephon_jax.state.lane_format`).
+lineages), for a mixture by tokens or with weight stages, the mixture's
+carry of plain ints, and its accounting of the rows it delivered
+(:mod:`zephon_jax.engine.accounting`, :mod:`zephon_jax.state.lane_format`).
 Restoring regenerates every element a state points to (:mod:`zephon_jax.engine.restore`)
 and continues exactly where the state left off.
 """
@@ -34,6 +35,7 @@ import numpy as np
 
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, is_derived, root_position
+from zephon_jax.engine.accounting import Tally
 from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, first_block, next_block
 from zephon_jax.engine.columns import (
     columnar_plan,
@@ -41,6 +43,7 @@ from zephon_jax.engine.columns import (
     take_column_lanes,
     take_columns,
 )
+from zephon_jax.engine.exclusion import Excluded, drop_excluded
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -106,6 +109,8 @@ class LanePlan:
         )
         # Set where lanes read a token array column-wise (see zephon_jax.engine.columns).
         self.columnar = columnar_plan(self)
+        # Records a state excludes, per leaf (see zephon_jax.engine.exclusion).
+        self.excluded: Excluded = {}
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
@@ -148,6 +153,7 @@ class Lane:
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()
+        self.tally = Tally(plan, lane)  # what it delivered (see zephon_jax.engine.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
@@ -377,6 +383,13 @@ class Lane:
         if outputs:
             self._push_outputs(stage, post, outputs)
 
+    def feed(self, stage: int, elements: Sequence[Element]) -> None:
+        """Pushes ``elements`` (each as it enters ``stage``) through the operators from
+        ``stage`` on (a restore taking excluded records out, see
+        :mod:`zephon_jax.engine.exclusion`)."""
+        if elements:
+            self._push(stage, list(elements))
+
     def _push_outputs(self, stage: int, post, outputs) -> None:
         if stage + 1 == self.plan.num_operators and not post:
             self._row_reached(outputs)
@@ -391,9 +404,11 @@ class Lane:
         op = self.plan.operators[stage]
         raise user_error(op.describe(), self.where(element.lineage), error) from error
 
-    def _row_reached(self, rows) -> None:
+    def _row_reached(self, rows, pieces=None) -> None:
         if rows:
             self.pending.extend(rows)
+            # noted for the accounting, counted later (``pieces``: see Tally.made_rows)
+            self.tally.made_rows(rows, len(self.pending), pieces)
             self._without_row = 0
             self._deepest = -1
 
@@ -468,6 +483,8 @@ class Lane:
                 if item is _SKIP:
                     continue
                 self._without_row += 1  # reset by _push when a row reaches ``pending``
+                if self.plan.excluded and item is not DROP:
+                    item = drop_excluded(self, [item])[0]
                 if item is not DROP:
                     push(0, (item,))
             else:
@@ -505,6 +522,8 @@ class Lane:
             for _ in items:
                 ahead.popleft()
             self.next_position += len(items)
+            if self.plan.excluded:
+                items = drop_excluded(self, items)
             if _SKIP in items or DROP in items:
                 counted += sum(item is not _SKIP for item in items)
                 block += [item for item in items if item is not _SKIP and item is not DROP]
@@ -558,6 +577,7 @@ class Lane:
             pending,
             self.step,
             mixture,
+            self.tally.snapshot(len(self.pending)),
         )
 
     def get_state(self) -> bytes:
@@ -580,6 +600,7 @@ class Lane:
         self.input_done = snapshot.input_done
         self.carries = carries
         self.pending = pending
+        self.tally.load(snapshot.tally, pending)
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self._documents_ahead = None

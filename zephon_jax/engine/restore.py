@@ -22,6 +22,7 @@ import numpy as np
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element, Opaque, is_derived
+from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
 from zephon_jax.operators.base import Saved
@@ -62,6 +63,9 @@ def _restore_lanes(
     restored = []
     for lane, rebuild, snapshot in zip(lanes, rebuilders, snapshots):
         try:
+            if lane.plan.excluded:
+                restored.append(_without_excluded(lane, rebuild, snapshot))
+                continue
             carries = [
                 op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)
                 for stage, (op, (held, aux)) in enumerate(
@@ -77,11 +81,57 @@ def _restore_lanes(
                 f"lane {lane.lane}: the state's carries do not fit this pipeline's operators "
                 f"({e!r}); the state was altered or comes from another zephon_jax release"
             ) from e
-        restored.append((carries, pending))
-    for lane, snapshot, (carries, pending) in zip(lanes, snapshots, restored):
+        restored.append((carries, pending, None))
+    for lane, snapshot, (carries, pending, again) in zip(lanes, snapshots, restored):
         lane.load(snapshot, carries, pending)
+        for stage, elements in enumerate(again or ()):
+            lane.feed(stage, elements)
     if read_ahead:  # the first blocks the lanes read next, read together too
         read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
+
+
+def _without_excluded(lane: Lane, rebuild: Rebuilder, snapshot: LaneSnapshot) -> tuple:
+    """``(carries, pending, again)`` of a lane restored without the records its plan
+    excludes (see :mod:`zephon_jax.engine.exclusion`): an operator holding an element
+    that contains one starts empty, and its held elements, taken apart where they
+    contain one, are fed again (``again[k]``: the elements to feed into stage ``k``, in
+    the order the state holds them); a finished row that contains one is taken apart
+    the same way."""
+    plan = lane.plan
+    again: list[list[Element]] = [[] for _ in range(plan.num_operators + 1)]
+    carries = []
+    for stage, (op, (held, aux)) in enumerate(zip(plan.operators, snapshot.carries)):
+        if any(holds_excluded(lane, stage, lineage) for lineage in held):
+            carries.append(op.init(lane.lane))
+            for lineage in held:
+                _take_apart(lane, rebuild, stage, lineage, again)
+        else:
+            carries.append(op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane))
+    final = plan.num_operators
+    pending: collections.deque = collections.deque()
+    for lineage in snapshot.pending:
+        if holds_excluded(lane, final, lineage):
+            _take_apart(lane, rebuild, final, lineage, again)
+        else:
+            pending.append(rebuild.build(final, lineage))
+    return carries, pending, again
+
+
+def _take_apart(lane: Lane, rebuild: Rebuilder, stage: int, lineage: Any, again: list) -> None:
+    """Adds the element with ``lineage`` entering ``stage`` to ``again[stage]`` if it holds
+    no excluded record; else, the same for each input it was made of (an excluded record,
+    or an element that cannot be taken apart, is dropped)."""
+    if not holds_excluded(lane, stage, lineage):
+        again[stage].append(rebuild.build(stage, lineage))
+        return
+    if stage == 0:
+        return
+    op = lane.plan.operators[stage - 1]
+    if op.passthrough:
+        _take_apart(lane, rebuild, stage - 1, lineage, again)
+    elif is_derived(lineage):
+        for parent in lineage[0]:
+            _take_apart(lane, rebuild, stage - 1, parent, again)
 
 
 def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:

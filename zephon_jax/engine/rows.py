@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -9,12 +10,14 @@ import numpy as np
 from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
+from zephon_jax.engine.accounting import stage_check
+from zephon_jax.engine.exclusion import excluded_records
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler.resolve import can_end, end_position
-from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.global_state import exclusion_of, lane_bytes
 from zephon_jax.state.lane_format import LaneSnapshot, decode_lane_state, encode_lane_state
 
 
@@ -188,6 +191,8 @@ class RowProducer:
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
         self._last: list[tuple[int, Any]] | None = None
+        self._stage_check_at = 0  # the next step at which the lanes' accounting looks up
+        # the mixture stage (see zephon_jax.engine.accounting.stage_check)
 
     @property
     def rows(self) -> list[int]:
@@ -213,6 +218,8 @@ class RowProducer:
         After an error the producer refuses to continue until :meth:`restore`.
         """
         self._check_usable()
+        if self.step >= self._stage_check_at:  # a mixture stage begins (accounting)
+            self._stage_check_at = stage_check(self.lanes, self.step)
         size = self.batched.batch_size_at(self.step)
         per_lane = size // self.batched.num_lanes
         try:
@@ -228,11 +235,43 @@ class RowProducer:
         for l, elements in taken.items():
             if elements is None:
                 self._last = None
+                self._undelivered(taken)
                 return None
             rows[l] = elements
         picked = [rows[l][i] for l, i in self._picks[size]]
         self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
         return [element.data for element in picked]
+
+    def skip_rows(self) -> bool:
+        """Passes over the next global batch: the lanes make their rows of it, which are
+        neither returned nor counted as delivered; each lane counts a skipped step. False
+        (nothing skipped) once a finite input ends."""
+        self._check_usable()
+        if self.step >= self._stage_check_at:
+            self._stage_check_at = stage_check(self.lanes, self.step)
+        size = self.batched.batch_size_at(self.step)
+        try:
+            with paused_gc():
+                taken = take_lanes(self.lanes, size // self.batched.num_lanes)
+        except BaseException as e:
+            self._failure = e
+            raise
+        self.step += 1
+        self._last = None
+        if any(elements is None for elements in taken.values()):
+            self._undelivered(taken)
+            return False
+        for l, lane in self.lanes.items():
+            lane.tally.skipped(len(taken[l] or ()), len(lane.pending))
+        return True
+
+    def _undelivered(self, taken: Mapping[int, Any]) -> None:
+        """The rows lanes took for a batch that could not be completed (a finite input
+        ended) are not delivered: their accounting passes over them."""
+        for l, elements in taken.items():
+            if elements:
+                lane = self.lanes[l]
+                lane.tally.undelivered(len(elements), len(lane.pending))
 
     def last_picks(self) -> list[tuple[int, Any]] | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""
@@ -298,7 +337,9 @@ class RowProducer:
         of it), all lanes together (see :func:`~zephon_jax.engine.restore.restore_lanes`); on any
         error the producer is unchanged."""
         snapshots = self.check_state(state) if checked is None else checked
-        lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
+        plan = copy.copy(self.plan)  # this one's lanes go on if the restore fails
+        plan.excluded = excluded_records(plan.leaf_labels, exclusion_of(state))
+        lanes = {l: Lane(plan, l) for l in self.lane_ids}
         restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes], read_ahead=True)
         steps = {lane.step for lane in lanes.values()}
         if len(steps) > 1:
@@ -306,7 +347,9 @@ class RowProducer:
                 f"the state's lanes are at different steps {sorted(steps)}; merge states taken "
                 "after the same global batch"
             )
+        self.plan = plan
         self.lanes = lanes
+        self._stage_check_at = 0
         self.step = steps.pop() if steps else int(state["step"])
         self._failure = None
         self._last = None

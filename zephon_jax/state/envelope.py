@@ -74,8 +74,10 @@ STATE = Envelope("zephon_jax.state.global_state", 1)
 # 6: first_fit's open rows are saved in the order they opened (an emitted row's place
 # goes to the end), so a state of 5 would go on with other rows. 7: a shuffled mixture
 # by records reads each component's draws in order inside a block of its schedule, so
-# the positions of a state of 6 would name other records.
-LANE = Envelope("zephon_jax.engine.lane", 7)
+# the positions of a state of 6 would name other records. 8: the lane's accounting
+# (delivered tokens, segments, documents and epochs per source, tokens per mixture stage
+# and component, steps skipped) follows the mixture carry.
+LANE = Envelope("zephon_jax.engine.lane", 8)
 CHECKPOINT = Envelope("zephon_jax.checkpoint", 1)
 # A state saved as one file starts with the line "zephon_jax.state.global_state-file 1".
 STATE_FILE = Envelope("zephon_jax.state.global_state-file", 1)

@@ -21,7 +21,7 @@ import numpy as np
 from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 from zephon_jax.state.envelope import CHECKPOINT, STATE_FILE, is_int
-from zephon_jax.state.global_state import STATE_FORMAT, STATE_VERSION, check_state
+from zephon_jax.state.global_state import EXCLUDE, STATE_FORMAT, STATE_VERSION, check_state
 from zephon_jax.state.lane_format import lane_checksum
 
 MAGIC = f"{STATE_FILE.format} {STATE_FILE.version}\n".encode()
@@ -146,6 +146,8 @@ def read_checkpoint_item(
         "step": meta["step"],  # checked with the rest by check_state
         "lanes": {},
     }
+    if EXCLUDE in meta:  # the documents excluded (zephon_jax.exclude)
+        state[EXCLUDE] = meta[EXCLUDE]
     check_state(state, fingerprint)
     needed = list(range(int(meta["num_lanes"]))) if lanes is None else list(lanes)
     missing = [lane for lane in needed if not (directory / lane_file(lane)).exists()]

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zephon_jax.errors import StateError, StateMismatchError
+from zephon_jax.errors import PipelineError, StateError, StateMismatchError
 from zephon_jax.state.envelope import STATE, is_int
 
 STATE_FORMAT = STATE.format
@@ -101,9 +101,12 @@ def _describe_seeds(given: str) -> str:
     return f"shuffle({seeds[0]})" if len(seeds) == 1 else f"shuffle seeds {seeds}"
 
 
-def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> dict[str, Any]:
-    """Builds a state dict from encoded lane states."""
-    return {
+def make_state(
+    fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes], exclude: tuple = ()
+) -> dict[str, Any]:
+    """Builds a state dict from encoded lane states (and an exclusion list, see
+    :func:`exclude`; the ``"exclude"`` entry is there only when it is not empty)."""
+    state = {
         **STATE.header(),
         "fingerprint": dict(fp),
         "step": int(step),
@@ -111,6 +114,72 @@ def make_state(fp: Mapping[str, str], step: int, lanes: Mapping[int, bytes]) -> 
             str(l): np.frombuffer(data, dtype=np.uint8).copy() for l, data in sorted(lanes.items())
         },
     }
+    if exclude:
+        state[EXCLUDE] = [list(pair) for pair in exclude]
+    return state
+
+
+# The state's entry listing the excluded documents as [label or source index, record].
+EXCLUDE = "exclude"
+
+
+def _exclusion_key(pair: tuple) -> tuple:
+    label, record = pair
+    return (isinstance(label, str), label, record)
+
+
+def exclusion_of(state: Mapping[str, Any]) -> tuple[tuple[Any, int], ...]:
+    """The state's exclusion list as sorted ``(label or source index, record)`` pairs
+    (empty without one); a StateError if it is malformed."""
+    listed = state.get(EXCLUDE)
+    if listed is None:
+        return ()
+    pairs = _exclusion_pairs(listed, StateError, "the state's 'exclude' entry")
+    return tuple(sorted(set(pairs), key=_exclusion_key))
+
+
+def _exclusion_pairs(listed: Any, error: type, what: str) -> list[tuple[Any, int]]:
+    if isinstance(listed, (str, bytes, Mapping)) or not hasattr(listed, "__iter__"):
+        raise error(f"{what} must list (label, record) pairs; got {type(listed).__name__}")
+    pairs = []
+    for item in listed:
+        try:
+            label, record = item
+        except (TypeError, ValueError):
+            raise error(
+                f"{what} holds {item!r:.60}, not a (label, record) pair as provenance() "
+                "reports them (its 'label' or 'source', and its 'record')"
+            ) from None
+        ok_label = isinstance(label, str) or (is_int(label) and label >= 0)
+        if not ok_label or not is_int(record) or record < 0:
+            raise error(
+                f"{what} holds {item!r:.60}: a label is a source's label (str) or index "
+                "(int >= 0), a record an int >= 0, as provenance() reports them"
+            )
+        pairs.append((label if isinstance(label, str) else int(label), int(record)))
+    return pairs
+
+
+def exclude(state: Mapping[str, Any], documents: Iterable[tuple[Any, int]]) -> dict[str, Any]:
+    """``state`` with ``documents`` excluded from its step on: a new state.
+
+    ``documents`` are ``(label, record)`` pairs as
+    :meth:`~zephon_jax.LoaderIterator.provenance` reports them (the segment's
+    ``label``, or its ``source`` index where several sources share a label, and its
+    ``record``). Restored, the state drops those records wherever they would appear
+    from its step on, also those an operator holds in its carry or a finished row
+    not yet batched holds (see :mod:`zephon_jax.engine.exclusion`): the batches after
+    are a pure function of the pipeline, the state and the list, the same on any
+    topology. The batches before the state's step are untouched. Exclusions
+    accumulate (the state's list and ``documents``) and stay in every later state;
+    a state with an exclusion restores into the same pipeline only.
+    """
+    check_state(state)
+    added = _exclusion_pairs(documents, PipelineError, "exclude(state, documents): documents")
+    pairs = sorted(set(exclusion_of(state)) | set(added), key=_exclusion_key)
+    out = dict(state)
+    out[EXCLUDE] = [list(pair) for pair in pairs]
+    return out
 
 
 def check_state(state: Any, fp: Mapping[str, str] | None = None) -> None:
@@ -164,6 +233,7 @@ def check_state(state: Any, fp: Mapping[str, str] | None = None) -> None:
     for key, data in lanes.items():
         lane = _lane_key(key, num_lanes)
         _blob(data, f"the state's lanes[{lane!r}]")
+    exclusion_of(state)
 
 
 def _lane_key(key: Any, num_lanes: int | None) -> str:
@@ -244,6 +314,11 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             raise StateError(
                 f"state {i} is at step {int(state['step'])} but state 0 at step "
                 f"{int(first['step'])}; merge states taken after the same global batch"
+            )
+        if exclusion_of(state) != exclusion_of(first):
+            raise StateError(
+                f"state {i} excludes other documents than state 0; merge the states of one "
+                "run (every process restores the same exclusion)"
             )
         for lane, raw in state["lanes"].items():
             data = np.frombuffer(_blob(raw, f"state {i}'s lanes[{lane!r}]"), dtype=np.uint8)

@@ -1,13 +1,16 @@
 """The lane state format: a lane's snapshot as plain data, and as checksummed bytes.
 
 A snapshot is the tuple ``(LANE_FORMAT, next_position, input_done, carries,
-pending, step, mixture)``: ``carries`` holds, per operator, ``(held_lineages,
+pending, step, mixture, tally)``: ``carries`` holds, per operator, ``(held_lineages,
 aux)`` (its :class:`~zephon_jax.operators.base.Saved` form with elements written
 as their lineages; in memory, the held lineages may be kept as
 :class:`~zephon_jax.core.lineage.HeldLineages` groups, joined when encoded),
 ``pending`` the lineages of the finished rows not yet
 batched, ``step`` the global step the lane produces next and ``mixture`` the
-carry of plain ints of a mixture by tokens or with weight stages (else None).
+carry of plain ints of a mixture by tokens or with weight stages (else None)
+and ``tally`` the lane's counters of delivered data ``(skipped, sources, stages)``
+(see :mod:`zephon_jax.engine.accounting`; in memory it may be an object counted
+when encoded, with a ``saved()`` method).
 Its bytes are the :mod:`zephon_jax.state.codec` encoding followed by a CRC-32 of it,
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
@@ -24,7 +27,8 @@ from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 from zephon_jax.state.envelope import LANE, is_int
 
-LANE_FORMAT = LANE.version  # see zephon_jax.state.envelope for the versions
+LANE_FORMAT = LANE.version
+TALLY_FIELDS = 4  # per source: tokens, segments, documents, highest epoch + 1  # see zephon_jax.state.envelope for the versions
 
 
 class LaneSnapshot(NamedTuple):
@@ -37,6 +41,7 @@ class LaneSnapshot(NamedTuple):
     pending: tuple
     step: int
     mixture: Any
+    tally: Any  # (skipped, sources, stages); in memory, counted when encoded
 
 
 def lane_checksum(body: bytes, lane: int) -> bytes:
@@ -62,6 +67,8 @@ def plain_snapshot(snapshot: tuple) -> tuple:
     pending = snapshot[4]
     if isinstance(pending, tuple):  # rows from pack keep compact lineages until here
         snapshot = snapshot[:4] + (tuple(map(plain_lineage, pending)),) + snapshot[5:]
+    if len(snapshot) > 7 and not isinstance(snapshot[7], tuple):  # counted only now
+        snapshot = snapshot[:7] + (snapshot[7].saved(),) + snapshot[8:]
     return snapshot
 
 
@@ -100,9 +107,9 @@ def decode_lane_state(
     if not (isinstance(value, tuple) and value):
         raise _format_error(lane, value)
     LANE.check_version(value[0], f"lane {lane}: the lane state")
-    if len(value) != 7:
+    if len(value) != 8:
         raise StateError(
-            f"lane {lane}: the lane state has {len(value)} entries, not 7; the state was altered"
+            f"lane {lane}: the lane state has {len(value)} entries, not 8; the state was altered"
         )
     snapshot = LaneSnapshot(*value)
     ends = end_position is not None if can_end is None else can_end
@@ -124,7 +131,26 @@ def decode_lane_state(
     _check_lineages(snapshot.pending, lane, "pending")
     if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
         raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
+    check_saved_tally(snapshot.tally, lane)
     return snapshot
+
+
+def check_saved_tally(saved: Any, lane: int) -> None:
+    """Raises a StateError unless ``saved`` has the form ``(skipped, sources, stages)``."""
+    if not (isinstance(saved, tuple) and len(saved) == 3):
+        raise StateError(
+            f"lane {lane}: the state's accounting is {saved!r:.80}, not (skipped, sources, "
+            "stages); the state was altered"
+        )
+    skipped, counts, stages = saved
+    ok = is_int(skipped) and skipped >= 0
+    for part in (counts, stages):
+        ok = ok and isinstance(part, tuple) and all(is_int(v) and v >= 0 for v in part)
+    if not ok or len(counts) % TALLY_FIELDS:
+        raise StateError(
+            f"lane {lane}: the state's accounting {saved!r:.120} is malformed (counters are "
+            "ints >= 0, four per source); the state was altered"
+        )
 
 
 def _check_position(

@@ -7,8 +7,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from zephon_jax.engine.accounting_report import accounting
 from zephon_jax.engine.explain import explain_step
 from zephon_jax.engine.provenance import Segment
+from zephon_jax.state.global_state import exclusion_of
 
 PREVIEW_CHARS = 60
 
@@ -84,6 +86,13 @@ def explain(
     size = dataset.batch_size_at(int(step))
     rows = list(range(size)) if rows is None else list(rows)
     origin = f"from the state at step {int(state['step'])}" if state is not None else "from step 0"
+    report = accounting(state, dataset) if state is not None else None
+    if report is not None and report["skipped"]:  # the run passed over batches: say so
+        skipped = report["skipped"]
+        origin += f", a run that skipped {skipped} batch{'es' if skipped != 1 else ''}"
+    excluded = len(exclusion_of(state)) if state is not None else 0
+    if excluded:  # documents dropped from the state's step on (zephon_jax.exclude)
+        origin += f", {excluded} document{'s' if excluded != 1 else ''} excluded"
     lines = [
         f"global batch {step} (0-based), {len(rows)} of {size} rows, "
         f"computed {origin} in {seconds:.2f} s"
@@ -92,4 +101,27 @@ def explain(
         lines.append(f"row {row}: {len(segments)} segment{'s' if len(segments) != 1 else ''}")
         for k, segment in enumerate(segments):
             lines.append(format_segment(k, segment, segment_text(dataset, segment, decode)))
+    if report is not None:
+        lines += format_accounting(report)
     return "\n".join(lines)
+
+
+def format_accounting(report: dict) -> list[str]:
+    """The lines of an accounting report (see :func:`zephon_jax.accounting`)."""
+    lines = [
+        f"the state's accounting: {report['steps']} batches delivered, {report['skipped']} "
+        f"skipped, to step {report['step']}"
+    ]
+    for key, f in report["sources"].items():
+        epoch = "none" if f["epoch"] is None else f["epoch"]
+        lines.append(
+            f"  source {f['source']} ({key}): {f['tokens']} tokens, {f['segments']} segments, "
+            f"{f['documents']} documents, epoch {epoch}"
+        )
+    for stage in report["stages"]:
+        shares = ", ".join(
+            f"{share:.3f} (weight {weight:g})"
+            for share, weight in zip(stage["shares"], stage["weights"])
+        )
+        lines.append(f"  stage from step {stage['start']}: token shares {shares}")
+    return lines

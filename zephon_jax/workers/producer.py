@@ -48,7 +48,7 @@ from zephon_jax.core.checks import timeout_seconds
 from zephon_jax.core.packed import OutputPool
 from zephon_jax.engine.rows import RowsOfSize, encode_snapshots, lanes_to_run, rows_by_size
 from zephon_jax.errors import PipelineError, WorkerError
-from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.global_state import EXCLUDE, exclusion_of, lane_bytes
 from zephon_jax.workers.assembly import assemble, plan_workers
 from zephon_jax.workers.parent import Worker, pickle_dataset, raise_worker_error, shutdown_all
 from zephon_jax.workers.protocol import (
@@ -157,6 +157,7 @@ class WorkerRowProducer:
         self._states: Snapshots | None = {}
         self._ended = False
         self._failure: str | None = None
+        self._exclude: tuple = ()  # the documents the last restored state excludes
         self._keep_from: int | None = None  # see keep_states_from
         self._lock = threading.RLock()
 
@@ -379,6 +380,7 @@ class WorkerRowProducer:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resets every worker to ``state``; on an error the stream is unchanged."""
         blobs = {l: lane_bytes(state, l) for l in self.lane_ids}
+        exclude, before = exclusion_of(state), self._exclude
         if not self._finalizer.alive:
             raise WorkerError("this producer is closed; create a new loader iterator")
         previous = None  # where to roll back to, if the workers are healthy
@@ -393,24 +395,26 @@ class WorkerRowProducer:
         except BaseException:
             self._failure = self._failure or "a worker failed to start"
             raise
-        error = self._send_restore(blobs)
+        error = self._send_restore(blobs, exclude)
         if error is not None:
-            if previous is not None and self._send_restore(previous) is None:
+            if previous is not None and self._send_restore(previous, before) is None:
                 self._failure = None  # back at the last batch handed out
             else:
                 self._failure = "restoring the previous state failed too"
             raise error[1]
         self._ended = False
         self._failure = None
+        self._exclude = exclude
         self.step = int(state["step"])
 
-    def _send_restore(self, blobs: Mapping[int, bytes]):
+    def _send_restore(self, blobs: Mapping[int, bytes], exclude: tuple = ()):
         """Sends ``blobs`` to every worker; returns ``None`` or (worker, first error)."""
         self._generation += 1
         for (lanes, _, _), worker in zip(self._plan, self._workers):
             worker.drop_pending()
             lanes_state = {str(l): np.frombuffer(blobs[l], dtype=np.uint8) for l in lanes}
-            worker.send(Restore(self._generation, {"lanes": lanes_state}))
+            listed = [list(pair) for pair in exclude]
+            worker.send(Restore(self._generation, {"lanes": lanes_state, EXCLUDE: listed}))
         first, states = None, {}
         for worker in self._workers:
             try:

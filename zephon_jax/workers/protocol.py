@@ -50,7 +50,7 @@ class AskStates:
 
 class Restore(NamedTuple):
     generation: int
-    state: dict  # {"lanes": {str(lane): uint8 array}} for this worker's lanes
+    state: dict  # {"lanes": {str(lane): uint8 array}, "exclude": [...]} for its lanes
 
 
 class Stop(NamedTuple):

@@ -218,6 +218,10 @@ def test_explain_command_from_a_state_file_and_a_checkpoint(tmp_path, monkeypatc
         assert main(common + ([] if state is None else ["--state", str(state)])) == 0
         out = capsys.readouterr().out
         outputs.append(out.split("\n", 1)[1])  # after the timing line
+    # From a state, the rows are followed by the state's accounting (the same for both).
+    accounted = [out.partition("the state's accounting")[2] for out in outputs[1:]]
+    assert accounted[0] == accounted[1] and "6 batches delivered" in accounted[0]
+    outputs[1:] = [out.partition("the state's accounting")[0] for out in outputs[1:]]
     assert outputs[0] == outputs[1] == outputs[2]
     text = outputs[0]
     assert f"row 2: {len(want[2])} segment" in text

@@ -1,0 +1,256 @@
+"""Skipping global batches: ``it.skip(n)`` continues with the uninterrupted run's batches,
+on any topology, recorded in the state (and accepted by ``zephon-jax explain``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipelines import assert_batches_equal, concat_parts
+
+import zephon_jax as zj
+from integration.test_accounting import mixed, run_global
+
+
+@pytest.mark.parametrize("kind", ["pack", "stages", "ramp"])
+def test_skip_continues_with_the_uninterrupted_batches(kind):
+    ds = mixed(kind)
+    _, whole, _, reports = run_global(ds, 8)
+    it = iter(zj.Loader(ds))
+    first = [next(it), next(it)]
+    it.skip(3)
+    rest = [next(it) for _ in range(3)]
+    assert_batches_equal(first + rest, whole[:2] + whole[5:8])
+    report = it.accounting()
+    assert report["step"] == 8 and report["steps"] == 5 and report["skipped"] == 3
+    skipped_tokens = sum(f["tokens"] for f in reports[4]["sources"].values()) - sum(
+        f["tokens"] for f in reports[1]["sources"].values()
+    )
+    assert sum(f["tokens"] for f in report["sources"].values()) == (
+        sum(f["tokens"] for f in reports[7]["sources"].values()) - skipped_tokens
+    )
+
+
+def test_a_skipped_run_resumes_elsewhere_the_same_way():
+    ds = mixed("pack")
+    _, whole, _, _ = run_global(ds, 9)
+    its = [iter(zj.Loader(ds, process_index=i, process_count=2)) for i in range(2)]
+    for it in its:
+        next(it)
+        it.skip(4)
+    state = zj.merge_states([it.get_state() for it in its])
+    assert zj.accounting(state, ds)["skipped"] == 4
+    _, resumed, _, reports = run_global(ds, 4, process_count=4, state=state)
+    assert_batches_equal(resumed, whole[5:9])
+    assert reports[-1]["steps"] == 5 and reports[-1]["skipped"] == 4
+    with_workers = iter(zj.Loader(ds, num_workers=2))
+    try:
+        with_workers.set_state(state)
+        with_workers.skip(1)
+        assert_batches_equal([next(with_workers)], [whole[6]])
+    finally:
+        with_workers.close()
+
+
+def test_skip_rejects_bad_counts():
+    it = iter(zj.Loader(mixed("pack")))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(zj.PipelineError, match="skip"):
+            it.skip(bad)
+
+
+def test_explain_command_accepts_a_skipped_state(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from zephon_jax.tools.cli import main
+
+    (tmp_path / "skip_pipeline.py").write_text(
+        "import numpy as np\nimport zephon_jax as zj\n\n"
+        "def pipeline():\n"
+        "    docs = [{'tokens': np.arange(i % 9 + 3, dtype=np.int32)} for i in range(50)]\n"
+        "    return zj.Dataset.source(docs, name='d').shuffle(2).split(8).pack(8).batch(4)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("skip_pipeline", None)
+    import skip_pipeline
+
+    ds = skip_pipeline.pipeline()
+    it = iter(zj.Loader(ds))
+    next(it)
+    it.skip(3)
+    zj.save_state(it.get_state(), tmp_path / "state.zjs")
+    common = ["explain", "skip_pipeline:pipeline", "--step", "5", "--row", "1"]
+    assert main(common) == 0
+    plain = capsys.readouterr().out.split("\n", 1)
+    assert main(common + ["--state", str(tmp_path / "state.zjs")]) == 0
+    resumed = capsys.readouterr().out.split("\n", 1)
+    assert "from the state at step 4, a run that skipped 3 batches" in resumed[0]
+    assert "the state's accounting: 1 batches delivered, 3 skipped, to step 4" in resumed[1]
+    assert resumed[1].split("the state's accounting")[0] == plain[1]
+    report = zj.accounting(zj.load_state(tmp_path / "state.zjs"), ds)
+    figures = report["sources"]["d"]
+    assert (
+        f"source 0 (d): {figures['tokens']} tokens, {figures['segments']} segments" in (resumed[1])
+    )
+
+
+# ----- excluding ----------------------------------------------------------------------------
+
+
+def _records(provenance) -> set:
+    return {(s["label"], s["record"]) for row in provenance for s in row}
+
+
+def _later_documents(ds, state, steps):
+    """The (label, record) pairs of the batches right after ``state``, uninterrupted."""
+    _, _, provenance, _ = run_global(ds, steps, state=state)
+    return [_records(p) for p in provenance]
+
+
+@pytest.mark.parametrize("kind", ["pack", "stages", "window", "columns", "records"])
+def test_excluded_records_never_appear_again_on_any_topology(kind):
+    ds = mixed(kind)
+    t, after = 3, 6
+    _, whole, _, _ = run_global(ds, t + after)
+    its = run_global(ds, t)[0]
+    state = its[0].get_state()
+    # Records of the next batch are in flight (held by pack, window_shuffle or pending
+    # rows) or read next; one of a later batch is read from the sampler later.
+    soon = _later_documents(ds, state, after)
+    excluded = sorted(soon[0])[:3] + sorted(soon[3] - soon[0])[:1]
+    cut = zj.exclude(state, excluded)
+    runs = []
+    for processes, kw in ((1, {}), (4, {}), (1, {"num_workers": 2})):
+        its, batches, provenance, _ = run_global(ds, after, processes, state=cut, **kw)
+        for it in its:
+            getattr(it, "close", lambda: None)()
+        for step in provenance:
+            assert not _records(step) & set(excluded)
+        runs.append(batches)
+    assert_batches_equal(runs[1], runs[0])
+    assert_batches_equal(runs[2], runs[0])
+    # The exclusion changed what follows (the records were due), not what came before.
+    assert any(
+        not np.array_equal(np.asarray(a["tokens"]), np.asarray(b["tokens"]))
+        for a, b in zip(runs[0], whole[t:])
+    )
+    assert_batches_equal(run_global(ds, t)[1], whole[:t])
+
+
+def test_exclusions_accumulate_and_survive_resumes_and_files(tmp_path):
+    ds = mixed("pack")
+    state = run_global(ds, 2)[0][0].get_state()
+    first = sorted(_later_documents(ds, state, 1)[0])[:2]
+    state = zj.exclude(state, first)
+    its, _, _, _ = run_global(ds, 3, process_count=2, state=state)
+    later = zj.merge_states([it.get_state() for it in its])
+    assert sorted(map(tuple, later["exclude"])) == sorted(first)  # kept in later states
+    second = sorted(_later_documents(ds, later, 1)[0])[:2]
+    both = zj.exclude(later, second)
+    assert sorted(map(tuple, both["exclude"])) == sorted(set(first) | set(second))
+    zj.save_state(both, tmp_path / "cut.zjs")
+    loaded = zj.load_state(tmp_path / "cut.zjs")
+    _, batches, provenance, _ = run_global(ds, 5, process_count=4, state=loaded)
+    for step in provenance:
+        assert not _records(step) & (set(first) | set(second))
+    again = run_global(ds, 5, state=both)[1]
+    assert_batches_equal(batches, again)
+
+
+def test_an_excluded_state_restores_only_into_its_pipeline():
+    ds = mixed("pack")
+    state = zj.exclude(run_global(ds, 2)[0][0].get_state(), [("a", 3), (1, 4)])
+    iter(zj.Loader(ds)).set_state(state)  # the same pipeline: no mismatch
+    with pytest.raises(zj.StateMismatchError):
+        iter(zj.Loader(mixed("split"))).set_state(state)
+    with pytest.raises(zj.StateError, match="names none"):
+        iter(zj.Loader(ds)).set_state(zj.exclude(state, [("nope", 1)]))
+
+
+def test_exclude_rejects_bad_documents():
+    state = run_global(mixed("pack"), 1)[0][0].get_state()
+    for bad in ([("a",)], [("a", -1)], [(1.5, 2)], "a"):
+        with pytest.raises(zj.PipelineError, match="exclude"):
+            zj.exclude(state, bad)
+    altered = dict(state, exclude=[["a", "x"]])
+    with pytest.raises(zj.StateError, match="exclude"):
+        iter(zj.Loader(mixed("pack"))).set_state(altered)
+
+
+def test_an_orbax_checkpoint_keeps_the_exclusion(tmp_path):
+    import orbax.checkpoint as ocp
+
+    import zephon_jax.checkpoint as zc
+
+    ds = mixed("pack")
+    state = run_global(ds, 2)[0][0].get_state()
+    excluded = sorted(_later_documents(ds, state, 1)[0])[:2]
+    it = iter(zj.Loader(ds))
+    it.set_state(zj.exclude(state, excluded))
+    next(it)
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(3, args=ocp.args.Composite(data=zc.Save(it)))
+        mngr.wait_until_finished()
+    want = [next(it) for _ in range(3)]
+    assert sorted(map(tuple, zj.load_state(tmp_path / "ckpt" / "3")["exclude"])) == excluded
+    restored = iter(zj.Loader(ds, process_index=1, process_count=2))
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.restore(3, args=ocp.args.Composite(data=zc.Restore(restored)))
+    other = iter(zj.Loader(ds, process_index=0, process_count=2))
+    other.set_state(zj.load_state(tmp_path / "ckpt" / "3"))
+    got = [concat_parts([next(other), next(restored)]) for _ in range(3)]
+    assert_batches_equal(got, want)
+    assert sorted(map(tuple, restored.get_state()["exclude"])) == excluded
+
+
+def test_skip_and_exclude_under_jax_on_two_processes(tmp_path, monkeypatch):
+    """A state with an exclusion, restored under jax.distributed on 2 processes x 2 devices
+    (device prefetch), skipped, run on: the same rows and merged accounting as one
+    numpy process."""
+    import mp_worker as worker
+    from integration.test_multiprocess import launch
+
+    # The processes import this checkout's zephon_jax, whatever is installed.
+    root = str(Path(zj.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+    ds = worker.make_pipeline()
+    it = iter(zj.Loader(ds))
+    for _ in range(4):
+        next(it)
+    state = it.get_state()
+    soon = [_records(p) for p in run_global(ds, 4, state=state)[2]]
+    cut = zj.exclude(state, sorted(soon[0])[:2] + sorted(soon[3])[:1])
+    zj.save_state(cut, tmp_path / "cut.zjs")
+    steps = 12
+    one = iter(zj.Loader(ds))
+    one.set_state(cut)
+    one.skip(2)
+    reference = [worker.batch_digests(next(one)) for _ in range(7, steps + 1)]
+    flags = [f"--from-state={tmp_path / 'cut.zjs'}", "--skip=2", f"--steps={steps}"]
+    reports = launch(tmp_path, "cut", 2, 2, "data=4", "data", *flags)
+    for step, want in zip(range(7, steps + 1), reference):
+        seen: dict[int, set] = {}
+        for report in reports:
+            for row, digests in report["runs"]["from_state"][str(step)].items():
+                seen.setdefault(int(row), set()).update(digests)
+        assert seen == {r: {d} for r, d in enumerate(want)}, f"step {step}"
+    merged = zj.merge_accounting([r["accounting"] for r in reports])
+    assert merged == one.accounting()
+    assert merged["skipped"] == 2 and merged["step"] == steps
+
+
+def test_explain_step_follows_an_excluded_skipped_state():
+    ds = mixed("pack")
+    state = run_global(ds, 2)[0][0].get_state()
+    cut = zj.exclude(state, sorted(_later_documents(ds, state, 1)[0])[:2])
+    it = iter(zj.Loader(ds))
+    it.set_state(cut)
+    it.skip(1)
+    later = it.get_state()
+    for _ in range(2):
+        next(it)
+    assert zj.explain_step(ds, 4, state=later) == it.provenance()
+    assert zj.explain_step(ds, 4, state=cut) == it.provenance()

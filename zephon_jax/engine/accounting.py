@@ -1,0 +1,525 @@
+"""Accounting: what a run has delivered, per source and per mixture stage, kept in the state.
+
+Every lane keeps a few counters, its *tally* ``(skipped, sources, stages)``:
+per sampler leaf (source) the real tokens, the segments and the documents
+started in the rows it delivered and the highest epoch seen plus one (0: none),
+per stage of a mixture by tokens or with weight stages the tokens of each
+component, and the number of global steps skipped with
+:meth:`~zephon_jax.LoaderIterator.skip`. The tally is part of the lane's state,
+so it survives checkpoints and restores on any topology, and its size depends on
+the sources and stages, never on the steps trained.
+
+The counters are exactly what summing :meth:`~zephon_jax.LoaderIterator.provenance`
+over every delivered step gives, segment by segment:
+
+* ``tokens``: ``stop - start`` of each segment; a segment that holds a whole
+  record of unrecorded length (``stop`` is ``None``: an unpacked, unsplit row)
+  counts the length of its row's ``"tokens"`` field (or of the row, if it is an
+  array);
+* ``segments``: one per segment;
+* ``documents``: the segments that begin at their record's first token
+  (``start`` is 0 or ``None``, and ``output``, after ``flat_map``, absent or 0);
+* ``epoch``: the highest epoch among the segments.
+
+Counting is lazy, off the hot path: when a lane makes finished rows (a block at
+a time) it appends their lineages (pointers it holds anyway) to a list; rows
+leave its queue of finished rows in the order they were made, so all but the
+last ``len(pending)`` of the list are delivered. Nothing is done per batch. The
+lane counts the delivered ones, vectorized, when :data:`FOLD_ROWS` of them wait
+(fewer with many lanes: :data:`HELD_ROWS` in all), when a mixture stage ends, and
+when a state is encoded (a snapshot, taken every batch, keeps a reference to the
+list and the number delivered, and counts only when encoded).
+Segments of records made by a user operator that keeps no pointers (``source``
+is ``None``) count for no source.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from itertools import chain
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from zephon_jax.core import lineage as lineage_forms
+from zephon_jax.core.lineage import Opaque, plain_lineage
+from zephon_jax.engine.provenance import row_pieces
+from zephon_jax.errors import StateError
+from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.split import SplitOperator
+from zephon_jax.sampler.resolve import leaves, resolve
+from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
+from zephon_jax.sampler.source import SourceNode
+from zephon_jax.state.lane_format import TALLY_FIELDS
+
+# Per leaf: tokens, segments, documents, highest epoch + 1 (0: none delivered).
+LEAF_FIELDS = TALLY_FIELDS
+# Rows a lane keeps delivered and uncounted (their lineages only) before it counts them,
+# and the most all lanes of a pipeline keep together (about 200 bytes each).
+FOLD_ROWS = 1024
+HELD_ROWS = 65536
+_lineage = operator.attrgetter("lineage")
+
+
+def record_tokens(data: Any) -> int:
+    """The tokens of a row holding one whole record: its ``"tokens"`` field's length, or
+    the row's length if it is an array; 0 for anything else."""
+    if isinstance(data, Mapping):
+        data = data.get("tokens")
+    shape = np.shape(data) if data is not None else ()
+    return int(shape[0]) if shape else 0
+
+
+def packed_rows(plan: Any) -> bool:
+    """Whether every row comes out of a last ``pack`` fed through ``split`` (at most one)
+    and passthrough operators only: each row's lineage then lists its pieces and their
+    lengths, counted many rows at once."""
+    ops = plan.operators
+    if not ops or type(ops[-1]) is not BinPackOperator:
+        return False
+    splits = [op for op in ops[:-1] if type(op) is SplitOperator]
+    return len(splits) <= 1 and all(op.passthrough for op in ops[:-1] if op not in splits)
+
+
+def whole_records(plan: Any) -> bool:
+    """Whether rows may hold a whole record of unrecorded length (no pack, no split):
+    the lane then notes each delivered row's tokens (see :func:`record_tokens`)."""
+    return not any(type(op) in (BinPackOperator, SplitOperator) for op in plan.operators)
+
+
+def empty_tally(plan: Any) -> tuple:
+    """The tally of a lane that delivered nothing: ``(0, zeros, zeros)``."""
+    stages = 0
+    mixture = plan.mixture
+    if mixture is not None:
+        stages = len(mixture.stages.starts) * len(mixture.children)
+    return (0, (0,) * (LEAF_FIELDS * len(plan.leaves)), (0,) * stages)
+
+
+class Tally:
+    """A lane's counters, and what it will count of the rows it made since it last counted.
+
+    The lane's finished rows leave ``pending`` in the order they were made, so of the
+    rows in :attr:`made` all but the last ``len(pending)`` are delivered. :attr:`made`
+    is a list of blocks, in order: a list of rows' lineages, or, from a column-wise
+    lane, its pieces as three lists ``(codes, lengths, ends)`` of ints the lane made
+    anyway (``ends[i]``: the pieces of the block's rows ``0..i``), no object per row. The hot path
+    pays one list append per block of rows made (:meth:`made_rows`) and nothing per
+    batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
+    replaced, never changed, so a :meth:`snapshot` holds a reference.
+    """
+
+    __slots__ = (
+        "plan", "lane", "saved", "made", "rows", "tokens", "stage", "next_stage_at", "limit",
+        "_parts",
+    )  # fmt: skip
+
+    def __init__(self, plan: Any, lane: int):
+        self.plan = plan
+        self.lane = lane
+        self.saved = empty_tally(plan)
+        self._parts = _Parts(plan, lane)
+        self.made: list = []  # blocks of rows made and not counted yet, in order
+        self.rows = 0  # the rows in ``made``
+        self.tokens: list | None = [] if whole_records(plan) else None
+        self.stage = 0  # the mixture stage of the delivered rows not counted yet
+        self.next_stage_at = 0  # the step at which the stage is looked up again
+        # Rows held uncounted at most: FOLD_ROWS, less with many lanes (HELD_ROWS in all).
+        self.limit = min(FOLD_ROWS, max(64, HELD_ROWS // plan.num_lanes))
+
+    def made_rows(self, rows: Sequence[Any], pending: int, pieces: Any = None) -> None:
+        """Notes ``rows`` (elements) made, or, from a column-wise lane, their ``pieces``
+        as lists ``(codes, lengths, ends)``; ``pending``: the rows now waiting, these
+        included."""
+        self.made.append(list(map(_lineage, rows)) if pieces is None else pieces)
+        self.rows += len(rows)
+        if self.tokens is not None:
+            self.tokens.extend(record_tokens(row.data) for row in rows)
+        if self.rows - pending >= self.limit:
+            self.fold(pending)
+
+    def fold(self, pending: int, keep: bool = True) -> None:
+        """Counts the delivered rows not counted yet (all made but the last ``pending``);
+        ``keep=False`` passes over them (rows of skipped batches)."""
+        n = self.rows - pending
+        if n <= 0:
+            return
+        taken, self.made = take_rows(self.made, n)
+        self.rows -= n
+        if keep:
+            tokens = None if self.tokens is None else self.tokens[:n]
+            self.saved = self._parts.count(self.saved, taken, tokens, self.stage)
+        if self.tokens is not None:
+            self.tokens = self.tokens[n:]
+
+    def enter_stage(self, step: int, pending: int) -> None:
+        """Before the rows of global step ``step`` are taken: counts those delivered
+        before in their stage, and looks up the mixture stage of the next ones."""
+        mixture = self.plan.mixture
+        if mixture is None:
+            self.next_stage_at = sys.maxsize
+            return
+        self.fold(pending)
+        starts = mixture.stages.starts
+        self.stage = mixture.stages.index_at(step)
+        after = self.stage + 1
+        self.next_stage_at = starts[after] if after < len(starts) else sys.maxsize
+
+    def skipped(self, taken: int, pending: int) -> None:
+        """After a skipped step took ``taken`` rows: counts the rows delivered before it,
+        passes over those, and counts the step as skipped."""
+        self.fold(pending + taken)
+        self.fold(pending, keep=False)
+        self.saved = (self.saved[0] + 1,) + self.saved[1:]
+
+    def undelivered(self, taken: int, pending: int) -> None:
+        """After a batch that could not be completed (a finite input ended) took
+        ``taken`` rows of this lane: they are not delivered."""
+        self.fold(pending + taken)
+        self.fold(pending, keep=False)
+
+    def snapshot(self, pending: int) -> Any:
+        """The counters as of now, counted only when needed (see :class:`LazyTally`)."""
+        n = self.rows - pending
+        if n <= 0:
+            return self.saved
+        return LazyTally(self._parts, self.saved, self.made, n, self.tokens, self.stage)
+
+    def load(self, saved: Any, pending: Sequence[Any]) -> None:
+        """Takes the counters of a state's lane (checked against this pipeline), with
+        its unbatched rows ``pending`` made and not delivered."""
+        saved = plain_tally(saved)
+        empty = empty_tally(self.plan)
+        if len(saved[1]) != len(empty[1]) or len(saved[2]) != len(empty[2]):
+            raise StateError(
+                f"lane {self.lane}: the state's accounting has {len(saved[1]) // LEAF_FIELDS} "
+                f"sources and {len(saved[2])} stage counters, this pipeline "
+                f"{len(empty[1]) // LEAF_FIELDS} and {len(empty[2])}; the state was altered "
+                "or comes from another pipeline"
+            )
+        self.saved = saved
+        self.made = [list(map(_lineage, pending))] if pending else []
+        self.rows = len(pending)
+        if self.tokens is not None:
+            self.tokens = [record_tokens(row.data) for row in pending]
+        self.next_stage_at = 0
+
+
+def stage_check(lanes: Mapping[int, Any], step: int) -> int:
+    """Before the rows of global step ``step`` are taken from ``lanes``: each lane's
+    :meth:`Tally.enter_stage`; returns the next step at which to call this again."""
+    after = sys.maxsize
+    for lane in lanes.values():
+        lane.tally.enter_stage(step, len(lane.pending))
+        after = lane.tally.next_stage_at
+    return after
+
+
+class LazyTally:
+    """A snapshot's tally: the counters then, and the rows delivered and not yet counted
+    (the first ``n`` of a list the lane only appends to until it counts it and takes a new
+    one), counted once, when the saved form is asked for. Pickles as the plain saved
+    tuple."""
+
+    __slots__ = ("_parts", "_saved", "_rows", "_n", "_tokens", "_stage")
+
+    def __init__(
+        self, parts: Any, saved: tuple, rows: list, n: int, tokens: list | None, stage: int
+    ):
+        self._parts = parts
+        self._saved = saved
+        self._rows: list | None = rows
+        self._n = n
+        self._tokens = tokens
+        self._stage = stage
+
+    def saved(self) -> tuple:
+        """The plain saved form ``(skipped, sources, stages)``."""
+        if self._rows is not None:
+            tokens = None if self._tokens is None else self._tokens[: self._n]
+            taken = take_rows(self._rows, self._n)[0]
+            self._saved = self._parts.count(self._saved, taken, tokens, self._stage)
+            self._rows = self._tokens = None
+        return self._saved
+
+    def __reduce__(self):
+        return (tuple, (self.saved(),))
+
+    def __eq__(self, other: object) -> bool:
+        return plain_tally(self) == plain_tally(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def plain_tally(saved: Any) -> Any:
+    """A snapshot's tally as plain data (a :class:`LazyTally` counted)."""
+    return saved.saved() if type(saved) is LazyTally else saved
+
+
+class _Parts:
+    """Counts delivered rows of one lane into a tally (a pure function of the rows)."""
+
+    def __init__(self, plan: Any, lane: int):
+        self.plan = plan
+        self.lane = lane
+        self.packed = packed_rows(plan)
+        mixture = plan.mixture
+        self.component_of: list[int] | None = None
+        self.components = 0
+        self.bases: list[int] = []
+        if mixture is not None:
+            self.component_of = [
+                k for k, child in enumerate(mixture.children) for _ in leaves(child)
+            ]
+            self.components = len(mixture.children)
+            self.bases = np.cumsum([0] + [len(leaves(c)) for c in mixture.children]).tolist()
+
+    def count(self, saved: tuple, blocks: list, tokens: list | None, stage: int) -> tuple:
+        """``saved`` plus the rows of ``blocks`` (see :class:`Tally`; ``tokens``: their
+        record tokens where rows may be whole records) delivered in mixture stage
+        ``stage``."""
+        counts = list(saved[1])
+        stages = list(saved[2])
+        arrays = [block for block in blocks if type(block) is tuple]
+        if arrays:  # a column-wise lane's pieces (no mixture stages there)
+            codes = np.array(list(chain.from_iterable(block[0] for block in arrays)), np.int64)
+            lengths = np.array(list(chain.from_iterable(block[1] for block in arrays)), np.int64)
+            _add_pieces(counts, *self._coded_pieces(codes, lengths))
+        rows = list(chain.from_iterable(block for block in blocks if type(block) is list))
+        if not rows:
+            return (saved[0], tuple(counts), tuple(stages))
+        pieces = None
+        if self.packed:
+            pieces = self._mixture_pieces(rows) if self.components else self._pieces(rows)
+        if pieces is None:
+            self._add_traced(counts, stages, rows, tokens, stage)
+            return (saved[0], tuple(counts), tuple(stages))
+        leaf, epoch, lengths, firsts = pieces
+        _add_pieces(counts, leaf, epoch, lengths, firsts)
+        if self.components:
+            component = np.asarray(self.component_of, np.int64)[leaf]
+            base = stage * self.components
+            tokens_of = np.bincount(component, weights=lengths, minlength=self.components)
+            for k, t in enumerate(tokens_of.astype(np.int64).tolist()):
+                stages[base + k] += t
+        return (saved[0], tuple(counts), tuple(stages))
+
+    def _pieces(self, rows: list) -> tuple | None:
+        """``(leaf, epoch, lengths, firsts)`` of the pieces of packed rows (None where a
+        lineage has another form)."""
+        found = _packed_codes(rows)
+        return None if found is None else self._coded_pieces(*found)
+
+    def _coded_pieces(self, codes: np.ndarray, lengths: np.ndarray) -> tuple:
+        """``(leaf, epoch, lengths, firsts)`` of pieces given as codes (positions, or
+        :func:`~zephon_jax.core.lineage.piece_code`) and lengths."""
+        pieces = codes < 0
+        code = ~codes
+        positions = np.where(pieces, code >> lineage_forms.PIECE_BITS, codes)
+        firsts = ~pieces | (
+            (code & lineage_forms.PIECE_MASK) == 0
+        )  # starts at its record's first token
+        plan = self.plan
+        leaf, epoch = _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
+        return leaf, epoch, lengths, firsts
+
+    def _mixture_pieces(self, rows: list) -> tuple | None:
+        """As :meth:`_pieces` in a mixture by tokens or stages, whose roots are
+        ``(position, component, component draw)``."""
+        found = _mixture_roots(rows)
+        if found is None:
+            return None
+        components, subs, lengths, firsts = found
+        plan = self.plan
+        leaf = np.zeros(len(subs), np.int64)
+        epoch = np.zeros(len(subs), np.int64)
+        for k in np.unique(components).tolist():
+            at = components == k
+            child = plan.mixture.children[k]
+            leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
+            leaf[at] += self.bases[k]
+        return leaf, epoch, lengths, firsts
+
+    def _add_traced(
+        self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
+    ) -> None:
+        """Counts rows by walking each one's lineage to its records, as provenance does."""
+        plan = self.plan
+        pieces_of = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in rows]
+        located = self._locate(pieces_of)
+        component_of = self.component_of
+        base = stage * self.components
+        for r, pieces in enumerate(pieces_of):
+            alone = len(pieces) == 1
+            for piece in pieces:
+                lineage = piece.lineage
+                if type(lineage) is Opaque:  # a record of a user operator: no source
+                    continue
+                leaf, epoch = located[_root(lineage)]
+                start, stop = piece.start, piece.stop
+                if stop is not None:
+                    n = stop - (start or 0)
+                else:
+                    n = tokens[r] if alone and tokens is not None else 0
+                at = LEAF_FIELDS * leaf
+                counts[at] += n
+                counts[at + 1] += 1
+                if not start and not piece.output:  # starts at its record's first token
+                    counts[at + 2] += 1
+                counts[at + 3] = max(counts[at + 3], epoch + 1)
+                if component_of is not None:
+                    stages[base + component_of[leaf]] += n
+
+    def _locate(self, pieces_of: list) -> dict[Any, tuple[int, int]]:
+        """``{root: (leaf, epoch)}`` of the roots of the pieces."""
+        plan = self.plan
+        roots = sorted(
+            {_root(p.lineage) for ps in pieces_of for p in ps if type(p.lineage) is not Opaque}
+        )
+        if not roots:
+            return {}
+        if isinstance(plan.sampler, ScheduledMixtureNode):
+            found = locate_roots(plan.sampler, self.lane, plan.num_lanes, roots)
+            return {root: (leaf, epoch) for root, (leaf, _, epoch) in zip(roots, found)}
+        res = resolve(plan.sampler, self.lane, np.array(roots, np.int64), plan.num_lanes)
+        return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
+
+
+def take_rows(blocks: list, n: int) -> tuple[list, list]:
+    """The blocks of the first ``n`` rows of ``blocks`` (see :class:`Tally`), and those
+    of the rest: new lists and blocks, ``blocks`` is not changed."""
+    for i, block in enumerate(blocks):
+        size = len(block) if type(block) is list else len(block[2])
+        if n > size:
+            n -= size
+            continue
+        if n == size:
+            return blocks[: i + 1], blocks[i + 1 :]
+        first: Any
+        rest: Any
+        if type(block) is list:
+            first, rest = block[:n], block[n:]
+        else:
+            codes, lengths, ends = block  # lists (column-wise lanes) or arrays
+            cut = int(ends[n - 1])
+            first = (codes[:cut], lengths[:cut], ends[:n])
+            rest = (codes[cut:], lengths[cut:], [end - cut for end in ends[n:]])
+        return [*blocks[:i], first], [rest, *blocks[i + 1 :]]
+    return list(blocks), []
+
+
+def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:
+    """The leaf and epoch of ``draws`` of sampler ``node``: for a source, its epochs by
+    arithmetic alone (the shuffled record is not needed); else resolved."""
+    if isinstance(node, SourceNode):
+        return np.zeros(len(draws), np.int64), (draws * num_lanes + lane) // node.size
+    unique, where = np.unique(draws, return_inverse=True)
+    res = resolve(node, lane, unique, num_lanes)
+    return res.leaf[where], res.epoch[where]
+
+
+def _add_pieces(
+    counts: list, leaf: np.ndarray, epoch: np.ndarray, lengths: np.ndarray, firsts: np.ndarray
+) -> None:
+    """Adds pieces (their leaf, epoch, length and whether each starts its record) to the
+    per-source ``counts``, vectorized."""
+    if not len(leaf):
+        return
+    n = len(counts) // LEAF_FIELDS
+    if n == 1:
+        figures = [(int(lengths.sum()), len(leaf), int(firsts.sum()), int(epoch.max()) + 1)]
+    else:
+        tokens = np.bincount(leaf, weights=lengths, minlength=n).astype(np.int64)
+        segments = np.bincount(leaf, minlength=n)
+        documents = np.bincount(leaf[firsts], minlength=n)
+        epochs = np.zeros(n, np.int64)
+        np.maximum.at(epochs, leaf, epoch + 1)
+        figures = list(zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist()))
+    for i, (t, g, d, e) in enumerate(figures):
+        at = LEAF_FIELDS * i
+        counts[at] += t
+        counts[at + 1] += g
+        counts[at + 2] += d
+        counts[at + 3] = max(counts[at + 3], e)
+
+
+def _mixture_roots(rows: list) -> tuple | None:
+    """The pieces of packed rows of a mixture by tokens or stages as arrays:
+    ``(components, component draws, lengths, firsts)``; None where a parent is not a
+    root ``(position, component, draw)`` or a piece of split of one."""
+    components, subs, firsts = [], [], []
+    try:
+        for lineage in rows:
+            for p in lineage[0]:
+                if len(p) == 3:  # a whole record
+                    components.append(p[1])
+                    subs.append(p[2])
+                    firsts.append(True)
+                else:  # ((root,), piece)
+                    root = p[0][0]
+                    components.append(root[1])
+                    subs.append(root[2])
+                    firsts.append(p[1] == 0)
+        lengths = np.fromiter(
+            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(subs)
+        )
+        return (
+            np.array(components, np.int64),
+            np.array(subs, np.int64),
+            lengths,
+            np.array(firsts, bool),
+        )
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+def _root(lineage: Any) -> Any:
+    return lineage if isinstance(lineage, tuple) else int(lineage)
+
+
+def _packed_codes(rows: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pieces of rows out of ``pack`` (lineages ``(parents, lengths)``) as two int64
+    arrays: a position or a :func:`~zephon_jax.core.lineage.piece_code` per piece, and
+    its length; None where a lineage has another form."""
+    try:
+        flat = list(chain.from_iterable(lineage[0] for lineage in rows))
+        lengths = np.fromiter(
+            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(flat)
+        )
+    except (TypeError, IndexError, ValueError):
+        return None
+    codes: np.ndarray | None
+    try:
+        codes = np.array(flat, np.int64)
+    except (TypeError, ValueError, OverflowError):
+        codes = _piece_codes(flat)
+    if codes is None or codes.shape != (len(flat),):
+        return None
+    return codes, lengths
+
+
+def _piece_codes(parents: list) -> np.ndarray | None:
+    """As :func:`_packed_codes`' codes for parents some of which are pieces of ``split``
+    written in full, ``((position,), piece)``; None where one has another form."""
+    codes = []
+    for p in parents:
+        if type(p) is int:
+            codes.append(p)
+        elif (
+            type(p) is tuple
+            and len(p) == 2
+            and type(p[0]) is tuple
+            and len(p[0]) == 1
+            and type(p[0][0]) is int
+            and type(p[1]) is int
+            and p[0][0] >= 0
+            and 0 <= p[1] <= lineage_forms.PIECE_MASK
+        ):
+            codes.append(~((p[0][0] << lineage_forms.PIECE_BITS) | p[1]))
+        else:
+            return None
+    try:
+        return np.array(codes, np.int64)
+    except OverflowError:
+        return None
