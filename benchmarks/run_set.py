@@ -6,8 +6,11 @@
 
 Each run is two processes, one after the other:
 
-* ``default``: the compiled kernels off (``ZEPHON_JAX_COMPILED=0``, the general
-  path, as without numba): every case but the TokenArray lane sweep;
+* ``default``: the default install as it runs (numba is a dependency: the
+  placement kernel and the sampler's permutation compiled; pipelines that are not
+  of the column path's shape on the general path): every case but the TokenArray
+  lane sweep; ``--interpreted`` runs it with ``ZEPHON_JAX_COMPILED=0`` instead (as
+  without numba);
 * ``fast``: the compiled kernels on (the name is that of the extra that installed
   numba before it was a dependency), when numba imports: the LLM pipeline (on the
   column path, as the default install runs it), the packing cases, now with their
@@ -95,7 +98,9 @@ def run_once(index: int, args: argparse.Namespace, fast: bool) -> dict[str, Any]
     directory = os.path.join(args.out, f"run-{index}")
     os.makedirs(directory, exist_ok=True)
     record: dict[str, Any] = {"index": index}
-    kinds = [("default", DEFAULT_CASES, "0")] + ([("fast", FAST_CASES, None)] if fast else [])
+    default_env = "0" if args.interpreted else None
+    kinds = [("default", DEFAULT_CASES, default_env)]
+    kinds += [("fast", FAST_CASES, None)] if fast else []
     for kind, cases, compiled in kinds:
         cases = _selected(cases, args.only)
         if not cases:
@@ -125,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-docs", type=int, help="corpus size, passed to bench.py")
     parser.add_argument("--steps", type=int, help="steps before the restore, passed to bench.py")
     parser.add_argument("--no-fast", action="store_true", help="skip the fast-extra process")
+    parser.add_argument(
+        "--interpreted",
+        action="store_true",
+        help="run the default process with ZEPHON_JAX_COMPILED=0 (as without numba)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="do not draw the plots")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "quick" if args.quick else "full",
         "environment": environment(),
         "fast_extra": fast,
+        "default_interpreted": bool(args.interpreted),
         "runs": [],
     }
     for i in range(1, args.runs + 1):
