@@ -462,10 +462,12 @@ class TokenStore:
         other in one new 1-D array of the store's dtype; ``doc_lengths[indices]`` tells
         where each ends. The same tokens as concatenating :meth:`__getitems__`'s arrays.
 
-        The documents are read with one TensorStore read (of a virtual concatenation of
-        their token ranges; ranges within one read chunk of each other are covered by one
-        range), so a block of scattered documents costs one read's overhead, not one per
-        document; the read chunks it needs are decoded in TensorStore's thread pool.
+        The documents are read with one TensorStore read of a virtual concatenation of
+        their token ranges (ranges within one read chunk of each other are covered by one
+        range; more than 1024 ranges make several such reads, issued at once), so a block
+        of scattered documents costs one read's overhead, not one per document; the read
+        chunks it needs are decoded in TensorStore's thread pool. Transient storage errors
+        are retried as for every read (:func:`~zephon_jax.sources.storage.retry_policy`).
         """
         idx = self._as_indices(indices)
         s = self._s
