@@ -8,7 +8,9 @@ these readers, which tell the placement kernel where each document's tokens are:
   arrays, which never change.
 * :class:`StoreTokens`: ``TokenStore`` sources (local or remote); the documents of a
   block are read with one batched read per store into a flat array shared by the
-  lanes of the process (the *arena*), and the pieces point into it. When the arena
+  lanes of the process (the *arena*), and the pieces point into it. Each batched read
+  is one TensorStore read of all the block's documents of that store
+  (``TokenStore.read_flat``), not one read per document. When the arena
   is full, the pieces the open rows still hold are copied to the start of a new one
   (rows already finished keep the old one until they are batched).
 
@@ -132,11 +134,9 @@ class StoreTokens:
         at = self.used
         for leaf in np.unique(leaves).tolist():
             where = order[leaves[order] == leaf]
-            read = self.stores[leaf].__getitems__(records[where].tolist())
-            if read:
-                flat = np.concatenate([doc["tokens"] for doc in read])
-                self.arena[at : at + len(flat)] = flat
-                at += len(flat)
+            flat = self.stores[leaf].read_flat(records[where])
+            self.arena[at : at + len(flat)] = flat
+            at += len(flat)
         self.used = at
         return starts, np.zeros(len(records), np.int64)
 

@@ -54,6 +54,8 @@ SUPPORTED_DTYPES = ("uint16", "uint32", "int32")
 DEFAULT_CHUNK_TOKENS = 1 << 20
 DEFAULT_READ_CHUNK_TOKENS = 1 << 13
 OFFSETS_CHUNK = 1 << 17
+# Token spans per virtual concatenation read (building one costs more per span as it grows).
+_CONCAT_LAYERS = 1024
 _HINT = "was it written with TokenStoreWriter / `zephon-jax prepare`?"
 
 
@@ -443,14 +445,53 @@ class TokenStore:
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Batched ``[self[i] for i in indices]``, in order, duplicates allowed.
 
-        Reads the requested documents with concurrent TensorStore reads; documents whose token
-        ranges lie within one read chunk of each other are fetched with a single covering read.
+        Reads the requested documents with one TensorStore read (see :meth:`read_flat`).
         Every returned array is independent (no shared memory between elements).
         """
         idx = self._as_indices(indices)
         if idx.size == 0:
             return []
+        flat, at, lengths = self._locate(self._s, idx)
+        return [
+            {"tokens": flat[a : a + n].copy()}
+            for a, n in zip(at.tolist(), lengths.tolist(), strict=True)
+        ]
+
+    def read_flat(self, indices: Sequence[int]) -> np.ndarray:
+        """The tokens of documents ``indices`` (in order, duplicates allowed) one after the
+        other in one new 1-D array of the store's dtype; ``doc_lengths[indices]`` tells
+        where each ends. The same tokens as concatenating :meth:`__getitems__`'s arrays.
+
+        The documents are read with one TensorStore read of a virtual concatenation of
+        their token ranges (ranges within one read chunk of each other are covered by one
+        range; more than 1024 ranges make several such reads, issued at once), so a block
+        of scattered documents costs one read's overhead, not one per document; the read
+        chunks it needs are decoded in TensorStore's thread pool. Transient storage errors
+        are retried as for every read (:func:`~zephon_jax.sources.storage.retry_policy`).
+        """
+        idx = self._as_indices(indices)
         s = self._s
+        if idx.size == 0:
+            return np.empty(0, dtype=s.dtype)
+        flat, at, lengths = self._locate(s, idx)
+        total = int(lengths.sum())
+        if len(flat) == total and bool(np.all(at == np.cumsum(lengths) - lengths)):
+            return flat
+        out = np.empty(total, dtype=s.dtype)
+        pos = 0
+        for a, n in zip(at.tolist(), lengths.tolist(), strict=True):
+            out[pos : pos + n] = flat[a : a + n]
+            pos += n
+        return out
+
+    def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reads documents ``idx`` (valid indices): the tokens read, and where each
+        requested document starts in them and its length.
+
+        Documents whose ranges lie within one read chunk of each other are covered by
+        one range (so the tokens read may hold tokens of documents not requested);
+        each distinct document is read once.
+        """
         uniq, inverse = np.unique(idx, return_inverse=True)
         starts, stops = s.offsets[uniq], s.offsets[uniq + 1]
         new_group = np.empty(uniq.size, dtype=bool)
@@ -460,21 +501,28 @@ class TokenStore:
         first = np.flatnonzero(new_group)
         last = np.append(first[1:], uniq.size) - 1
         g_start, g_stop = starts[first], stops[last]
-        spans = self._fetch(s, [(int(a), int(b)) for a, b in zip(g_start, g_stop, strict=True)])
-        single = (last - first == 0)[group_of]
-        docs: list[np.ndarray] = []
-        for u, g in enumerate(group_of):
-            if single[u]:
-                docs.append(spans[g])
-            else:
-                base = g_start[g]
-                docs.append(spans[g][starts[u] - base : stops[u] - base].copy())
-        seen = np.zeros(uniq.size, dtype=bool)
-        out: list[dict[str, np.ndarray]] = []
-        for k in inverse.reshape(-1).tolist():
-            out.append({"tokens": docs[k].copy() if seen[k] else docs[k]})
-            seen[k] = True
-        return out
+        flat = self._fetch_flat(s, g_start, g_stop)
+        g_len = g_stop - g_start
+        g_at = np.cumsum(g_len) - g_len
+        at = g_at[group_of] + starts - g_start[group_of]
+        inverse = inverse.reshape(-1)
+        return flat, at[inverse], (stops - starts)[inverse]
+
+    def _fetch_flat(self, s: _Opened, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Token spans ``[starts[k], stops[k])`` one after the other, read as one virtual
+        concatenation (of at most ``_CONCAT_LAYERS`` spans per read, the reads
+        concurrent); transient errors are retried."""
+        spans = [(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True) if b > a]
+        if not spans:
+            return np.empty(0, dtype=s.dtype)
+        parts = [spans[k : k + _CONCAT_LAYERS] for k in range(0, len(spans), _CONCAT_LAYERS)]
+
+        def read_all() -> np.ndarray:
+            futures = [_read_concat(s.tokens, part) for part in parts]
+            arrays = [f.result() for f in futures]
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        return retry_call(read_all, self._loc.child(TOKENS_DIR))
 
     _getitems = __getitems__
 
@@ -504,6 +552,13 @@ class TokenStore:
         span = self._fetch(s, [(int(offs[0]), int(offs[-1]))])[0]
         rel = offs - offs[0]
         return [{"tokens": span[rel[k] : rel[k + 1]]} for k in range(stop - start)]
+
+
+def _read_concat(tokens: ts.TensorStore, spans: list[tuple[int, int]]) -> Any:
+    """A future of the (non-empty) token spans of ``tokens`` one after the other."""
+    if len(spans) == 1:
+        return tokens[spans[0][0] : spans[0][1]].read()
+    return ts.concat([tokens[a:b] for a, b in spans], axis=0).read()
 
 
 class _Ready:

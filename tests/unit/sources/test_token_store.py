@@ -8,6 +8,7 @@ import tensorstore as ts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import zephon_jax.sources.token_store as token_store_module
 from zephon_jax.sources import (
     TokenStore,
     TokenStoreError,
@@ -117,6 +118,74 @@ def test_getitems_returns_independent_arrays(shared_store):
     a["tokens"][:] = 0
     np.testing.assert_array_equal(b["tokens"], docs[i])
     np.testing.assert_array_equal(c["tokens"], docs[i + 1])
+
+
+@pytest.fixture(scope="module")
+def scattered_store(tmp_path_factory) -> tuple[TokenStore, list[np.ndarray]]:
+    """Documents of 0..80 tokens in read chunks of 16 and stored shards of 64 tokens: most
+    documents span read chunks, many span shards, and a random pick rarely coalesces."""
+    docs = random_docs(7, 600, max_len=80)
+    path = tmp_path_factory.mktemp("scattered") / "store"
+    opts = {"chunk_tokens": 64, "read_chunk_tokens": 16, "flush_tokens": 500}
+    return write_token_store(path, docs, dtype="uint16", **opts), docs
+
+
+def one_by_one(store: TokenStore, indices) -> list[np.ndarray]:
+    return [store[int(i)]["tokens"] for i in indices]
+
+
+@pytest.mark.parametrize("layers", [1024, 3])
+def test_batched_reads_are_byte_identical_to_one_by_one_reads(scattered_store, layers, monkeypatch):
+    """Random ids with duplicates, empty documents, documents spanning read chunks and
+    shards, and the last document; one virtual concatenation or several per read."""
+    monkeypatch.setattr(token_store_module, "_CONCAT_LAYERS", layers)
+    store, docs = scattered_store
+    empty = [i for i, d in enumerate(docs) if len(d) == 0][:3]
+    spanning_shards = [
+        i for i in range(len(docs)) if store.offsets[i] // 64 != (store.offsets[i + 1] - 1) // 64
+    ]
+    assert empty and spanning_shards
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        ids = rng.integers(0, len(store), int(rng.integers(1, 300))).tolist()
+        ids += empty + spanning_shards[:5] + [len(store) - 1, 0, ids[0]]
+        rng.shuffle(ids)
+        want = one_by_one(store, ids)
+        got = store.__getitems__(ids)
+        assert [g["tokens"].dtype for g in got] == [store.dtype] * len(ids)
+        assert [g["tokens"].tobytes() for g in got] == [w.tobytes() for w in want]
+        assert [w.tobytes() for w in want] == [docs[i].astype(np.uint16).tobytes() for i in ids]
+        flat = store.read_flat(np.asarray(ids))
+        assert flat.dtype == store.dtype
+        assert flat.tobytes() == b"".join(w.tobytes() for w in want)
+
+
+def test_read_flat_of_a_sequential_run_empty_ids_and_only_empty_documents(scattered_store):
+    store, docs = scattered_store
+    run = list(range(100, 260))
+    assert store.read_flat(run).tobytes() == b"".join(w.tobytes() for w in one_by_one(store, run))
+    assert store.read_flat([]).dtype == store.dtype and store.read_flat([]).size == 0
+    empty = [i for i, d in enumerate(docs) if len(d) == 0]
+    assert store.read_flat(empty + empty).size == 0
+    assert [g["tokens"].size for g in store.__getitems__(empty)] == [0] * len(empty)
+
+
+def test_read_flat_returns_a_new_writable_array(scattered_store):
+    store, docs = scattered_store
+    ids = [i for i, d in enumerate(docs) if len(d) > 0][:4]
+    first = store.read_flat(ids)
+    first[:] = 0
+    assert store.read_flat(ids).tobytes() == b"".join(
+        docs[i].astype(np.uint16).tobytes() for i in ids
+    )
+
+
+def test_read_flat_refuses_bad_indices(scattered_store):
+    store, _ = scattered_store
+    with pytest.raises(IndexError, match="out of range"):
+        store.read_flat([0, len(store)])
+    with pytest.raises(TypeError, match="1-D sequence of ints"):
+        store.read_flat([0.5])
 
 
 def test_out_of_range_indices(shared_store):
