@@ -355,6 +355,15 @@ class LoaderIterator(Iterator[Any]):
         with one process the figures are global, with several
         :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
         state of this process's lanes, O(lanes), not O(steps).
+
+        One case counts a batch never delivered: several jax processes (a sharded
+        loader, ``process_count > 1``), a finite input and ``device_prefetch=0``. When
+        the input ends in one process's lanes at a batch that another process's lanes
+        completed, ``next()`` raises ``StopIteration`` in both, but the latter's lanes
+        have taken and counted that batch, so its ``accounting()`` (and state) after
+        the end count one batch too many. Take the report before the final ``next()``,
+        or keep ``device_prefetch >= 1`` (the default), where the state and report
+        are those of the last batch delivered.
         """
         loader = self.loader
         return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())
