@@ -269,6 +269,13 @@ class LoaderIterator(Iterator[Any]):
         first ``next()``), ``rows_per_s``, ``wait_s`` (time the training loop spent
         waiting inside ``next()``) and ``wait_share`` (``wait_s / seconds``: near 0 when
         the loader keeps up, near 1 when it is the bottleneck). Two clock reads per batch.
+
+        There is no time per operator (stage): timing each lane's operators takes two
+        clock reads per lane and operator per batch (about 26 us a batch, 3.5%, for the
+        64 lanes and 2 operators of the compiled token-array path at 0.74 ms a batch),
+        that path runs ``split`` and ``pack`` as one kernel with no boundary between
+        them to time, and with worker processes the lanes run elsewhere.
+        ``wait_share`` tells whether the loader is the bottleneck; a profiler says where.
         """
         seconds = 0.0 if self._first_next is None else time.perf_counter() - self._first_next
         return {
