@@ -1294,7 +1294,10 @@ SEQ_LEN = 128
         stage's shares exactly, but a row that was still filling when a stage began
         holds records drawn before it, and best-fit keeps short conversations in open
         rows longer than full pieces of text. (A segment is a conversation when it
-        holds a `<|user|>` token.)
+        holds a `<|user|>` token.) The second plot asks the loader instead of the
+        batches: `it.accounting()`, sampled every `K` steps, gives per stage the tokens
+        each component has delivered in it so far and their share (solid) beside the
+        stage's weight (dashed); these are exact counts over every delivered batch.
         """,
     ),
     (
@@ -1311,12 +1314,16 @@ SEQ_LEN = 128
             return chat_tokens / max((seg > 0).sum(), 1)
 
 
-        sizes, shares = [], []
-        for batch in zj.Loader(dataset):
+        K = max(STEPS // 40, 1)  # sample the accounting every K steps
+        it = iter(zj.Loader(dataset))
+        sizes, shares, sampled, realized = [], [], [], []
+        for t in range(1, STEPS + 1):
+            batch = next(it)
             sizes.append(len(batch["inputs"]))
             shares.append(chat_share(batch))
-            if len(sizes) == STEPS:
-                break
+            if t % K == 0:
+                sampled.append(t)
+                realized.append([stage["shares"] for stage in it.accounting()["stages"]])
         print({k: np.asarray(v).dtype.name for k, v in batch.items()})
 
         step = np.arange(STEPS)
@@ -1337,6 +1344,25 @@ SEQ_LEN = 128
         plt.show()
         for name, lo, hi in (("stage 0", 0, STAGE), ("stage 1", STAGE, STEPS)):
             print(f"{name}: chat share {np.mean(shares[lo:hi]):.2f} of tokens (weight {WEIGHTS[lo][1]})")
+
+        sampled, realized = np.array(sampled), np.array(realized)  # [sample, stage, component]
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        bounds = [*WEIGHTS, STEPS]
+        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            inside = (sampled > lo) & (sampled <= hi)
+            for c, (name, color) in enumerate((("pretraining", "tab:green"), ("chat", "tab:blue"))):
+                ax.plot(sampled[inside], realized[inside, k, c], color=color, label=None if k else name)
+                ax.hlines(WEIGHTS[lo][c], lo, hi, colors=color, linestyles="--", lw=1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("share of the stage's tokens")
+        ax.set_title("it.accounting(): realized mixture (solid) vs weights (dashed), per stage", fontsize=10)
+        ax.legend(loc="center left", fontsize=8)
+        fig.tight_layout()
+        plt.show()
+        report = it.accounting()
+        assert report["steps"] == STEPS and len(report["stages"]) == len(WEIGHTS)
+        print({name: figures["tokens"] for name, figures in report["sources"].items()}, "tokens delivered")
         """,
     ),
 ]

@@ -269,6 +269,13 @@ class LoaderIterator(Iterator[Any]):
         first ``next()``), ``rows_per_s``, ``wait_s`` (time the training loop spent
         waiting inside ``next()``) and ``wait_share`` (``wait_s / seconds``: near 0 when
         the loader keeps up, near 1 when it is the bottleneck). Two clock reads per batch.
+
+        There is no time per operator (stage): timing each lane's operators takes two
+        clock reads per lane and operator per batch (about 26 us a batch, 3.5%, for the
+        64 lanes and 2 operators of the compiled token-array path at 0.74 ms a batch),
+        that path runs ``split`` and ``pack`` as one kernel with no boundary between
+        them to time, and with worker processes the lanes run elsewhere.
+        ``wait_share`` tells whether the loader is the bottleneck; a profiler says where.
         """
         seconds = 0.0 if self._first_next is None else time.perf_counter() - self._first_next
         return {
@@ -355,6 +362,15 @@ class LoaderIterator(Iterator[Any]):
         with one process the figures are global, with several
         :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
         state of this process's lanes, O(lanes), not O(steps).
+
+        One case counts a batch never delivered: several jax processes (a sharded
+        loader, ``process_count > 1``), a finite input and ``device_prefetch=0``. When
+        the input ends in one process's lanes at a batch that another process's lanes
+        completed, ``next()`` raises ``StopIteration`` in both, but the latter's lanes
+        have taken and counted that batch, so its ``accounting()`` (and state) after
+        the end count one batch too many. Take the report before the final ``next()``,
+        or keep ``device_prefetch >= 1`` (the default), where the state and report
+        are those of the last batch delivered.
         """
         loader = self.loader
         return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())

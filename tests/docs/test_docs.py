@@ -300,3 +300,11 @@ def test_architecture_page_lists_the_layers_of_the_import_contract():
     assert "![" in text and "(_static/architecture.svg)" in text
     assert (DOCS / "_static" / "architecture.svg").is_file()
     assert (DOCS / "_static" / "architecture.py").is_file()
+
+
+def test_loss_spike_page_shows_the_realized_mixture_figure_and_its_script():
+    text = (DOCS / "debugging_loss_spikes.md").read_text()
+    assert "(_static/realized_mixture.png)" in text
+    assert "python docs/_static/realized_mixture.py" in text
+    assert (DOCS / "_static" / "realized_mixture.png").stat().st_size > 10_000
+    assert (DOCS / "_static" / "realized_mixture.py").is_file()

@@ -250,7 +250,9 @@ def test_notebook_runs(name, monkeypatch, corpus_cache):
     assert not errors
 
 
-@pytest.mark.parametrize("figure", ["elastic_resume.png", "llm_sft_eval.png"])
+@pytest.mark.parametrize(
+    "figure", ["elastic_resume.png", "llm_sft_eval.png", "realized_mixture.png"]
+)
 def test_docs_figures_are_committed(figure):
     path = NOTEBOOKS.parent / "docs" / "_static" / figure
     assert path.is_file() and path.stat().st_size > 10_000
