@@ -210,6 +210,7 @@ def test_skip_and_exclude_under_jax_on_two_processes(tmp_path, monkeypatch):
     (device prefetch), skipped, run on: the same rows and merged accounting as one
     numpy process."""
     import mp_worker as worker
+
     from integration.test_multiprocess import launch
 
     # The processes import this checkout's zephon_jax, whatever is installed.
