@@ -1356,7 +1356,9 @@ SEQ_LEN = 128
         ax.set_ylim(0, 1)
         ax.set_xlabel("step")
         ax.set_ylabel("share of the stage's tokens")
-        ax.set_title("it.accounting(): realized mixture (solid) vs weights (dashed), per stage", fontsize=10)
+        ax.set_title(
+            "it.accounting(): realized mixture (solid) vs weights (dashed), per stage", fontsize=10
+        )
         ax.legend(loc="center left", fontsize=8)
         fig.tight_layout()
         plt.show()
