@@ -17,10 +17,11 @@ The rules it follows, one piece at a time:
 * ``pack``: empty pieces are dropped. ``best_fit`` keeps ``num_bins`` numbered rows and puts
   a piece into the fullest row with room (the lowest-numbered of equals); ``first_fit``
   keeps its rows in the order they opened and puts a piece into the first with room. When
-  no row has room (every row holds something), the fullest row (the lowest of equals) is
-  emitted and the piece starts a new row: for ``best_fit`` in the emitted row's number, for
-  ``first_fit`` after the others. A row that is full, or holds ``max_segments`` pieces, is
-  emitted at once. At the end of the input the rows still open are emitted in their order
+  no row has room (every row holds something), the fullest row (the lowest-numbered of
+  equals; for ``first_fit`` the first opened) is emitted and the piece starts a new row: for
+  ``best_fit`` in the emitted row's number, for ``first_fit`` after the others. A row that is
+  full, or holds ``max_segments`` pieces, is emitted at once (``first_fit``'s next row then
+  opens after the others too). At the end of the input the rows still open are emitted in their order
   (``best_fit``: by number; ``first_fit``: the order they opened).
 * a row becomes ``tokens`` (zero padded), ``tokens_segment_ids`` (1, 2, ... per piece, 0 on
   padding) and ``tokens_positions`` (0-based within each piece, 0 on padding), all int32.
