@@ -117,7 +117,8 @@ def run(spec: dict) -> list:
     return [{k: np.asarray(v) for k, v in batch.items()} for batch in zj.Loader(ds)]
 
 
-def check(spec: dict) -> None:
+def check(spec: dict) -> list:
+    """Asserts that the loader gives the model's batches; returns them."""
     if spec["path"].startswith("interpreted"):
         with pytest.MonkeyPatch.context() as patch:
             for name in KERNELS:
@@ -128,9 +129,7 @@ def check(spec: dict) -> None:
     else:
         got = run(spec)
     assert_batches_equal(got, expected(spec))
-    event(f"path: {spec['path']}")
-    event(f"method: {spec['method']}, to_training: {spec['training'] is not None}")
-    event(f"global batches: {'0' if not got else '1-4' if len(got) < 5 else '5+'}")
+    return got
 
 
 @settings(
@@ -159,7 +158,10 @@ def check(spec: dict) -> None:
     }  # fmt: skip
 )
 def test_the_loader_gives_the_reference_model_s_batches(spec):
-    check(spec)
+    got = check(spec)
+    event(f"path: {spec['path']}")
+    event(f"method: {spec['method']}, to_training: {spec['training'] is not None}")
+    event(f"global batches: {'0' if not got else '1-4' if len(got) < 5 else '5+'}")
 
 
 def test_the_methods_differ_as_documented():
