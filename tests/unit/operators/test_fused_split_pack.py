@@ -13,7 +13,6 @@ import zephon_jax as zj
 from zephon_jax.core import lineage as lineage_module
 from zephon_jax.core.lineage import held_lineage, piece_code
 from zephon_jax.engine import lane as lane_module
-from zephon_jax.operators import pack as pack_module
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.state.global_state import lane_bytes
 
