@@ -32,7 +32,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from zephon_jax.core.lineage import PIECE_BITS
+from zephon_jax.core.lineage import piece_code
 
 # Stop codes of ``place``: done; grow ``out`` (and ``row_end``); grow the open rows.
 DONE, OUT_FULL, ROW_FULL = 0, 1, 2
@@ -177,13 +177,18 @@ def place_piece(fill, count, pieces, slots, code, start, length, leaf, seq_len, 
     return n_out, n_rows, DONE
 
 
+# The one encoding of piece codes (core.lineage), compiled for the kernels.
+_piece_code = jit(piece_code)
+
+
 @jit
 def cut_piece(s0, n, j, cut, position):
     """Piece ``j`` of the document of ``n`` tokens from ``s0`` at lane ``position``, as
     (lineage code, token start, length): cut into pieces of at most ``cut`` (code
-    ``~((position << PIECE_BITS) | j)``), or whole with ``cut`` 0 (code: the position)."""
+    :func:`~zephon_jax.core.lineage.piece_code`), or whole with ``cut`` 0 (code: the
+    position)."""
     if cut > 0:
-        return ~((position << PIECE_BITS) | j), s0 + j * cut, min(cut, n - j * cut)
+        return _piece_code(position, j), s0 + j * cut, min(cut, n - j * cut)
     return position, s0, n
 
 

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from zephon_jax.core import lineage as lineage_forms
-from zephon_jax.core.lineage import Opaque, plain_lineage
+from zephon_jax.core.lineage import Opaque, plain_lineage, root_key
 from zephon_jax.engine.provenance import row_pieces
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import BinPackOperator
@@ -315,11 +315,9 @@ class _Parts:
         """``(leaf, epoch, lengths, firsts)`` of pieces given as codes (positions, or
         :func:`~zephon_jax.core.lineage.piece_code`) and lengths."""
         pieces = codes < 0
-        code = ~codes
-        positions = np.where(pieces, code >> lineage_forms.PIECE_BITS, codes)
-        firsts = ~pieces | (
-            (code & lineage_forms.PIECE_MASK) == 0
-        )  # starts at its record's first token
+        coded, js = lineage_forms.decode_piece(codes)
+        positions = np.where(pieces, coded, codes)
+        firsts = ~pieces | (js == 0)  # starts at its record's first token
         plan = self.plan
         leaf, epoch = _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
         return leaf, epoch, lengths, firsts
@@ -356,7 +354,7 @@ class _Parts:
                 lineage = piece.lineage
                 if type(lineage) is Opaque:  # a record of a user operator: no source
                     continue
-                leaf, epoch = located[_root(lineage)]
+                leaf, epoch = located[root_key(lineage)]
                 start, stop = piece.start, piece.stop
                 if stop is not None:
                     n = stop - (start or 0)
@@ -375,7 +373,7 @@ class _Parts:
         """``{root: (leaf, epoch)}`` of the roots of the pieces."""
         plan = self.plan
         roots = sorted(
-            {_root(p.lineage) for ps in pieces_of for p in ps if type(p.lineage) is not Opaque}
+            {root_key(p.lineage) for ps in pieces_of for p in ps if type(p.lineage) is not Opaque}
         )
         if not roots:
             return {}
@@ -451,18 +449,18 @@ def _mixture_roots(rows: list) -> tuple | None:
     components, subs, firsts = [], [], []
     try:
         for lineage in rows:
-            for p in lineage[0]:
-                if len(p) == 3:  # a whole record
-                    components.append(p[1])
-                    subs.append(p[2])
+            for p in lineage_forms.parents_of(lineage):
+                if lineage_forms.is_draw(p):  # a whole record
+                    _, component, sub = lineage_forms.draw_parts(p)
                     firsts.append(True)
-                else:  # ((root,), piece)
-                    root = p[0][0]
-                    components.append(root[1])
-                    subs.append(root[2])
-                    firsts.append(p[1] == 0)
+                else:  # a piece of split of one
+                    root, j = lineage_forms.piece_parts(p)
+                    _, component, sub = lineage_forms.draw_parts(root)
+                    firsts.append(j == 0)
+                components.append(component)
+                subs.append(sub)
         lengths = np.fromiter(
-            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(subs)
+            chain.from_iterable(map(lineage_forms.recipe_of, rows)), np.int64, len(subs)
         )
         return (
             np.array(components, np.int64),
@@ -474,18 +472,14 @@ def _mixture_roots(rows: list) -> tuple | None:
         return None
 
 
-def _root(lineage: Any) -> Any:
-    return lineage if isinstance(lineage, tuple) else int(lineage)
-
-
 def _packed_codes(rows: list) -> tuple[np.ndarray, np.ndarray] | None:
     """The pieces of rows out of ``pack`` (lineages ``(parents, lengths)``) as two int64
     arrays: a position or a :func:`~zephon_jax.core.lineage.piece_code` per piece, and
     its length; None where a lineage has another form."""
     try:
-        flat = list(chain.from_iterable(lineage[0] for lineage in rows))
+        flat = list(chain.from_iterable(map(lineage_forms.parents_of, rows)))
         lengths = np.fromiter(
-            chain.from_iterable(lineage[1] for lineage in rows), np.int64, len(flat)
+            chain.from_iterable(map(lineage_forms.recipe_of, rows)), np.int64, len(flat)
         )
     except (TypeError, IndexError, ValueError):
         return None
@@ -506,19 +500,17 @@ def _piece_codes(parents: list) -> np.ndarray | None:
     for p in parents:
         if type(p) is int:
             codes.append(p)
-        elif (
-            type(p) is tuple
-            and len(p) == 2
-            and type(p[0]) is tuple
-            and len(p[0]) == 1
-            and type(p[0][0]) is int
-            and type(p[1]) is int
-            and p[0][0] >= 0
-            and 0 <= p[1] <= lineage_forms.PIECE_MASK
-        ):
-            codes.append(~((p[0][0] << lineage_forms.PIECE_BITS) | p[1]))
-        else:
+            continue
+        if not lineage_forms.is_piece(p):
             return None
+        position, j = lineage_forms.piece_parts(p)
+        if not (
+            lineage_forms.is_position(position)
+            and type(j) is int
+            and 0 <= j <= lineage_forms.MAX_PIECE
+        ):
+            return None
+        codes.append(lineage_forms.piece_code(position, j))
     try:
         return np.array(codes, np.int64)
     except OverflowError:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.core.kernels import kernels
-from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element
+from zephon_jax.core.lineage import MAX_PIECE, Element, code_position, decode_piece, piece
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 from zephon_jax.engine.exclusion import excluded_columns, is_excluded
@@ -97,7 +97,7 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
         dtype.kind in "iu" and out.kind in "iu" and dtype != np.uint64
     ):
         return None  # the general path checks every value (gather checks integers)
-    if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > PIECE_MASK):
+    if (not cut and longest > spec.seq_len) or (cut and -(-longest // cut) > MAX_PIECE):
         return None  # the general path raises or writes long lineages
     compiled = kernels()
     if compiled is None:
@@ -400,7 +400,7 @@ def _prune_roots(lane: Any, cut: int) -> list:
     end = lane.drawn_roots_base + len(lane.drawn_roots)
     first = end
     if len(held):
-        first = int(((~held) >> PIECE_BITS).min()) if cut else int(held.min())
+        first = int(code_position(held).min()) if cut else int(held.min())
     del lane.drawn_roots[: first - lane.drawn_roots_base]
     lane.drawn_roots_base = first
     return lane.drawn_roots
@@ -411,7 +411,7 @@ def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
     cut, else the root (as the general path holds them)."""
     roots, base = lane.drawn_roots, lane.drawn_roots_base
     if cut:
-        return tuple(((roots[(~c >> PIECE_BITS) - base],), ~c & PIECE_MASK) for c in codes)
+        return tuple(piece(roots[at - base], j) for at, j in map(decode_piece, codes))
     return tuple(roots[c - base] for c in codes)
 
 

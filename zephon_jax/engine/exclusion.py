@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zephon_jax.core.lineage import Element, Opaque, plain_lineage
+from zephon_jax.core.lineage import Element, is_opaque, plain_lineage
 from zephon_jax.engine.provenance import row_pieces
 from zephon_jax.errors import StateError
 from zephon_jax.transforms import DROP
@@ -92,7 +92,7 @@ def holds_excluded(lane: Any, stage: int, lineage: Any) -> bool:
     """Whether the element with ``lineage`` entering ``stage`` of ``lane`` contains an
     excluded record."""
     pieces = row_pieces(lane.plan.operators[:stage], plain_lineage(lineage))
-    roots = [p.lineage for p in pieces if type(p.lineage) is not Opaque]
+    roots = [p.lineage for p in pieces if not is_opaque(p.lineage)]
     if not roots:
         return False
     excluded = lane.plan.excluded

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zephon_jax.core.checks import TransformFailed, user_error
-from zephon_jax.core.lineage import Element, is_derived, root_position
+from zephon_jax.core.lineage import Element, draw_parts, first_root, is_draw, root_position
 from zephon_jax.engine.accounting import Tally
 from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, first_block, next_block
 from zephon_jax.engine.columns import (
@@ -293,13 +293,12 @@ class Lane:
             return text + " (an output of a user operator)"
         plan = self.plan
         if plan.mixture is not None:
-            root = lineage
-            while is_derived(root):
-                root = root[0][0]
-            if isinstance(root, tuple) and len(root) == 3:
+            root = first_root(lineage)
+            if is_draw(root):
+                _, component, sub = draw_parts(root)
                 return (
                     f"{text} (from lane-local position {position}: mixture component "
-                    f"{root[1]}, component draw {root[2]})"
+                    f"{component}, component draw {sub})"
                 )
             return text
         res = resolve(plan.sampler, self.lane, np.array([position], np.int64), plan.num_lanes)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.core.lineage import Opaque, plain_lineage
+from zephon_jax.core.lineage import Opaque, plain_lineage, root_key
 from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import source_label
@@ -82,7 +82,12 @@ def lane_provenance(
     """
     rows = [row_pieces(plan.operators, plain_lineage(lineage)) for lineage in lineages]
     positions = sorted(
-        {_root(p.lineage) for pieces in rows for p in pieces if not isinstance(p.lineage, Opaque)}
+        {
+            root_key(p.lineage)
+            for pieces in rows
+            for p in pieces
+            if not isinstance(p.lineage, Opaque)
+        }
     )
     located: dict[Any, tuple[int, int, int]] = {}
     if positions:
@@ -107,7 +112,7 @@ def lane_provenance(
                     "epoch": None,
                 }
             else:
-                leaf, record, epoch = located[_root(p.lineage)]
+                leaf, record, epoch = located[root_key(p.lineage)]
                 segment = {"source": leaf, "label": labels[leaf], "record": record, "epoch": epoch}
             segment["start"], segment["stop"] = p.start, p.stop
             if p.output is not None:
@@ -115,12 +120,6 @@ def lane_provenance(
             segments.append(segment)
         out.append(segments)
     return out
-
-
-def _root(lineage: Any) -> Any:
-    """A root lineage as a dict key: a position, or ``(position, component, sub)`` for a
-    mixture by tokens or with stages."""
-    return lineage if isinstance(lineage, tuple) else int(lineage)
 
 
 def leaf_labels(leaves: Sequence[Any]) -> list[str]:

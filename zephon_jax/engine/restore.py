@@ -14,14 +14,23 @@ operator outputs is done lane by lane (their transforms' random keys name the la
 from __future__ import annotations
 
 import collections
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.gc_pause import paused_gc
-from zephon_jax.core.lineage import Element, Opaque, is_derived
+from zephon_jax.core.lineage import (
+    Element,
+    Opaque,
+    all_derived,
+    derived_parts,
+    is_derived,
+    is_valid_draw,
+    parents_of,
+    position_of,
+    recipe_of,
+)
 from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
@@ -130,7 +139,7 @@ def _take_apart(lane: Lane, rebuild: Rebuilder, stage: int, lineage: Any, again:
     if op.passthrough:
         _take_apart(lane, rebuild, stage - 1, lineage, again)
     elif is_derived(lineage):
-        for parent in lineage[0]:
+        for parent in parents_of(lineage):
             _take_apart(lane, rebuild, stage - 1, parent, again)
 
 
@@ -160,7 +169,7 @@ def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
     for rebuild, positions in zip(rebuilders, wanted):
         drawer = rebuild.lane.drawer
         if drawer is not None:  # roots are (position, component, draw)
-            roots = sorted(p for p in positions if _is_mixture_root(p))
+            roots = sorted(p for p in positions if is_valid_draw(p))
             if roots:
                 rebuild.roots.update(drawer.regenerate(roots))
         elif positions:
@@ -194,8 +203,8 @@ class Rebuilder:
                 lineages = [
                     parent
                     for lineage in lineages
-                    if type(lineage) is tuple and len(lineage) == 2 and type(lineage[0]) is tuple
-                    for parent in lineage[0]
+                    if is_derived(lineage)
+                    for parent in parents_of(lineage)
                 ]
             stage -= 1
         for lineage in lineages:
@@ -203,7 +212,7 @@ class Rebuilder:
                 out.add(lineage)
             elif isinstance(lineage, (int, np.integer)) and not isinstance(lineage, bool):
                 out.add(int(lineage))
-            elif _is_mixture_root(lineage):
+            elif is_valid_draw(lineage):
                 out.add(lineage)
 
     def positions(self, held_by_stage, pending, next_position: int) -> set:
@@ -213,7 +222,7 @@ class Rebuilder:
         for stage, held in enumerate(held_by_stage):
             self._collect(stage, list(held), positions)
         self._collect(len(self.lane.plan.operators), list(pending), positions)
-        furthest = max((p if isinstance(p, int) else p[0] for p in positions), default=-1)
+        furthest = max(map(position_of, positions), default=-1)
         if furthest >= next_position:
             raise StateError(
                 f"lane {self.lane.lane}: the state points to lane-local position {furthest}, "
@@ -263,7 +272,7 @@ class Rebuilder:
     def _mixture_root(self, lineage) -> Element:
         """A record drawn by a mixture by tokens or with stages: ``(position, component, draw)``."""
         lane = self.lane
-        if not _is_mixture_root(lineage):
+        if not is_valid_draw(lineage):
             raise StateError(
                 f"lane {lane.lane}: the state holds {lineage!r} where a mixture draw "
                 "(position, component, draw) belongs; the state is malformed or was taken "
@@ -292,11 +301,11 @@ class Rebuilder:
             todo = [lineage for lineage in lineages if lineage not in cache]
         except TypeError:  # an unhashable lineage: one by one, as build() reports it
             return [self.build(stage, lineage) for lineage in lineages]
-        if op.passthrough or not _all_derived(todo):
+        if op.passthrough or not all_derived(todo):
             for lineage in todo:
                 self.build(stage, lineage)
         elif todo:
-            inputs = self.build_all(index, [parent for lineage in todo for parent in lineage[0]])
+            inputs = self.build_all(index, [p for lineage in todo for p in parents_of(lineage)])
             self._remake_all(index, op, todo, inputs)
         return [cache[lineage] for lineage in lineages]
 
@@ -332,7 +341,7 @@ class Rebuilder:
             remake = op.remake
             try:
                 for lineage in lineages:
-                    parents, recipe = lineage
+                    parents, recipe = derived_parts(lineage)
                     count = len(parents)
                     if count == 1:
                         data = remake(recipe, [inputs[at].data])
@@ -346,7 +355,7 @@ class Rebuilder:
             except Exception:  # remade again below, where its error is reported
                 pass
         for lineage in lineages[done:]:
-            count = len(lineage[0])
+            count = len(parents_of(lineage))
             datas = [element.data for element in inputs[at : at + count]]
             at += count
             cache[lineage] = self._remade(index, op, lineage, datas)
@@ -360,7 +369,8 @@ class Rebuilder:
         if isinstance(lineage, Opaque):
             return self._remade(index, op, lineage, None)
         if is_derived(lineage):
-            return self._remade(index, op, lineage, [self.build(index, p).data for p in lineage[0]])
+            inputs = [self.build(index, p).data for p in parents_of(lineage)]
+            return self._remade(index, op, lineage, inputs)
         raise StateError(
             f"lane {lane.lane}: the state holds {lineage!r} as an output of "
             f"{op.describe()}, which is not a (parents, recipe) pointer; the state is "
@@ -379,7 +389,7 @@ class Rebuilder:
                 data = inputs[0]
             else:
                 try:
-                    data = op.remake(lineage[1], inputs)
+                    data = op.remake(recipe_of(lineage), inputs)
                 except ZephonError:
                     raise
                 except Exception as e:
@@ -407,27 +417,6 @@ class Rebuilder:
                 f"{op.describe()}; the pipeline's functions are not pure or changed"
             )
         return Element(data, lineage)
-
-
-def _all_derived(lineages: list) -> bool:
-    """Whether every one of ``lineages`` has the ``(parents, recipe)`` form (see
-    :func:`~zephon_jax.core.lineage.is_derived`), checked in passes over all of them."""
-    return not lineages or (
-        set(map(type, lineages)) == {tuple}
-        and set(map(len, lineages)) == {2}
-        and set(map(type, map(_first, lineages))) == {tuple}
-    )
-
-
-_first = operator.itemgetter(0)
-
-
-def _is_mixture_root(lineage) -> bool:
-    return (
-        type(lineage) is tuple
-        and len(lineage) == 3
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lineage)
-    )
 
 
 def set_lane_state(lane: Lane, data: bytes) -> None:

@@ -64,7 +64,7 @@ from typing import (
     runtime_checkable,
 )
 
-from zephon_jax.core.lineage import Element
+from zephon_jax.core.lineage import Element, derived
 from zephon_jax.core.naming import callable_name
 from zephon_jax.core.packed import plain
 from zephon_jax.errors import StateError
@@ -210,8 +210,8 @@ class stateless(LineageOperator):
         outputs = self.fn(plain(element.data))
         parents = (element.lineage,)  # what derive(out, (element,), m) makes, built once
         if type(outputs) is list and len(outputs) == 1:
-            return carry, [Element(outputs[0], (parents, 0))]
-        return carry, [Element(out, (parents, m)) for m, out in enumerate(outputs)]
+            return carry, [Element(outputs[0], derived(parents, 0))]
+        return carry, [Element(out, derived(parents, m)) for m, out in enumerate(outputs)]
 
     def trace(self, recipe, parents, start, stop):
         return [(parents[0], None, None, recipe)]  # output ``recipe`` of the input

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from zephon_jax.core.lineage import Element
+from zephon_jax.core.lineage import Element, derived
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import LineageOperator, Saved
@@ -41,7 +41,7 @@ class OpenRow:
     def emit(self, spec: PackSpec) -> Element:
         """The open row, derived from its records with the bounds as recipe; empties it."""
         row = PackedRow(spec, self.fields or (), self.pieces)
-        element = Element(row, (self.lineages, self.bounds))
+        element = Element(row, derived(self.lineages, self.bounds))
         self.pieces, self.held, self.lineages, self.bounds, self.fill = [], (), (), (), 0
         return element
 

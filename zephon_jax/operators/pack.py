@@ -30,7 +30,17 @@ import numpy as np
 
 from zephon_jax.core.checks import positive_int
 from zephon_jax.core.compiled_kernels import COMPILED, DONE, OUT_FULL, place
-from zephon_jax.core.lineage import PIECE_BITS, PIECE_MASK, Element, HeldLineages, held_lineage
+from zephon_jax.core.lineage import (
+    Element,
+    HeldLineages,
+    can_code,
+    derived,
+    held_lineage,
+    is_position,
+    piece,
+    piece_code,
+    plain_parents,
+)
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import LineageOperator, Saved, StepFailed
@@ -236,12 +246,9 @@ class Bins(OpenRows):
             recipe = tuple(lengths[begin:end])
             row = PackedRow(spec, fields, list(map(pop_record, held)), recipe)
             parents = tuple(map(pop_lineage, held))
-            if expand:  # what derive(row, <the records>, lengths) makes: held_lineage, inlined
-                bits, mask = PIECE_BITS, PIECE_MASK
-                parents = tuple(
-                    [((~h >> bits,), ~h & mask) if type(h) is int and h < 0 else h for h in parents]
-                )
-            out.append(Element(row, (parents, recipe)))
+            if expand:  # what derive(row, <the records>, lengths) makes
+                parents = plain_parents(parents)
+            out.append(Element(row, derived(parents, recipe)))
             begin = end
         return out
 
@@ -261,16 +268,15 @@ def _hold_pieces(carry: Bins, record: np.ndarray, lineage: Any, cut: int, length
     the next piece's id."""
     n = record.shape[0]
     count = -(-n // cut)
-    if type(lineage) is int and lineage >= 0 and count <= PIECE_MASK:
-        code = lineage << PIECE_BITS
+    if can_code(lineage, count):
         carry.compact = True
-        held: list[Any] = [~(code | j) for j in range(count)]
+        held: list[Any] = [piece_code(lineage, j) for j in range(count)]
     else:
-        held = [((lineage,), j) for j in range(count)]
+        held = [piece(lineage, j) for j in range(count)]
     for j in range(count):
-        piece = record[j * cut : (j + 1) * cut]
-        carry.hold(piece, held[j])
-        lengths.append(piece.shape[0])
+        part = record[j * cut : (j + 1) * cut]
+        carry.hold(part, held[j])
+        lengths.append(part.shape[0])
     return carry.next_id
 
 
@@ -438,11 +444,11 @@ class BinPackOperator(LineageOperator):
                     x = _hold_pieces(carry, record, lineage, cut, lengths)
                     continue
                 # Piece 0 of ``split``: its lineage ((lineage,), 0), as one int where it can be.
-                if type(lineage) is int and lineage >= 0:
-                    lineage = ~(lineage << PIECE_BITS)
+                if is_position(lineage):
+                    lineage = piece_code(lineage, 0)
                     carry.compact = True
                 else:
-                    lineage = ((lineage,), 0)
+                    lineage = piece(lineage, 0)
             elif not 0 < n <= seq_len:  # the checks of any other record, with their errors
                 try:
                     _, arrays, n = self._admit(carry, element)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.core.checks import positive_int
-from zephon_jax.core.lineage import Element
+from zephon_jax.core.lineage import Element, piece
 from zephon_jax.errors import PipelineError, StateError
 from zephon_jax.operators.base import StepFailed, stateless
 from zephon_jax.state.envelope import is_int
@@ -70,7 +70,7 @@ class SplitOperator(stateless):
             if type(data) is dict:
                 value = data.get(key)
                 if type(value) is ndarray and value.ndim == 1 and 0 < value.shape[0] <= max_len:
-                    append(Element(data, ((element.lineage,), 0)))  # as ``step`` makes it
+                    append(Element(data, piece(element.lineage, 0)))  # as ``step`` makes it
                     continue
             try:
                 _, pieces = step(carry, element)

@@ -18,7 +18,15 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from zephon_jax.core.kernels import kernels
-from zephon_jax.core.lineage import PIECE_BITS, HeldLineages, held_lineage
+from zephon_jax.core.lineage import (
+    HeldLineages,
+    held_lineage,
+    is_draw,
+    is_piece,
+    is_position,
+    piece_code,
+    piece_parts,
+)
 from zephon_jax.core.packed import (
     POSITIONS,
     SEGMENT_DTYPE,
@@ -138,7 +146,7 @@ class TokenBins(OpenRows):
         starts, leaves = plan.reader.starts(leaves, records)
         starts = starts + js * plan.cut
         carry.tokens = plan.tokens  # where the reader put the documents
-        codes = ~((positions << PIECE_BITS) | js) if plan.cut else positions
+        codes = piece_code(positions, js) if plan.cut else positions
         while int(np.bincount(rows).max()) > carry.piece_array.shape[2]:
             carry.grow_rows()
         at = 0
@@ -161,12 +169,11 @@ def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:
             lineage = held_lineage(lineage)
             root: Any = None
             j = 0
-            if cut and type(lineage) is tuple and len(lineage) == 2 and len(lineage[0]) == 1:
-                root, j = lineage[0][0], lineage[1]
+            if cut and is_piece(lineage):
+                root, j = piece_parts(lineage)
             elif not cut:
                 root = lineage
-            kind = type(root)
-            if kind is not (tuple if drawn else int) or (kind is tuple and len(root) != 3):
+            if not (is_draw(root) if drawn else is_position(root)):
                 raise StateError(
                     f"lane {lane}: the state holds {lineage!r} in an open row of "
                     f"pack, which this pipeline never makes; the state was altered"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_jax.core.lineage import Element, Opaque
+from zephon_jax.core.lineage import Element, opaque
 from zephon_jax.core.naming import callable_name
 from zephon_jax.core.packed import plain
 from zephon_jax.errors import PipelineError
@@ -44,7 +44,7 @@ class UserOperator(LineageOperator):
     def _wrap(self, outputs) -> list[Element]:
         if outputs is None:
             return []
-        return [Element(out, Opaque(out)) for out in outputs]
+        return [Element(out, opaque(out)) for out in outputs]
 
     def step(self, carry, element):
         result = self.op.step(carry, plain(element.data))

@@ -47,7 +47,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from zephon_jax.core.lineage import Element
+from zephon_jax.core.lineage import Element, draw_component, draw_parts, draw_sub
+from zephon_jax.core.lineage import draw as draw_lineage
 from zephon_jax.core.permutation import derive_key
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
@@ -207,25 +208,25 @@ class MixtureDrawer:
         """The carry as plain ints: ``(stage, credits, next_sub)``."""
         return (self.stage, tuple(self.credits), tuple(self.next_sub))
 
-    def set_carry(self, plain: Any) -> None:
+    def set_carry(self, saved: Any) -> None:
         k = len(self.node.children)
         if not (
-            isinstance(plain, tuple)
-            and len(plain) == 3
-            and isinstance(plain[0], int)
-            and 0 <= plain[0] < len(self.node.stages.values)
-            and all(isinstance(x, tuple) and len(x) == k for x in plain[1:])
-            and all(type(c) is int for c in plain[1])
-            and sum(plain[1]) == 0  # the credits' invariant (see the module docstring)
-            and all(type(s) is int and s >= 0 for s in plain[2])
+            isinstance(saved, tuple)
+            and len(saved) == 3
+            and isinstance(saved[0], int)
+            and 0 <= saved[0] < len(self.node.stages.values)
+            and all(isinstance(x, tuple) and len(x) == k for x in saved[1:])
+            and all(type(c) is int for c in saved[1])
+            and sum(saved[1]) == 0  # the credits' invariant (see the module docstring)
+            and all(type(s) is int and s >= 0 for s in saved[2])
         ):
             raise StateError(
-                f"lane {self.lane}: the state's mixture carry {plain!r:.80} does not fit this "
+                f"lane {self.lane}: the state's mixture carry {saved!r:.80} does not fit this "
                 f"pipeline's mixture of {k} datasets and {len(self.node.stages.values)} stages"
             )
-        self.stage = plain[0]
-        self.credits = [int(c) for c in plain[1]]
-        self.next_sub = [int(s) for s in plain[2]]
+        self.stage = saved[0]
+        self.credits = [int(c) for c in saved[1]]
+        self.next_sub = [int(s) for s in saved[2]]
         self._dry = [0] * k
         for ahead in self._ahead:
             ahead.clear()
@@ -297,7 +298,7 @@ class MixtureDrawer:
     def _finish(self, data: Any, position: int, component: int, sub: int) -> Any:
         if data is DROP:
             return DROP
-        lineage = (position, component, sub)
+        lineage = draw_lineage(position, component, sub)
         if self.node.transforms:
             data = self._transform(
                 self.node.transforms, data, position, self._where(component, sub, position)
@@ -395,16 +396,16 @@ class MixtureDrawer:
         """Elements (or ``DROP``) for root lineages ``(position, component, sub)``."""
         by_component: dict[int, list[tuple]] = {}
         for lineage in lineages:
-            by_component.setdefault(int(lineage[1]), []).append(lineage)
+            by_component.setdefault(int(draw_component(lineage)), []).append(lineage)
         out: dict = {}
         for component, group in by_component.items():
-            subs = np.array([lin[2] for lin in group], dtype=np.int64)
+            subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
             entries = self._read_component(component, subs)
             for lineage, entry in zip(group, entries):
                 if entry.data is None:
                     out[lineage] = None
                 else:
-                    out[lineage] = self._finish(entry.data, *lineage)
+                    out[lineage] = self._finish(entry.data, *draw_parts(lineage))
         return out
 
 
@@ -424,9 +425,9 @@ def locate_roots(
     out: list = [None] * len(roots)
     by_component: dict[int, list[int]] = {}
     for i, root in enumerate(roots):
-        by_component.setdefault(int(root[1]), []).append(i)
+        by_component.setdefault(int(draw_component(root)), []).append(i)
     for component, where in by_component.items():
-        subs = np.array([roots[i][2] for i in where], dtype=np.int64)
+        subs = np.array([draw_sub(roots[i]) for i in where], dtype=np.int64)
         res = resolve(node.children[component], lane, subs, num_lanes)
         for k, i in enumerate(where):
             leaf = bases[component] + int(res.leaf[k])

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.core.lineage import Opaque
+from zephon_jax.core.lineage import Opaque, piece
 from zephon_jax.errors import StateError
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _ARRAY, _OPAQUE = range(12)
@@ -215,7 +215,7 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
                 parent, at = _int(data, pos + 5)
                 if data[at] == _INT:  # else decoded in general below
                     recipe, pos = _int(data, at + 1)
-                    append(((parent,), recipe))
+                    append(piece(parent, recipe))
                     continue
             inner, pos = _items(data, pos + 2, data[pos + 1])
             append(tuple(inner))

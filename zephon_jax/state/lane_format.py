@@ -22,7 +22,16 @@ from __future__ import annotations
 import zlib
 from typing import Any, NamedTuple
 
-from zephon_jax.core.lineage import HeldLineages, Opaque, plain_lineage
+from zephon_jax.core.lineage import (
+    HeldLineages,
+    draw_parts,
+    is_derived,
+    is_draw,
+    is_opaque,
+    is_position,
+    parents_of,
+    plain_lineage,
+)
 from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 from zephon_jax.state.envelope import LANE, is_int
@@ -184,12 +193,11 @@ def _check_position(
 def _is_pointer(lineage: Any) -> bool:
     """A quick check of the common lineage forms (positions and operator outputs of them,
     any depth); False means "check it in full", not "invalid"."""
-    kind = type(lineage)
-    if kind is int:
+    if type(lineage) is int:
         return lineage >= 0
-    if kind is tuple and len(lineage) == 2 and type(lineage[0]) is tuple:
-        for parent in lineage[0]:
-            if not (type(parent) is int and parent >= 0) and not _is_pointer(parent):
+    if is_derived(lineage):
+        for parent in parents_of(lineage):
+            if not is_position(parent) and not _is_pointer(parent):
                 return False
         return True
     return False
@@ -209,16 +217,13 @@ def check_lineage(lineage: Any, lane: int, where: str) -> None:
     Recipes are the operators' own plain data; each operator checks its recipes.
     """
 
-    if isinstance(lineage, Opaque):
+    if is_opaque(lineage) or (is_int(lineage) and lineage >= 0):
         return
-    if isinstance(lineage, tuple):
-        if len(lineage) == 2 and isinstance(lineage[0], tuple):
-            for i, parent in enumerate(lineage[0]):
-                check_lineage(parent, lane, f"{where} parent {i}")
-            return
-        if len(lineage) == 3 and all(is_int(x) and x >= 0 for x in lineage):
-            return
-    elif is_int(lineage) and lineage >= 0:
+    if is_derived(lineage):
+        for i, parent in enumerate(parents_of(lineage)):
+            check_lineage(parent, lane, f"{where} parent {i}")
+        return
+    if is_draw(lineage) and all(is_int(x) and x >= 0 for x in draw_parts(lineage)):
         return
     raise StateError(
         f"lane {lane}: {where} is {lineage!r} ({type(lineage).__name__}); a record pointer is "

@@ -1,22 +1,44 @@
 """Lineages: ``derive``'s ``(parents, recipe)`` form, piece codes and their round trips,
-``root_position``, and ``HeldLineages`` (equal to its joined tuple)."""
+``root_position``, ``HeldLineages`` (equal to its joined tuple), the closed set of
+forms (``kind``) with their constructors and accessors, and that no other module
+tests or builds lineages by shape."""
 
 from __future__ import annotations
 
 import pickle
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+import zephon_jax
 from zephon_jax.core.lineage import (
     PIECE_BITS,
     Element,
     HeldLineages,
+    LineageKind,
     Opaque,
+    decode_piece,
     derive,
+    derived,
+    derived_parts,
+    draw,
+    draw_parts,
+    first_root,
     held_lineage,
     is_derived,
+    is_draw,
+    is_valid_draw,
+    kind,
+    opaque,
+    parents_of,
+    piece,
     piece_code,
+    piece_parts,
     plain_lineage,
+    recipe_of,
+    root_key,
     root_position,
 )
 
@@ -108,3 +130,106 @@ def test_held_lineages_pickle_to_an_equal_value():
     held = HeldLineages(((piece_code(2, 1), 4),), decode=held_lineage)
     again = pickle.loads(pickle.dumps(held))
     assert again == held == (((2,), 1), 4)
+
+
+@pytest.mark.parametrize(
+    "lineage, expected",
+    [
+        (0, LineageKind.POSITION),
+        (17, LineageKind.POSITION),
+        (draw(5, 1, 2), LineageKind.DRAW),
+        (derived((3, 4), None), LineageKind.DERIVED),
+        (piece(draw(5, 1, 2), 0), LineageKind.DERIVED),
+        (opaque({"a": 1}), LineageKind.OPAQUE),
+        (piece_code(3, 1), LineageKind.PIECE_CODE),
+    ],
+)
+def test_kind_classifies_each_form(lineage, expected):
+    assert kind(lineage) is expected
+
+
+@pytest.mark.parametrize(
+    "value", ["x", 1.5, True, (1, 2), (1, -2, 3), (1, 2, 3, 4), [(1,), 2], None]
+)
+def test_kind_rejects_what_is_no_lineage(value):
+    with pytest.raises(ValueError, match="is no lineage"):
+        kind(value)
+
+
+def test_constructors_make_the_plain_tuples_the_state_codec_stores():
+    assert draw(5, 1, 2) == (5, 1, 2) and type(draw(5, 1, 2)) is tuple
+    assert derived((3, 4), (0, 2)) == ((3, 4), (0, 2))
+    assert piece(7, 3) == ((7,), 3)
+    assert derive("x", [Element("a", 7)], 3).lineage == piece(7, 3)
+
+
+def test_accessors_take_the_forms_apart():
+    lineage = derived((piece(1, 0), draw(2, 0, 9)), (4, 5))
+    assert parents_of(lineage) == (((1,), 0), (2, 0, 9))
+    assert recipe_of(lineage) == (4, 5)
+    assert derived_parts(lineage) == (parents_of(lineage), recipe_of(lineage))
+    assert piece_parts(piece(draw(2, 0, 9), 3)) == ((2, 0, 9), 3)
+    assert draw_parts(draw(2, 0, 9)) == (2, 0, 9)
+    assert first_root(lineage) == 1
+    assert first_root(piece(draw(2, 0, 9), 3)) == (2, 0, 9)
+    assert root_key(np.int64(4)) == 4 and type(root_key(np.int64(4))) is int
+    assert root_key(draw(2, 0, 9)) == (2, 0, 9)
+
+
+def test_draw_recognisers():
+    assert is_draw((1, 2, 3)) and is_valid_draw((1, 2, 3))
+    assert is_draw((1, "a", 3)) and not is_valid_draw((1, "a", 3))
+    assert not is_valid_draw((1, -1, 3)) and not is_valid_draw((1, True, 3))
+    assert not is_draw(((1,), 2)) and not is_draw(3)
+
+
+def test_decode_piece_inverts_piece_code_for_ints_and_arrays():
+    assert decode_piece(piece_code(123456789, 77)) == (123456789, 77)
+    positions = np.array([0, 5, 2**30], np.int64)
+    pieces = np.array([0, 2**24 - 1, 3], np.int64)
+    codes = piece_code(positions, pieces)
+    assert (codes < 0).all()
+    assert codes.tolist() == [piece_code(p, j) for p, j in zip(positions.tolist(), pieces.tolist())]
+    back = decode_piece(codes)
+    assert back[0].tolist() == positions.tolist() and back[1].tolist() == pieces.tolist()
+
+
+# Shape tests and piece-code arithmetic that belong to core/lineage.py alone.
+_SHAPE_TESTS = [
+    re.compile(r"len\((lineage|root|plain|lin)\w*\) == [23]"),
+    re.compile(r"<< 24"),
+    re.compile(r"PIECE_BITS"),
+    re.compile(r"PIECE_MASK"),
+    re.compile(r"len\(\w+\) == 2 and type\(\w+\[0\]\) is tuple"),
+]
+
+
+def lineage_shape_tests(package: Path) -> list[str]:
+    """``path:line: text`` of each line of ``package`` (outside core/lineage.py) that
+    tests or codes a lineage by its shape."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).as_posix() == "core/lineage.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if any(rule.search(line) for rule in _SHAPE_TESTS):
+                found.append(f"{path.relative_to(package)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_shape_rules_find_shape_tests(tmp_path):
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "lineage.py").write_text("PIECE_BITS = 24\n")
+    (tmp_path / "op.py").write_text(
+        "if len(lineage) == 3:\n    pass\ncode = ~(p << 24)\n"
+        "ok = len(x) == 2 and type(x[0]) is tuple\n"
+    )
+    assert [f.split(":")[1] for f in lineage_shape_tests(tmp_path)] == ["1", "3", "4"]
+
+
+def test_only_core_lineage_tests_lineages_by_shape():
+    """Other modules use core.lineage's recognisers, accessors and piece-code functions."""
+    found = lineage_shape_tests(Path(zephon_jax.__file__).parent)
+    assert not found, "lineage shape tests outside core/lineage.py (use its functions):\n" + (
+        "\n".join(found)
+    )

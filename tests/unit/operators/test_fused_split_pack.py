@@ -13,7 +13,6 @@ import zephon_jax as zj
 from zephon_jax.core import lineage as lineage_module
 from zephon_jax.core.lineage import held_lineage, piece_code
 from zephon_jax.engine import lane as lane_module
-from zephon_jax.operators import pack as pack_module
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.state.global_state import lane_bytes
 
@@ -115,9 +114,9 @@ def test_pieces_beyond_the_compact_form_keep_their_tuples(monkeypatch):
     lineages as tuples, with the same rows and states."""
     docs = [{"tokens": np.arange(1, n + 1, dtype=np.int32)} for n in (5, 90, 3, 61, 8)]
     ds = _pipeline(docs * 3, "best_fit", 7, 1, shuffle=False)
-    for module in (pack_module, lineage_module):
-        monkeypatch.setattr(module, "PIECE_BITS", 2)
-        monkeypatch.setattr(module, "PIECE_MASK", 3)  # at most 2 pieces coded
+    monkeypatch.setattr(lineage_module, "PIECE_BITS", 2)
+    monkeypatch.setattr(lineage_module, "PIECE_MASK", 3)
+    monkeypatch.setattr(lineage_module, "MAX_PIECE", 3)  # at most 3 pieces coded
     _assert_fused_equals_unfused(monkeypatch, ds, 6)
 
 
