@@ -124,6 +124,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--schedule", action="store_true", help="staged mixture + batch ramp-up")
     p.add_argument("--from-state", help="a state file (zj.save_state) to continue from")
     p.add_argument("--skip", type=int, default=0, help="with --from-state: skip this many")
+    p.add_argument("--to-end", action="store_true", help="run a finite input (--epochs) out")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -219,6 +220,14 @@ def main(argv: list[str]) -> None:
         it.skip(args.skip)
         record(it, "from_state", it.step + 1)
         out["accounting"] = it.accounting()
+    if args.to_end:  # the state and accounting after the last batch and after the end
+        it = iter(loader())
+        out["rows"] = list(it.loader.rows_at(it.step))
+        for _ in it:
+            zj.save_state(it.get_state(), args.out + ".last.zjs")
+            out["last"] = {"step": it.step, "accounting": it.accounting()}
+        zj.save_state(it.get_state(), args.out + ".after.zjs")
+        out["after"] = {"step": it.step, "accounting": it.accounting()}
     if manager is not None:
         manager.wait_until_finished()
     tmp = args.out + ".tmp"

@@ -290,25 +290,11 @@ class LoaderIterator(Iterator[Any]):
     def _next(self) -> Any:
         sharding = self.loader.sharding
         if sharding is None or self.loader.device_prefetch == 0:
-            last_picks = getattr(self._producer, "last_picks", None)
-            # Worker processes keep the snapshots and send them only when asked.
-            lazy = getattr(self._producer, "snapshots_before_last", None)
-            eager = last_picks is None and lazy is None
-            before = self._producer.lane_snapshots() if eager else None
-            batch = self._producer.next_batch()
-            if not self._all_processes_have(batch is not None):
-                raise StopIteration
-            if sharding is not None:
-                size = self.loader.dataset.batch_size_at(self.step)
-                batch = sharding.make_global(self.loader.rows_of_size(size), batch, size)
-            self._last_picks = last_picks() if last_picks is not None else None
-            self._before_last = lazy if lazy is not None else before
-            self.step += 1
-            return batch
+            return self._next_now(sharding)
         if self._prefetcher is None:
             self._start_prefetch()
         item = self._prefetcher.get()
-        if not self._all_processes_have(item is not None):
+        if not all(self._processes_with_batch(item is not None)):
             raise StopIteration
         batch, self._delivered, self._last_picks, self._before_last = item
         keep = getattr(self._producer, "keep_states_from", None)
@@ -316,6 +302,48 @@ class LoaderIterator(Iterator[Any]):
             keep(self._before_last.index)  # the workers may drop older snapshots
         self.step += 1
         return batch
+
+    def _next_now(self, sharding: Any) -> Any:
+        """The next batch, made now (no device prefetch).
+
+        Where several processes agree on the end (see :meth:`_processes_with_batch`),
+        a batch that some but not all of them made is not delivered, and each puts
+        its lanes back where the last delivered batch left them.
+        """
+        producer = self._producer
+        last_picks = getattr(producer, "last_picks", None)
+        # Worker processes keep the snapshots and send them only when asked.
+        lazy = getattr(producer, "snapshots_before_last", None)
+        eager = last_picks is None and lazy is None
+        before = producer.lane_snapshots() if eager else None
+        delivered = self._delivered_mark() if self._gathers_end() else None
+        batch = producer.next_batch()
+        every, some = self._processes_with_batch(batch is not None)
+        if not every:
+            if some and delivered is not None:
+                self._go_back(delivered)
+            raise StopIteration
+        if sharding is not None:
+            size = self.loader.dataset.batch_size_at(self.step)
+            batch = sharding.make_global(self.loader.rows_of_size(size), batch, size)
+        self._last_picks = last_picks() if last_picks is not None else None
+        self._before_last = lazy if lazy is not None else before
+        self.step += 1
+        return batch
+
+    def _delivered_mark(self) -> Any:
+        """The lanes' state after the last batch handed out: snapshots (cheap: no
+        encoding), or where the workers keep them (no messages)."""
+        producer = self._producer
+        return getattr(producer, "state_at_last", producer.lane_snapshots)()
+
+    def _go_back(self, delivered: Any) -> None:
+        """Puts the producer back to ``delivered`` (see :meth:`_delivered_mark`): the
+        state and accounting are then those after the last batch delivered."""
+        lanes = encode_snapshots(self._snapshots(delivered))
+        self._producer.restore(make_state(self._fingerprint, self.step, lanes, self._exclude))
+        if callable(self._before_last):  # the workers restarted: nothing to recompute from
+            self._before_last = None
 
     def provenance(self) -> list[list[dict[str, Any]]]:
         """The documents behind each row of the batch ``next()`` returned last.
@@ -362,15 +390,6 @@ class LoaderIterator(Iterator[Any]):
         with one process the figures are global, with several
         :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
         state of this process's lanes, O(lanes), not O(steps).
-
-        One case counts a batch never delivered: several jax processes (a sharded
-        loader, ``process_count > 1``), a finite input and ``device_prefetch=0``. When
-        the input ends in one process's lanes at a batch that another process's lanes
-        completed, ``next()`` raises ``StopIteration`` in both, but the latter's lanes
-        have taken and counted that batch, so its ``accounting()`` (and state) after
-        the end count one batch too many. Take the report before the final ``next()``,
-        or keep ``device_prefetch >= 1`` (the default), where the state and report
-        are those of the last batch delivered.
         """
         loader = self.loader
         return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())
@@ -402,21 +421,26 @@ class LoaderIterator(Iterator[Any]):
             step += 1
         self.set_state(make_state(self._fingerprint, step, producer.lane_states(), self._exclude))
 
-    def _all_processes_have(self, have_batch: bool) -> bool:
-        """Whether every process has its part of the next batch.
+    def _gathers_end(self) -> bool:
+        """Whether the processes agree on the end of the input, one all-gather per step:
+        several jax processes and a finite input (see :attr:`Loader.agree_on_end`)."""
+        loader = self.loader
+        return loader.sharding is not None and loader.process_count > 1 and loader.dataset.is_finite
+
+    def _processes_with_batch(self, have_batch: bool) -> tuple[bool, bool]:
+        """Whether every process, and whether some process, has its part of the next batch.
 
         A finite input can end a step earlier in one process's lanes than in
         another's; under jax with several processes they agree (one small
         all-gather per step, only for finite pipelines) so all stop together.
         """
-        loader = self.loader
-        if loader.sharding is None or loader.process_count == 1 or not loader.dataset.is_finite:
-            return have_batch
+        if not self._gathers_end():
+            return have_batch, have_batch
         import numpy as np
         from jax.experimental import multihost_utils
 
         flags = multihost_utils.process_allgather(np.array([have_batch], dtype=np.int32))
-        return bool(np.all(flags))
+        return bool(np.all(flags)), bool(np.any(flags))
 
     def _snapshots(self, lanes: Any) -> Any:
         """Lane snapshots from what ``__next__`` keeps: snapshots, a function returning

@@ -205,6 +205,46 @@ def test_finite_input_ends_at_the_same_step_on_every_process(tmp_path):
     assert_batches_equal(reports, expected, "fresh", range(1, len(expected) + 1))
 
 
+def _batches_of_rows(ds, rows: list[int]) -> int:
+    """How many batches the lanes behind ``rows`` alone complete before the input ends."""
+    from zephon_jax.engine.rows import RowProducer
+
+    producer = RowProducer(ds, rows, agree_on_end=False)
+    count = 0
+    while producer.next_rows() is not None:
+        count += 1
+    return count
+
+
+def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeypatch):
+    """One process's lanes end a batch before the other's (device_prefetch=0): after the
+    StopIteration, each process's state and accounting are those of the last delivered
+    batch, and their merged accounting is the single-process one at that step."""
+    import zephon_jax as zj
+
+    # The processes import this checkout's zephon_jax, whatever is installed.
+    root = str(Path(zj.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    ds = worker.make_pipeline(num_epochs=1)
+    flags = ["--to-end", "--epochs=1", "--prefetch=0"]
+    reports = launch(tmp_path, "end", 2, 2, "data=4", "data", *flags)
+    made = [_batches_of_rows(ds, report["rows"]) for report in reports]
+    end = min(made)
+    assert made[0] != made[1], f"the lanes of both processes end together: {made}"
+    one = iter(zj.Loader(ds))
+    for _ in range(end):
+        next(one)
+    assert next(one, None) is None
+    for i, report in enumerate(reports):
+        assert report["last"]["step"] == report["after"]["step"] == end
+        assert report["after"]["accounting"] == report["last"]["accounting"], f"process {i}"
+        out = tmp_path / f"end-{i}.json"
+        after = Path(f"{out}.after.zjs").read_bytes()
+        assert after == Path(f"{out}.last.zjs").read_bytes(), f"process {i}: state"
+    merged = zj.merge_accounting([r["after"]["accounting"] for r in reports])
+    assert merged == one.accounting()
+
+
 def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_1x2(tmp_path):
     """The schedule pipeline under jax.distributed, saved after 5 batches (past the first size
     change) and resumed on one process, across the first stage change and the second ramp."""
