@@ -316,7 +316,9 @@ class LoaderIterator(Iterator[Any]):
         lazy = getattr(producer, "snapshots_before_last", None)
         eager = last_picks is None and lazy is None
         before = producer.lane_snapshots() if eager else None
-        delivered = self._delivered_mark() if self._gathers_end() else None
+        # Loader worker processes that reported the end are not sent back (see accounting()).
+        going_back = self._gathers_end() and isinstance(producer, RowProducer)
+        delivered = self._delivered_mark() if going_back else None
         batch = producer.next_batch()
         every, some = self._processes_with_batch(batch is not None)
         if not every:
@@ -390,6 +392,11 @@ class LoaderIterator(Iterator[Any]):
         with one process the figures are global, with several
         :func:`zephon_jax.merge_accounting` of every process's report is. Cost: one
         state of this process's lanes, O(lanes), not O(steps).
+
+        After a finite input ends under several jax processes, the report is that of
+        the last batch delivered, except with loader worker processes and
+        ``device_prefetch=0``: a process whose lanes completed the batch another
+        process could not counts it (keep ``device_prefetch >= 1`` with workers).
         """
         loader = self.loader
         return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())
