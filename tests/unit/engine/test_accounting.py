@@ -1,0 +1,113 @@
+"""A lane's tally: what delivered rows count (tokens, segments, documents, epoch + 1 per
+source), skipped steps, lazy snapshots, loading checks, and the row bookkeeping helpers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import zephon_jax as zj
+from zephon_jax.engine.accounting import (
+    LazyTally,
+    Tally,
+    empty_tally,
+    packed_rows,
+    plain_tally,
+    record_tokens,
+    take_rows,
+    whole_records,
+)
+from zephon_jax.engine.lane import Lane, LanePlan
+from zephon_jax.errors import StateError
+
+LENGTHS = (3, 1, 2, 4)
+RECORDS = [{"tokens": np.arange(n, dtype=np.int32)} for n in LENGTHS]
+
+
+def whole_plan():
+    return LanePlan(zj.Dataset.source(RECORDS).batch(2, num_lanes=1))
+
+
+def test_record_tokens():
+    assert record_tokens({"tokens": np.zeros(5)}) == 5
+    assert record_tokens(np.zeros(7)) == 7
+    assert record_tokens({"other": np.zeros(5)}) == 0
+    assert record_tokens(3) == 0
+
+
+def test_plan_kinds_and_empty_tally():
+    plan = whole_plan()
+    assert whole_records(plan) and not packed_rows(plan)
+    assert empty_tally(plan) == (0, (0, 0, 0, 0), ())
+    packed = LanePlan(zj.Dataset.source(RECORDS).split(2).pack(4).batch(2, num_lanes=1))
+    assert packed_rows(packed) and not whole_records(packed)
+    split_only = LanePlan(zj.Dataset.source(RECORDS).split(2).batch(2, num_lanes=1))
+    assert not packed_rows(split_only) and not whole_records(split_only)
+
+
+def test_delivered_whole_records_are_counted_and_pending_ones_are_not():
+    plan = whole_plan()
+    lane = Lane(plan, 0)
+    tally = Tally(plan, 0)
+    tally.made_rows(lane.take(), pending=0)  # records 0 and 1: 3 + 1 tokens, epoch 0
+    snapshot = tally.snapshot(0)
+    assert type(snapshot) is LazyTally
+    assert plain_tally(snapshot) == (0, (4, 2, 2, 1), ())
+    assert pickle.loads(pickle.dumps(snapshot)) == (0, (4, 2, 2, 1), ())
+    assert snapshot == (0, (4, 2, 2, 1), ())
+    tally.made_rows(lane.take(), pending=2)  # records 2 and 3 wait: not delivered
+    assert plain_tally(tally.snapshot(2)) == (0, (4, 2, 2, 1), ())
+    tally.fold(0)  # now delivered: 2 + 4 tokens
+    assert tally.saved == (0, (10, 4, 4, 1), ())
+    tally.made_rows(lane.take(), pending=2)  # second epoch: records 0 and 1 again
+    tally.skipped(2, 0)  # they were taken by a skipped step: passed over
+    assert tally.saved == (1, (10, 4, 4, 1), ())
+    tally.made_rows(lane.take(), pending=0)  # records 2 and 3 of epoch 1
+    tally.fold(0)
+    assert tally.saved == (1, (16, 6, 6, 2), ())
+
+
+def test_packed_rows_count_pieces_and_documents():
+    # split(2) pieces: rec0 [0:2] [2:3], rec1 [0:1], ...; the first row of pack(4) holds
+    # those three: 4 tokens, 3 segments, 2 documents (rec0 and rec1 begin there), epoch 0
+    plan = LanePlan(zj.Dataset.source(RECORDS).split(2).pack(4).batch(1, num_lanes=1))
+    lane = Lane(plan, 0)
+    tally = Tally(plan, 0)
+    rows = lane.take()
+    assert rows[0].data["tokens_segment_ids"].tolist() == [1, 1, 2, 3]
+    tally.made_rows(rows, pending=0)
+    tally.fold(0)
+    assert tally.saved == (0, (4, 3, 2, 1), ())
+
+
+def test_undelivered_rows_are_passed_over():
+    plan = whole_plan()
+    lane = Lane(plan, 0)
+    tally = Tally(plan, 0)
+    tally.made_rows(lane.take(), pending=2)
+    tally.undelivered(2, 0)
+    assert tally.saved == (0, (0, 0, 0, 0), ()) and tally.rows == 0
+
+
+def test_load_takes_a_matching_tally_and_refuses_another_pipelines():
+    plan = whole_plan()
+    tally = Tally(plan, 3)
+    tally.load((2, (5, 1, 1, 1), ()), [])
+    assert tally.saved == (2, (5, 1, 1, 1), ()) and tally.made == []
+    with pytest.raises(StateError, match="lane 3: the state's accounting has 2 sources"):
+        tally.load((0, (0,) * 8, ()), [])
+
+
+def test_take_rows_splits_lineage_and_column_blocks():
+    blocks = [["a", "b"], ["c", "d", "e"]]
+    assert take_rows(blocks, 2) == ([["a", "b"]], [["c", "d", "e"]])
+    assert take_rows(blocks, 3) == ([["a", "b"], ["c"]], [["d", "e"]])
+    assert take_rows(blocks, 9) == (blocks, [])
+    assert blocks == [["a", "b"], ["c", "d", "e"]]
+    # a column block: rows 0..2 end after pieces 2, 3 and 5
+    columns = ([10, 11, 12, 13, 14], [1, 1, 1, 1, 1], [2, 3, 5])
+    first, rest = take_rows([columns], 2)
+    assert first == [([10, 11, 12], [1, 1, 1], [2, 3])]
+    assert rest == [([13, 14], [1, 1], [2])]
