@@ -1,0 +1,150 @@
+"""Mixtures by tokens or by stages of weights: the per-lane credit chooser, its carry,
+stages, ends, the no-tokens guard, and locating and regenerating draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zephon_jax.core.lineage import Element
+from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.sampler.scheduled_mixture import (
+    MixtureDrawer,
+    ScheduledMixtureNode,
+    locate_roots,
+    parse_weight_stages,
+    quantize,
+)
+from zephon_jax.sampler.source import SourceNode
+from zephon_jax.transforms import DROP
+
+
+def docs(length, n, base=0):
+    return [{"tokens": np.full(length, base + i, np.int32)} for i in range(n)]
+
+
+SOURCES = [docs(2, 10), docs(1, 10, base=100)]  # component 0: 2 tokens each; 1: 1 token
+
+
+def make(weights=(0.5, 0.5), unit="tokens", sources=SOURCES, epochs=None, transforms=()):
+    children = tuple(SourceNode(s, num_epochs=epochs) for s in sources)
+    node = ScheduledMixtureNode(
+        children, parse_weight_stages(weights, len(children)), unit=unit, transforms=transforms
+    )
+
+    def read(leaf, records):
+        return [sources[leaf][r] for r in records]
+
+    def transform(transforms, data, lineage, where):
+        for t in transforms:
+            data = t(data)
+        return data
+
+    return MixtureDrawer(node, 0, 1, read, transform)
+
+
+def components(drawer, count, stage=0, start=0):
+    out = []
+    for position in range(start, start + count):
+        element = drawer.draw(stage, position)
+        out.append(element.lineage[1])
+    return out
+
+
+def test_by_tokens_the_one_token_component_is_drawn_twice_as_often():
+    drawer = make()
+    drawn = components(drawer, 30)
+    # credits return to zero every 3 draws: one 2-token record and two 1-token records
+    for k in range(10):
+        assert sorted(drawn[3 * k : 3 * k + 3]) == [0, 1, 1]
+    stage, credits, next_sub = drawer.carry()
+    assert stage == 0 and sum(credits) == 0 and next_sub == (10, 20)
+
+
+def test_by_records_both_alternate_and_lineages_name_the_draw():
+    drawer = make(unit="records")
+    elements = [drawer.draw(0, p) for p in range(6)]
+    assert sorted(e.lineage[1] for e in elements[:2]) == [0, 1]
+    assert [e.lineage[0] for e in elements] == list(range(6))
+    for e in elements:
+        position, component, sub = e.lineage
+        assert e.data is SOURCES[component][sub]
+    assert drawer.carry()[2] == (3, 3)
+
+
+def test_a_stage_change_restarts_credits_and_follows_its_weights():
+    drawer = make(weights={0: [0.5, 0.5], 3: [0.0, 1.0]})
+    components(drawer, 4)
+    before = drawer.carry()[2]
+    assert components(drawer, 5, stage=1, start=4) == [1] * 5  # weight 0: never drawn
+    assert drawer.carry()[0] == 1 and drawer.carry()[2] == (before[0], before[1] + 5)
+
+
+def test_finite_components_end_with_none():
+    drawer = make(unit="records", sources=[docs(1, 2), docs(1, 3)], epochs=1)
+    drawn = components(drawer, 5)
+    assert sorted(drawn) == [0, 0, 1, 1, 1]
+    assert drawer.draw(0, 5) is None
+
+
+def test_set_carry_round_trips_and_refuses_a_foreign_carry():
+    drawer = make()
+    components(drawer, 7)
+    carry = drawer.carry()
+    fresh = make()
+    fresh.set_carry(carry)
+    assert components(fresh, 6, start=7) == components(drawer, 6, start=7)
+    for bad in [(0, (1, 0), (0, 0)), (2, (0, 0), (0, 0)), (0, (0,), (0,)), (0, (0, 0), (-1, 0))]:
+        with pytest.raises(StateError, match="mixture carry"):
+            fresh.set_carry(bad)
+
+
+def test_a_component_that_never_gives_tokens_is_named():
+    drawer = make(sources=[docs(0, 1), docs(1, 1)])
+    with pytest.raises(RecordError, match="mixture component 0 .* gave no tokens"):
+        for position in range(5000):
+            drawer.draw(0, position)
+
+
+def test_by_tokens_a_record_without_tokens_is_refused():
+    drawer = make(sources=[[{"text": "a"}], docs(1, 3)])
+    with pytest.raises(RecordError, match=r"has none \(its fields: \['text'\]\)"):
+        components(drawer, 4)
+
+
+def test_a_dropping_mixture_transform_returns_drop():
+    def drop_odd(data):
+        return DROP if int(data["tokens"][0]) % 2 else data
+
+    drawer = make(unit="records", transforms=(drop_odd,))
+    out = [drawer.draw(0, p) for p in range(4)]
+    assert any(x is DROP for x in out) and any(isinstance(x, Element) for x in out)
+
+
+def test_locate_and_regenerate_read_draws_back():
+    drawer = make()
+    elements = [drawer.draw(0, p) for p in range(6)]
+    lineages = [e.lineage for e in elements]
+    assert locate_roots(drawer.node, 0, 1, lineages) == [(c, s, 0) for _, c, s in lineages]
+    assert drawer.locate([(0, 1, 12)]) == [(1, 2, 1)]  # component draw 12 of 10: epoch 1
+    again = make().regenerate(lineages)
+    for e in elements:
+        assert again[e.lineage].data is e.data
+
+
+def test_weights_parsing_quantizing_and_describe():
+    stages = parse_weight_stages({0: [1, 3], 10: [0, 2]}, 2)
+    assert stages.starts == (0, 10) and stages.values == ((0.25, 0.75), (0.0, 1.0))
+    assert parse_weight_stages([1, 1], 2).values == ((0.5, 0.5),)
+    with pytest.raises(PipelineError, match="has 3 weights for 2 datasets"):
+        parse_weight_stages([1, 1, 1], 2)
+    with pytest.raises(PipelineError, match="are all zero"):
+        parse_weight_stages([0, 0], 2)
+    with pytest.raises(PipelineError, match=r"weight 1 .* is -1.0"):
+        parse_weight_stages([1, -1], 2)
+    with pytest.raises(PipelineError, match="must be numbers"):
+        parse_weight_stages(["a", 1], 2)
+    assert quantize((0.0, 0.25, 1e-20)) == (0, 1 << 30, 1)
+    node = make(weights={0: [1, 3]}).node
+    assert node.describe()["weights"] == {"unit": "tokens", "stages": {"0": [0.25, 0.75]}}
+    assert node.draws_available(0, [1, 2]) is None
