@@ -103,9 +103,9 @@ class Tally:
     The lane's finished rows leave ``pending`` in the order they were made, so of the
     rows in :attr:`made` all but the last ``len(pending)`` are delivered. :attr:`made`
     is a list of blocks, in order: a list of rows' lineages, or, from a column-wise
-    lane, its pieces as three lists ``(codes, lengths, ends)`` of ints the lane made
-    anyway (``ends[i]``: the pieces of the block's rows ``0..i``), no object per row. The hot path
-    pays one list append per block of rows made (:meth:`made_rows`) and nothing per
+    lane, the pieces of its rows in a :class:`ColumnRows` (no object per row or
+    piece). The hot path
+    pays one list append or array copy per block of rows made (:meth:`made_rows`) and nothing per
     batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
     replaced, never changed, so a :meth:`snapshot` holds a reference.
     """
@@ -130,9 +130,15 @@ class Tally:
 
     def made_rows(self, rows: Sequence[Any], pending: int, pieces: Any = None) -> None:
         """Notes ``rows`` (elements) made, or, from a column-wise lane, their ``pieces``
-        as lists ``(codes, lengths, ends)``; ``pending``: the rows now waiting, these
-        included."""
-        self.made.append(list(map(_lineage, rows)) if pieces is None else pieces)
+        as the kernel noted them (see :meth:`ColumnRows.add`); ``pending``: the rows
+        now waiting, these included."""
+        made = self.made
+        if pieces is None:
+            made.append(list(map(_lineage, rows)))
+        else:
+            if not made or type(made[-1]) is not ColumnRows:
+                made.append(ColumnRows())
+            made[-1].add(pieces)
         self.rows += len(rows)
         if self.tokens is not None:
             self.tokens.extend(record_tokens(row.data) for row in rows)
@@ -283,8 +289,8 @@ class _Parts:
         stages = list(saved[2])
         arrays = [block for block in blocks if type(block) is tuple]
         if arrays:  # a column-wise lane's pieces (no mixture stages there)
-            codes = np.array(list(chain.from_iterable(block[0] for block in arrays)), np.int64)
-            lengths = np.array(list(chain.from_iterable(block[1] for block in arrays)), np.int64)
+            codes = np.concatenate([block[0] for block in arrays])
+            lengths = np.concatenate([block[1] for block in arrays])
             _add_pieces(counts, *self._coded_pieces(codes, lengths))
         rows = list(chain.from_iterable(block for block in blocks if type(block) is list))
         if not rows:
@@ -384,27 +390,87 @@ class _Parts:
         return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
 
 
+class ColumnRows:
+    """The pieces of rows a column-wise lane made, appended to two growing int64 arrays:
+    ``pieces[0]`` the codes, ``pieces[1]`` the lengths of the first ``size`` pieces,
+    and ``ends[i]`` the pieces of rows ``0..i`` (the first ``rows``). No Python object
+    per row or piece, and none per block: a lane keeps one while it makes rows. Only
+    appended to, so a :class:`LazyTally` holding it counts the rows it saw; taking
+    rows (:meth:`split`) leaves it as it is."""
+
+    __slots__ = ("pieces", "ends", "size", "rows")
+
+    def __init__(self, pieces: int = 1024, rows: int = 64):
+        self.pieces = np.empty((2, pieces), np.int64)
+        self.ends = np.empty(rows, np.int64)
+        self.size = 0
+        self.rows = 0
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def add(self, note: list) -> None:
+        """Appends the pieces :meth:`OpenRows.place
+        <zephon_jax.operators.pack.OpenRows.place>` noted: one ``(codes and lengths,
+        row ends)`` pair of arrays per kernel call, row ends counted from the note's
+        start."""
+        if len(note) == 1:
+            pieces, ends = note[0]
+        else:
+            pieces = np.concatenate([part for part, _ in note], axis=1)
+            ends = np.concatenate([part for _, part in note])
+        size, rows = self.size, self.rows
+        stop, last = size + pieces.shape[1], rows + len(ends)
+        if stop > self.pieces.shape[1] or last > len(self.ends):
+            self._grow(stop, last)
+        self.pieces[:, size:stop] = pieces
+        np.add(ends, size, out=self.ends[rows:last])
+        self.size, self.rows = stop, last
+
+    def _grow(self, size: int, rows: int) -> None:
+        """New arrays for at least ``size`` pieces and ``rows`` rows, holding the same
+        first pieces and rows."""
+        pieces = np.empty((2, max(2 * size, self.pieces.shape[1])), np.int64)
+        pieces[:, : self.size] = self.pieces[:, : self.size]
+        ends = np.empty(max(2 * rows, len(self.ends)), np.int64)
+        ends[: self.rows] = self.ends[: self.rows]
+        self.pieces, self.ends = pieces, ends
+
+    def head(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``n`` rows' pieces as arrays ``(codes, lengths, ends)`` (views)."""
+        cut = int(self.ends[n - 1]) if n else 0
+        return self.pieces[0, :cut], self.pieces[1, :cut], self.ends[:n]
+
+    def split(self, n: int) -> tuple[tuple, ColumnRows]:
+        """:meth:`head` of ``n`` rows, and the rest as a new :class:`ColumnRows`."""
+        first = self.head(n)
+        cut = len(first[0])
+        rest = ColumnRows(max(1024, 2 * (self.size - cut)), max(64, 2 * (self.rows - n)))
+        rest.size, rest.rows = self.size - cut, self.rows - n
+        rest.pieces[:, : rest.size] = self.pieces[:, cut : self.size]
+        rest.ends[: rest.rows] = self.ends[n : self.rows] - cut
+        return first, rest
+
+
 def take_rows(blocks: list, n: int) -> tuple[list, list]:
     """The blocks of the first ``n`` rows of ``blocks`` (see :class:`Tally`), and those
-    of the rest: new lists and blocks, ``blocks`` is not changed."""
+    of the rest: new lists and blocks, ``blocks`` is not changed. Taken rows of a
+    :class:`ColumnRows` come as arrays ``(codes, lengths, ends)``."""
+    first: list = []
     for i, block in enumerate(blocks):
-        size = len(block) if type(block) is list else len(block[2])
-        if n > size:
+        size = len(block)
+        if n >= size:
+            first.append(block.head(size) if type(block) is ColumnRows else block)
             n -= size
+            if n == 0:
+                return first, blocks[i + 1 :]
             continue
-        if n == size:
-            return blocks[: i + 1], blocks[i + 1 :]
-        first: Any
-        rest: Any
         if type(block) is list:
-            first, rest = block[:n], block[n:]
+            head, rest = block[:n], block[n:]
         else:
-            codes, lengths, ends = block  # lists (column-wise lanes) or arrays
-            cut = int(ends[n - 1])
-            first = (codes[:cut], lengths[:cut], ends[:n])
-            rest = (codes[cut:], lengths[cut:], [end - cut for end in ends[n:]])
-        return [*blocks[:i], first], [rest, *blocks[i + 1 :]]
-    return list(blocks), []
+            head, rest = block.split(n)
+        return [*first, head], [rest, *blocks[i + 1 :]]
+    return first, []
 
 
 def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:

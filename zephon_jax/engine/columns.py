@@ -316,8 +316,9 @@ def _place_spans(
     several = reader.several
     translate = carry.translate
     rows: list[Element] = []
+    note: list | None = [] if translate is None else None
     (codes, starts, lengths, sources), ends = carry.place(
-        (offsets, bases, leaves, records, positions), cut, spec, best
+        (offsets, bases, leaves, records, positions), cut, spec, best, note
     )
     begin = 0
     for end in ends:
@@ -330,11 +331,10 @@ def _place_spans(
         parents = tuple(parents) if translate is None else translate(parents)
         rows.append(Element(row, (parents, held)))
         begin = end
-    # The rows' pieces (codes, lengths, row ends) for the lane's accounting; codes that
-    # index a lane's drawn roots are counted from the rows' lineages instead.
-    counted = None if translate is not None else (codes, lengths, ends)
+    # The rows' pieces (codes, lengths, row ends) for the lane's accounting, as compact
+    # arrays; codes that index a lane's drawn roots are counted from the rows' lineages.
     if rows:
-        lane._row_reached(rows, counted)
+        lane._row_reached(rows, note)
     else:  # the stage the records reached, for the no-progress error
         placed = bool(
             (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()

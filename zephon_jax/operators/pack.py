@@ -97,12 +97,16 @@ class OpenRows:
         self.out = np.empty((4, 2 * self.out.shape[1]), np.int64)
         self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
 
-    def place(self, documents: tuple, cut: int, spec: PackSpec, best: bool) -> tuple[list, list]:
+    def place(
+        self, documents: tuple, cut: int, spec: PackSpec, best: bool, note: list | None = None
+    ) -> tuple[list, list]:
         """Places ``documents`` = ``(offsets, bases, leaves, records, positions)`` (see
         :func:`~zephon_jax.core.compiled_kernels.place`) with ``spec``'s row length and
         segment bound, growing the arrays as the kernel asks. Returns the emitted
         rows: their pieces as four lists (codes, starts, lengths, leaves) and each
-        row's end in them."""
+        row's end in them. ``note``, given, receives the same pieces' codes and lengths
+        as one ``(2, pieces)`` int64 array per kernel call that emitted rows, with its
+        rows' ends (offset as in the lists): compact copies, for the accounting."""
         offsets, bases, leaves, records, positions = documents
         seq_len, max_segments = spec.seq_len, spec.max_segments or -1
         columns: list[list[int]] = [[], [], [], []]
@@ -116,6 +120,8 @@ class OpenRows:
             )  # fmt: skip
             if n_rows:
                 done = len(columns[0])
+                if note is not None:
+                    note.append((out[::2, :n_out].copy(), row_end[:n_rows] + done))
                 for column, part in zip(columns, out[:, :n_out].tolist()):
                     column += part
                 ends += [done + e for e in row_end[:n_rows].tolist()]

@@ -10,6 +10,7 @@ import pytest
 
 import zephon_jax as zj
 from zephon_jax.engine.accounting import (
+    ColumnRows,
     LazyTally,
     Tally,
     empty_tally,
@@ -107,7 +108,21 @@ def test_take_rows_splits_lineage_and_column_blocks():
     assert take_rows(blocks, 9) == (blocks, [])
     assert blocks == [["a", "b"], ["c", "d", "e"]]
     # a column block: rows 0..2 end after pieces 2, 3 and 5
-    columns = ([10, 11, 12, 13, 14], [1, 1, 1, 1, 1], [2, 3, 5])
-    first, rest = take_rows([columns], 2)
-    assert first == [([10, 11, 12], [1, 1, 1], [2, 3])]
-    assert rest == [([13, 14], [1, 1], [2])]
+    columns = ColumnRows(pieces=2, rows=1)  # grows as rows are added
+    columns.add([(np.array([[10, 11], [1, 1]]), np.array([2]))])
+    columns.add(
+        [(np.array([[12], [1]]), np.array([1])), (np.array([[13, 14], [1, 1]]), np.array([3]))]
+    )
+    assert len(columns) == 3
+    [first], [rest] = take_rows([columns], 2)
+    assert [a.tolist() for a in first] == [[10, 11, 12], [1, 1, 1], [2, 3]]
+    assert [a.tolist() for a in rest.head(len(rest))] == [[13, 14], [1, 1], [2]]
+    (whole, head), after = take_rows([["a"], columns], 3)
+    assert whole == ["a"] and head[2].tolist() == [2, 3] and len(after[0]) == 1
+    assert [a.tolist() for a in take_rows([columns], 3)[0][0]] == [
+        [10, 11, 12, 13, 14], [1, 1, 1, 1, 1], [2, 3, 5]
+    ]  # fmt: skip
+    # appending more rows leaves the first ones as they were (a snapshot counts them)
+    columns.add([(np.array([[15], [4]]), np.array([1]))])
+    assert [a.tolist() for a in columns.head(3)] == [[10, 11, 12, 13, 14], [1] * 5, [2, 3, 5]]
+    assert columns.head(4)[2].tolist() == [2, 3, 5, 6]
