@@ -242,10 +242,16 @@ def _format_error(lane: int, value: Any) -> StateError:
 
 
 def _check_format(lane: int, data: bytes) -> None:
-    """Raises a version error if ``data`` is an intact lane state of another format."""
-    try:
-        value = codec.decode(data)
-    except StateError:
-        return
-    if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] != LANE_FORMAT:
-        raise _format_error(lane, value)
+    """Raises a version error if ``data`` is an intact lane state of another format: one
+    without a checksum (format 1), or one whose checksum started from 0 on every lane
+    (formats 2 to 4)."""
+    bodies = [data]
+    if len(data) >= 5 and lane_checksum(data[:-4], 0) == data[-4:]:
+        bodies.append(data[:-4])
+    for body in bodies:
+        try:
+            value = codec.decode(body)
+        except StateError:
+            continue
+        if isinstance(value, tuple) and value and is_int(value[0]) and value[0] != LANE_FORMAT:
+            raise _format_error(lane, value)
