@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 
 import zephon_jax as zj
+from zephon_jax.core.kernels import kernels
+
+
+@contextlib.contextmanager
+def kernels_set(enabled: bool | None) -> Iterator[None]:
+    """Runs the block under ``zj.set_compiled(enabled)``, then restores the choice before."""
+    previous = zj.set_compiled(enabled)
+    try:
+        yield
+    finally:
+        zj.set_compiled(previous)
+
+
+def tag_compiled(record):
+    """The record's process runs the compiled kernels (1) or not (0): a map that lets a
+    test see what a loader worker chose."""
+    return {"compiled": np.array([kernels() is not None], np.int8)}
 
 
 def make_docs(num_docs: int, max_len: int, seed: int, vocab: int = 1000, min_len: int = 1):

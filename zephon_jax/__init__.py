@@ -5,6 +5,7 @@ number of processes, devices or workers, and across checkpoints restored on
 another topology, also through packing, splitting, shuffle buffers and mixtures.
 """
 
+from zephon_jax.core.kernels import set_compiled
 from zephon_jax.core.lineage import Element, derive
 from zephon_jax.dataset import BatchedDataset, Dataset
 from zephon_jax.engine.accounting_report import accounting, merge_accounting
@@ -69,6 +70,7 @@ __all__ = [
     "merge_accounting",
     "merge_states",
     "save_state",
+    "set_compiled",
     "stateless",
 ]
 

@@ -9,10 +9,9 @@ import os
 import numpy as np
 import pytest
 from object_stores import GCS_BUCKET, S3_BUCKET, gcs_server, s3_server, upload_tree
-from pipelines import assert_batches_equal, resume_across, run_topology
+from pipelines import assert_batches_equal, kernels_set, resume_across, run_topology
 
 import zephon_jax as zj
-from zephon_jax.core import kernels as kernels_module
 from zephon_jax.engine.column_sources import StoreTokens
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.sources import (
@@ -197,7 +196,7 @@ def test_gcs_sources_and_store(corpus):
         assert len(store) == 30
 
 
-def test_s3_store_read_column_wise_equals_the_general_path(s3, tmp_path, monkeypatch):
+def test_s3_store_read_column_wise_equals_the_general_path(s3, tmp_path):
     """A TokenStore in a bucket takes the column path: each block's documents in one
     batched read; the batches are the per-record path's over the same store."""
     rng = np.random.default_rng(4)
@@ -212,7 +211,7 @@ def test_s3_store_read_column_wise_equals_the_general_path(s3, tmp_path, monkeyp
 
     columnar, got = run(10)
     assert columnar is not None and isinstance(columnar.reader, StoreTokens)
-    monkeypatch.setattr(kernels_module, "_KERNELS", None)
-    columnar, want = run(10)
+    with kernels_set(False):
+        columnar, want = run(10)
     assert columnar is None
     assert_batches_equal(got, want)

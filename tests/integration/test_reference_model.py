@@ -27,7 +27,7 @@ import pytest
 import reference_model
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from pipelines import assert_batches_equal
+from pipelines import assert_batches_equal, kernels_set
 
 import zephon_jax as zj
 from zephon_jax.core import compiled_kernels as ck
@@ -124,8 +124,8 @@ def check(spec: dict) -> list:
             for name in KERNELS:
                 patch.setattr(ck, name, ck.interpreted(getattr(ck, name)))
             patch.setattr(pack_module, "place", ck.place)
-            patch.setattr(kernels_module, "_KERNELS", None)
-            got = run(spec)
+            with kernels_set(False):
+                got = run(spec)
     else:
         got = run(spec)
     assert_batches_equal(got, expected(spec))

@@ -10,7 +10,15 @@ import sys
 
 import numpy as np
 import pytest
-from pipelines import assert_batch_equal, assert_batches_equal, resume_across, run_topology, take
+from pipelines import (
+    assert_batch_equal,
+    assert_batches_equal,
+    kernels_set,
+    resume_across,
+    run_topology,
+    tag_compiled,
+    take,
+)
 
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
@@ -73,18 +81,17 @@ def _pipeline(
     return ds.batch(batch, num_lanes=num_lanes)
 
 
-COMPILED = kernels_module.kernels()
-
-
 @pytest.fixture
-def general(monkeypatch):
+def general():
     """``general()``: no compiled kernels from then on (every lane takes the general
-    path), ``general(False)``: the kernels again; the test's end restores them."""
+    path), ``general(False)``: the kernels again; the test's end restores the choice
+    made before it."""
 
     def switch(off: bool = True):
-        monkeypatch.setattr(kernels_module, "_KERNELS", None if off else COMPILED)
+        zj.set_compiled(not off)
 
-    return switch
+    with kernels_set(None):
+        yield switch
 
 
 def _run(ds, steps: int, state=None) -> list:
@@ -112,7 +119,8 @@ def _assert_same_runs(got: list, want: list) -> None:
 
 def test_the_tests_have_the_compiled_kernels():
     """The ``test`` extra installs numba: the column-wise path is what these tests run."""
-    assert COMPILED is not None and kernels_module.kernels() is COMPILED
+    assert kernels_module.compiled_setting() is None  # the default
+    assert kernels_module.kernels() is not None
     assert LanePlan(_pipeline()).columnar is not None
 
 
@@ -215,6 +223,20 @@ def test_workers_give_the_same_batches_and_states(general):
         assert [lane_bytes(state, lane) for lane in range(ds.num_lanes)] == w[1]
 
 
+def test_loader_workers_follow_set_compiled():
+    """A loader worker, a fresh process, runs the kernels as the loader that started it
+    chose: interpreted after ``set_compiled(False)``, compiled by default."""
+    ds = zj.Dataset.source([{"x": np.zeros(1)}] * 8).map(tag_compiled).batch(4)
+    for enabled, want in ((False, 0), (None, 1)):
+        with kernels_set(enabled):
+            it = iter(zj.Loader(ds, num_workers=1))
+        try:
+            batch = next(it)
+        finally:
+            it.close()
+        assert np.asarray(batch["compiled"]).tolist() == [[want]] * 4, enabled
+
+
 def test_device_arrays_with_prefetch(sharding):
     ds = _pipeline(batch=8)
     want = take(iter(zj.Loader(ds)), 10)
@@ -265,14 +287,14 @@ def test_packed_row_read_alone_equals_its_batch_row():
         assert alone[key].tobytes() == general[key].tobytes()
 
 
-def test_compiled_permutation_equals_numpy(monkeypatch):
+def test_compiled_permutation_equals_numpy():
     rng = np.random.default_rng(5)
     for n in (1, 2, 3, 17, 1000, 123_457, 2**40 + 7):
         for key in (0, 1, 2**63 + 5, 987_654_321):
             x = rng.integers(0, min(n, 2**40), 2000)
-            compiled = permutation.permute(x, n, key)
-            with monkeypatch.context() as m:
-                m.setattr(kernels_module, "_KERNELS", None)
+            with kernels_set(True):
+                compiled = permutation.permute(x, n, key)
+            with kernels_set(False):
                 want = permutation.permute(x, n, key)
             assert compiled.dtype == want.dtype == np.int64
             assert np.array_equal(compiled, want), (n, key)

@@ -136,7 +136,8 @@ def lane_path(batched: BatchedDataset) -> str:
         if kernels() is None:
             return (
                 "the general path (TokenArray sources pack with compiled kernels where numba "
-                "imports, pip install numba, unless ZEPHON_JAX_COMPILED=0)"
+                "imports, pip install numba, unless ZEPHON_JAX_COMPILED=0 or "
+                "zephon_jax.set_compiled(False))"
             )
     return "the general path"
 

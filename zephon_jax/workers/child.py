@@ -17,6 +17,7 @@ import signal
 from typing import Any
 
 from zephon_jax.core.gc_pause import paused_gc
+from zephon_jax.core.kernels import set_compiled
 from zephon_jax.engine.rows import RowProducer, stack_rows
 from zephon_jax.errors import PipelineError
 from zephon_jax.workers.pipes import FrameReader, Readable
@@ -160,12 +161,14 @@ class _WorkerLoop:
                 return
 
 
-def worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
+def worker_main(rows, lanes, prefetch, prefix, commands, results, compiled=None) -> None:
     """Produces batches of ``rows`` (lanes ``lanes``) until told to stop.
 
     The first command is the pickled dataset (a :class:`Parcel`). It comes as a
     message rather than as a process argument so that the parent never blocks
-    writing it to a child that died while starting.
+    writing it to a child that died while starting. ``compiled``: the loader's
+    :func:`~zephon_jax.core.kernels.set_compiled` choice, made here too before the
+    lanes are planned.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     loop = None
@@ -175,6 +178,7 @@ def worker_main(rows, lanes, prefetch, prefix, commands, results) -> None:
             command = inbox.next(block=True)
             if isinstance(command, Stop):
                 return
+            set_compiled(compiled)
             producer = RowProducer(_load_dataset(command), rows, lanes)
             # The dataset (e.g. an in-memory corpus) lives as long as the worker: keep the
             # collector from walking it again at every full collection.

@@ -18,6 +18,7 @@ import time
 from multiprocessing import shared_memory
 from typing import Sequence
 
+from zephon_jax.core.kernels import compiled_setting
 from zephon_jax.errors import PipelineError, WorkerError, add_note
 from zephon_jax.workers.child import worker_main
 from zephon_jax.workers.pipes import FrameReader, Readable, write_frame
@@ -79,7 +80,7 @@ class Worker:
         self.results, results_out = ctx.Pipe(duplex=False)
         self.process = process = ctx.Process(
             target=worker_main,
-            args=(rows, lanes, prefetch, self.prefix, commands_in, results_out),
+            args=(rows, lanes, prefetch, self.prefix, commands_in, results_out, compiled_setting()),
             name=f"zephon_jax-worker-{index}",
             daemon=True,
         )

@@ -9,19 +9,18 @@ import warnings
 
 import numpy as np
 import pytest
+from pipelines import kernels_set
 
 from zephon_jax.core import kernels
 from zephon_jax.core.permutation import derive_key, hash_u64, permute
 
 
 @pytest.fixture(params=["interpreted", "compiled"])
-def network(request, monkeypatch):
+def network(request):
     """Runs the test with the network interpreted (numpy) or compiled (numba)."""
-    compiled = kernels.kernels()
-    if compiled is None:
-        pytest.fail("numba is a dependency: the compiled kernels must load")
-    monkeypatch.setattr(kernels, "_KERNELS", None if request.param == "interpreted" else compiled)
-    return request.param
+    with kernels_set(request.param == "compiled"):  # True raises without numba
+        assert (kernels.loaded_kernels() is not None) == (request.param == "compiled")
+        yield request.param
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 10, 16, 17, 100, 257, 1000])
@@ -54,22 +53,18 @@ def test_permute_maps_each_index_alone_as_in_the_whole():
     assert block.shape == (1, n) and np.array_equal(block[0], whole)
 
 
-def test_permute_of_an_int_index_does_not_warn(monkeypatch):
-    monkeypatch.setattr(kernels, "_KERNELS", None)  # the interpreted network
-    with warnings.catch_warnings():
+def test_permute_of_an_int_index_does_not_warn():
+    with kernels_set(False), warnings.catch_warnings():  # the interpreted network
         warnings.simplefilter("error")
         assert int(permute(5, 53, 7)) == ref_permute(5, 53, 7)
 
 
-def test_permute_compiled_and_interpreted_agree(monkeypatch):
-    compiled = kernels.kernels()
-    if compiled is None:
-        pytest.fail("numba is a dependency: the compiled kernels must load")
+def test_permute_compiled_and_interpreted_agree():
     n = 1000
-    monkeypatch.setattr(kernels, "_KERNELS", None)
-    interpreted = permute(np.arange(n), n, 11)
-    monkeypatch.setattr(kernels, "_KERNELS", compiled)
-    assert np.array_equal(permute(np.arange(n), n, 11), interpreted)
+    with kernels_set(False):
+        interpreted = permute(np.arange(n), n, 11)
+    with kernels_set(True):  # raises without numba, a dependency
+        assert np.array_equal(permute(np.arange(n), n, 11), interpreted)
 
 
 # ----- a plain-Python reference of the documented network --------------------------------
