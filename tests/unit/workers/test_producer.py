@@ -87,6 +87,8 @@ def test_state_kept_in_the_workers_restores_exactly(make):
     assert [as_bytes(producer.next_batch()) for _ in range(2)] == expected[3:5]
     producer.restore(state)
     assert producer.step == 3 and producer.state_at_last() == StateAt(1, 0)
+    with pytest.raises(PipelineError, match="no batch was handed out since"):
+        producer.snapshots_before_last()
     assert producer.lane_states() == states[3]
     assert [as_bytes(producer.next_batch()) for _ in range(4)] == expected[3:7]
     with pytest.raises(PipelineError, match="before the last restore"):
