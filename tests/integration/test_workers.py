@@ -216,6 +216,52 @@ def test_finite_input_ends_together_on_every_process_with_workers():
         assert_same_states(actual[1], expected[1])
 
 
+def finite_pipeline() -> zj.BatchedDataset:
+    return zj.Dataset.source(DOCS[:90]).repeat(1).split(64).pack(64, "best_fit", 2).batch(4)
+
+
+def agree_on_end_with_others(monkeypatch, others_stop_at: int | None) -> None:
+    """Makes loader iterators behave as one of several jax processes agreeing on the end of
+    a finite input (one all-gather per step), the others' lanes completing every batch
+    before global step ``others_stop_at`` (``None``: every batch)."""
+
+    def processes_with_batch(self, have_batch: bool) -> tuple[bool, bool]:
+        others = others_stop_at is None or self.step < others_stop_at
+        return have_batch and others, have_batch or others
+
+    monkeypatch.setattr(zj.loader.LoaderIterator, "_gathers_end", lambda self: True)
+    monkeypatch.setattr(zj.loader.LoaderIterator, "_processes_with_batch", processes_with_batch)
+
+
+@pytest.mark.parametrize("num_workers, prefetch", [(0, 1), (1, 1), (2, 1), (3, 4)])
+@pytest.mark.parametrize("ends", ["others first", "here first"])
+def test_a_batch_other_processes_could_not_complete_leaves_no_trace(
+    monkeypatch, num_workers, prefetch, ends
+):
+    """Without device prefetch, with or without loader workers: after the StopIteration of
+    the end the processes agreed on, this process's state, accounting and provenance are
+    those of the last batch delivered, whether its own lanes completed the batch that was
+    not delivered ("others first") or not ("here first"), also after further next()."""
+    ds = finite_pipeline()
+    everything = list(zj.Loader(ds))
+    delivered = 6 if ends == "others first" else len(everything)
+    assert 6 < len(everything)
+    expected = iter(zj.Loader(ds))
+    for _ in range(delivered):
+        next(expected)
+    agree_on_end_with_others(monkeypatch, 6 if ends == "others first" else None)
+    it = iter(zj.Loader(ds, num_workers=num_workers, worker_prefetch=prefetch))
+    try:
+        assert_same_batches(list(it), everything[:delivered])
+        for _ in range(2):
+            assert_same_states([it.get_state()], [expected.get_state()])
+            assert it.accounting() == expected.accounting()
+            assert it.provenance() == expected.provenance()
+            assert next(it, None) is None
+    finally:
+        it.close()
+
+
 def test_failed_restore_leaves_the_stream_unchanged(reference):
     it = iter(zj.Loader(packing_pipeline(), num_workers=2))
     try:
