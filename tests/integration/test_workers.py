@@ -15,6 +15,7 @@ import pytest
 import zephon_jax as zj
 from zephon_jax.errors import WorkerError
 from zephon_jax.workers import parent
+from zephon_jax.workers.producer import StateAt
 
 STEPS = 20
 BAD_LENGTH = 77  # the record length on which failing_map raises
@@ -258,6 +259,29 @@ def test_a_batch_other_processes_could_not_complete_leaves_no_trace(
             assert it.accounting() == expected.accounting()
             assert it.provenance() == expected.provenance()
             assert next(it, None) is None
+    finally:
+        it.close()
+
+
+def test_a_state_the_workers_no_longer_keep_is_refused_at_once(reference):
+    """Asked for the snapshots of a batch they dropped, the workers answer (no wait for a
+    reply that never comes, no crash): a clear error, and the stream goes on."""
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=2))
+    try:
+        got = [next(it) for _ in range(5)]
+        producer = it._producer
+        pids = producer.worker_pids()
+        at = producer.state_at_last()
+        start = time.monotonic()
+        with pytest.raises(zj.PipelineError, match=r"loader worker 0 .* no longer keeps .* 1"):
+            producer.snapshots_at(StateAt(at.generation, 1))
+        assert time.monotonic() - start < 2
+        assert producer.worker_pids() == pids and all(
+            w.process.is_alive() for w in producer._workers
+        )
+        got += [next(it) for _ in range(3)]
+        assert_same_batches(got, reference[0][:8])
+        assert_same_states([it.get_state()], [reference[1][7]])
     finally:
         it.close()
 
