@@ -55,7 +55,8 @@ class Loader:
     the batches do not depend on it. Each makes up to ``worker_prefetch``
     batches ahead; the performance guide ("Loader workers") says when workers
     help. A worker that sends nothing for ``worker_timeout_s`` seconds while the
-    loader waits for it (its start, a batch, a state) counts as hung: it is killed
+    loader waits for it (its start, a batch, a state), or reads none of the loader's
+    messages for that long while they fill its pipe, counts as hung: it is killed
     and :class:`~zephon_jax.errors.WorkerError` names it (``None``: wait forever).
     """
 

@@ -16,6 +16,7 @@ import zephon_jax as zj
 from zephon_jax.errors import WorkerError
 from zephon_jax.workers import parent
 from zephon_jax.workers.producer import StateAt
+from zephon_jax.workers.protocol import Free
 
 STEPS = 20
 BAD_LENGTH = 77  # the record length on which failing_map raises
@@ -565,6 +566,42 @@ def test_worker_killed_or_hung_mid_batch_fails_clearly_and_resumes_exactly(tmp_p
         resumed = [next(it) for _ in range(4)]
         assert_same_batches(resumed, reference[len(states) : len(states) + 4])
     finally:
+        it.close()
+
+
+def test_a_worker_that_reads_none_of_its_commands_is_not_waited_for_forever():
+    """A stopped worker reads none of the loader's commands: once they fill its pipe, the
+    loader waits ``worker_timeout_s`` for room, not for ever; the worker is killed and
+    the next call names it."""
+    timeout = 1.0
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=2))
+    worker = None
+    try:
+        next(it)  # both workers are up
+        worker = it._producer._workers[1]
+        worker.timeout_s = timeout  # as Loader(worker_timeout_s=1.0), without a slow start
+        os.kill(worker.pid, signal.SIGSTOP)
+        done = threading.Event()
+
+        def flood():  # far more than a pipe holds
+            for _ in range(20_000):
+                worker.send(Free(0, 0, 0))
+                if not worker.process.is_alive():
+                    break
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(timeout + 10), "a write to a worker that reads nothing never returned"
+        with pytest.raises(WorkerError) as raised:
+            for _ in range(10):
+                next(it)
+        message = str(raised.value)
+        assert f"loader worker 1 (lanes 4-7, pid {worker.pid})" in message
+        assert f"read none of the loader's messages for {timeout:g} s" in message
+        assert "it was killed" in message and "set_state" in message
+    finally:
+        if worker is not None and worker.process.is_alive():
+            os.kill(worker.pid, signal.SIGKILL)
         it.close()
 
 
