@@ -235,10 +235,14 @@ def _summed_provenance(it, batches: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
-def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeypatch, workers):
-    """One process's lanes end a batch before the other's (device_prefetch=0, with and
-    without loader worker processes): after the StopIteration, each process's state and
+@pytest.mark.parametrize(
+    "workers,prefetch",
+    [(0, 0), (2, 0), (2, 2)],
+    ids=["in-process", "2-workers", "2-workers-device-prefetch"],
+)
+def test_end_reports_the_last_delivered_batch(tmp_path, monkeypatch, workers, prefetch):
+    """One process's lanes end a batch before the other's (with and without device prefetch
+    and loader worker processes): after the StopIteration, each process's state and
     accounting are those of the last delivered batch, and their merged accounting is the
     single-process one at that step, which is its summed provenance; provenance() still
     describes the last delivered batch."""
@@ -248,7 +252,7 @@ def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeyp
     root = str(Path(zj.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     ds = worker.make_pipeline(num_epochs=1)
-    flags = ["--to-end", "--epochs=1", "--prefetch=0", f"--workers={workers}"]
+    flags = ["--to-end", "--epochs=1", f"--prefetch={prefetch}", f"--workers={workers}"]
     reports = launch(tmp_path, "end", 2, 2, "data=4", "data", *flags)
     made = [_batches_of_rows(ds, report["rows"]) for report in reports]
     end = min(made)
