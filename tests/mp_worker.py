@@ -114,6 +114,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--batch-axes", required=True, help="mesh axes the rows are split over")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--workers", type=int, default=0, help="loader worker processes")
     p.add_argument("--fresh", action="store_true", help="run steps 1..steps from the start")
     p.add_argument("--ckpt", help="CheckpointManager directory")
     p.add_argument("--save-at", type=int, help="save at this step (with --fresh)")
@@ -167,7 +168,13 @@ def main(argv: list[str]) -> None:
     out: dict = {"process": jax.process_index(), "runs": {}}
 
     def loader():
-        return zj.Loader(dataset, sharding=sharding, device_prefetch=args.prefetch)
+        return zj.Loader(
+            dataset,
+            sharding=sharding,
+            device_prefetch=args.prefetch,
+            num_workers=args.workers,
+            worker_timeout_s=60.0,
+        )
 
     def record(it, run: str, first: int) -> None:
         steps = {}
@@ -227,7 +234,11 @@ def main(argv: list[str]) -> None:
             zj.save_state(it.get_state(), args.out + ".last.zjs")
             out["last"] = {"step": it.step, "accounting": it.accounting()}
         zj.save_state(it.get_state(), args.out + ".after.zjs")
-        out["after"] = {"step": it.step, "accounting": it.accounting()}
+        out["after"] = {
+            "step": it.step,
+            "accounting": it.accounting(),
+            "provenance": it.provenance(),  # still that of the last batch
+        }
     if manager is not None:
         manager.wait_until_finished()
     tmp = args.out + ".tmp"

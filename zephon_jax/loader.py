@@ -15,7 +15,7 @@ from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError
 from zephon_jax.state.global_state import check_state, exclusion_of, lane_bytes, make_state
-from zephon_jax.workers.producer import WorkerRowProducer
+from zephon_jax.workers.producer import StateAt, WorkerRowProducer
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
@@ -55,7 +55,8 @@ class Loader:
     the batches do not depend on it. Each makes up to ``worker_prefetch``
     batches ahead; the performance guide ("Loader workers") says when workers
     help. A worker that sends nothing for ``worker_timeout_s`` seconds while the
-    loader waits for it (its start, a batch, a state) counts as hung: it is killed
+    loader waits for it (its start, a batch, a state), or reads none of the loader's
+    messages for that long while they fill its pipe, counts as hung: it is killed
     and :class:`~zephon_jax.errors.WorkerError` names it (``None``: wait forever).
     """
 
@@ -316,9 +317,12 @@ class LoaderIterator(Iterator[Any]):
         lazy = getattr(producer, "snapshots_before_last", None)
         eager = last_picks is None and lazy is None
         before = producer.lane_snapshots() if eager else None
-        # Loader worker processes that reported the end are not sent back (see accounting()).
-        going_back = self._gathers_end() and isinstance(producer, RowProducer)
-        delivered = self._delivered_mark() if going_back else None
+        delivered = self._delivered_mark() if self._gathers_end() else None
+        keep = getattr(producer, "keep_states_from", None)
+        if keep is not None and delivered is not None:
+            # Going back needs the workers' snapshots after the last batch delivered, and
+            # provenance() those before it.
+            keep(max(delivered.index - 1, 0))
         batch = producer.next_batch()
         every, some = self._processes_with_batch(batch is not None)
         if not every:
@@ -341,11 +345,18 @@ class LoaderIterator(Iterator[Any]):
 
     def _go_back(self, delivered: Any) -> None:
         """Puts the producer back to ``delivered`` (see :meth:`_delivered_mark`): the
-        state and accounting are then those after the last batch delivered."""
+        state and accounting are then those after the last batch delivered, and
+        :meth:`provenance` still describes that batch.
+
+        Worker processes are sent back by a restore, after which they keep no snapshot
+        from before it: those before the last batch delivered are fetched first.
+        """
+        if callable(self._before_last):
+            self._before_last = self._producer.snapshots_at(
+                StateAt(delivered.generation, delivered.index - 1)
+            )
         lanes = encode_snapshots(self._snapshots(delivered))
         self._producer.restore(make_state(self._fingerprint, self.step, lanes, self._exclude))
-        if callable(self._before_last):  # the workers restarted: nothing to recompute from
-            self._before_last = None
 
     def provenance(self) -> list[list[dict[str, Any]]]:
         """The documents behind each row of the batch ``next()`` returned last.
@@ -394,9 +405,7 @@ class LoaderIterator(Iterator[Any]):
         state of this process's lanes, O(lanes), not O(steps).
 
         After a finite input ends under several jax processes, the report is that of
-        the last batch delivered, except with loader worker processes and
-        ``device_prefetch=0``: a process whose lanes completed the batch another
-        process could not counts it (keep ``device_prefetch >= 1`` with workers).
+        the last batch delivered, with or without device prefetch and loader workers.
         """
         loader = self.loader
         return accounting(self.get_state(), loader.dataset, lanes=loader.lanes_to_save())

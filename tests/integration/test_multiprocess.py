@@ -216,17 +216,43 @@ def _batches_of_rows(ds, rows: list[int]) -> int:
     return count
 
 
-def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeypatch):
-    """One process's lanes end a batch before the other's (device_prefetch=0): after the
-    StopIteration, each process's state and accounting are those of the last delivered
-    batch, and their merged accounting is the single-process one at that step."""
+def _summed_provenance(it, batches: int) -> dict:
+    """Per source label: ``tokens``, ``segments``, ``documents`` and the highest ``epoch``
+    of the first ``batches`` batches of iterator ``it``, summed from their provenance."""
+    out: dict = {}
+    for _ in range(batches):
+        next(it)
+        for row in it.provenance():
+            for s in row:
+                figures = out.setdefault(
+                    s["label"],
+                    {"source": s["source"], "tokens": 0, "segments": 0, "documents": 0},
+                )
+                figures["tokens"] += s["stop"] - (s["start"] or 0)
+                figures["segments"] += 1
+                figures["documents"] += s["start"] in (0, None)
+                figures["epoch"] = max(figures.get("epoch", s["epoch"]), s["epoch"])
+    return out
+
+
+@pytest.mark.parametrize(
+    "workers,prefetch",
+    [(0, 0), (2, 0), (2, 2)],
+    ids=["in-process", "2-workers", "2-workers-device-prefetch"],
+)
+def test_end_reports_the_last_delivered_batch(tmp_path, monkeypatch, workers, prefetch):
+    """One process's lanes end a batch before the other's (with and without device prefetch
+    and loader worker processes): after the StopIteration, each process's state and
+    accounting are those of the last delivered batch, and their merged accounting is the
+    single-process one at that step, which is its summed provenance; provenance() still
+    describes the last delivered batch."""
     import zephon_jax as zj
 
     # The processes import this checkout's zephon_jax, whatever is installed.
     root = str(Path(zj.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     ds = worker.make_pipeline(num_epochs=1)
-    flags = ["--to-end", "--epochs=1", "--prefetch=0"]
+    flags = ["--to-end", "--epochs=1", f"--prefetch={prefetch}", f"--workers={workers}"]
     reports = launch(tmp_path, "end", 2, 2, "data=4", "data", *flags)
     made = [_batches_of_rows(ds, report["rows"]) for report in reports]
     end = min(made)
@@ -234,6 +260,7 @@ def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeyp
     one = iter(zj.Loader(ds))
     for _ in range(end):
         next(one)
+    last = one.provenance()
     assert next(one, None) is None
     for i, report in enumerate(reports):
         assert report["last"]["step"] == report["after"]["step"] == end
@@ -241,8 +268,11 @@ def test_end_without_prefetch_reports_the_last_delivered_batch(tmp_path, monkeyp
         out = tmp_path / f"end-{i}.json"
         after = Path(f"{out}.after.zjs").read_bytes()
         assert after == Path(f"{out}.last.zjs").read_bytes(), f"process {i}: state"
+        assert report["after"]["provenance"] == [last[r] for r in report["rows"]], f"process {i}"
     merged = zj.merge_accounting([r["after"]["accounting"] for r in reports])
     assert merged == one.accounting()
+    assert merged["steps"] == end
+    assert merged["sources"] == _summed_provenance(iter(zj.Loader(ds)), end)
 
 
 def test_staged_token_mixture_with_ramp_on_2x2_resumes_on_1x2(tmp_path):

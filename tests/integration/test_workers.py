@@ -15,6 +15,8 @@ import pytest
 import zephon_jax as zj
 from zephon_jax.errors import WorkerError
 from zephon_jax.workers import parent
+from zephon_jax.workers.producer import StateAt
+from zephon_jax.workers.protocol import Free
 
 STEPS = 20
 BAD_LENGTH = 77  # the record length on which failing_map raises
@@ -214,6 +216,75 @@ def test_finite_input_ends_together_on_every_process_with_workers():
         assert len(expected[0]) > 2
         assert_same_batches(actual[0], expected[0])
         assert_same_states(actual[1], expected[1])
+
+
+def finite_pipeline() -> zj.BatchedDataset:
+    return zj.Dataset.source(DOCS[:90]).repeat(1).split(64).pack(64, "best_fit", 2).batch(4)
+
+
+def agree_on_end_with_others(monkeypatch, others_stop_at: int | None) -> None:
+    """Makes loader iterators behave as one of several jax processes agreeing on the end of
+    a finite input (one all-gather per step), the others' lanes completing every batch
+    before global step ``others_stop_at`` (``None``: every batch)."""
+
+    def processes_with_batch(self, have_batch: bool) -> tuple[bool, bool]:
+        others = others_stop_at is None or self.step < others_stop_at
+        return have_batch and others, have_batch or others
+
+    monkeypatch.setattr(zj.loader.LoaderIterator, "_gathers_end", lambda self: True)
+    monkeypatch.setattr(zj.loader.LoaderIterator, "_processes_with_batch", processes_with_batch)
+
+
+@pytest.mark.parametrize("num_workers, prefetch", [(0, 1), (1, 1), (2, 1), (3, 4)])
+@pytest.mark.parametrize("ends", ["others first", "here first"])
+def test_a_batch_other_processes_could_not_complete_leaves_no_trace(
+    monkeypatch, num_workers, prefetch, ends
+):
+    """Without device prefetch, with or without loader workers: after the StopIteration of
+    the end the processes agreed on, this process's state, accounting and provenance are
+    those of the last batch delivered, whether its own lanes completed the batch that was
+    not delivered ("others first") or not ("here first"), also after further next()."""
+    ds = finite_pipeline()
+    everything = list(zj.Loader(ds))
+    delivered = 6 if ends == "others first" else len(everything)
+    assert 6 < len(everything)
+    expected = iter(zj.Loader(ds))
+    for _ in range(delivered):
+        next(expected)
+    agree_on_end_with_others(monkeypatch, 6 if ends == "others first" else None)
+    it = iter(zj.Loader(ds, num_workers=num_workers, worker_prefetch=prefetch))
+    try:
+        assert_same_batches(list(it), everything[:delivered])
+        for _ in range(2):
+            assert_same_states([it.get_state()], [expected.get_state()])
+            assert it.accounting() == expected.accounting()
+            assert it.provenance() == expected.provenance()
+            assert next(it, None) is None
+    finally:
+        it.close()
+
+
+def test_a_state_the_workers_no_longer_keep_is_refused_at_once(reference):
+    """Asked for the snapshots of a batch they dropped, the workers answer (no wait for a
+    reply that never comes, no crash): a clear error, and the stream goes on."""
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=2))
+    try:
+        got = [next(it) for _ in range(5)]
+        producer = it._producer
+        pids = producer.worker_pids()
+        at = producer.state_at_last()
+        start = time.monotonic()
+        with pytest.raises(zj.PipelineError, match=r"loader worker 0 .* no longer keeps .* 1"):
+            producer.snapshots_at(StateAt(at.generation, 1))
+        assert time.monotonic() - start < 2
+        assert producer.worker_pids() == pids and all(
+            w.process.is_alive() for w in producer._workers
+        )
+        got += [next(it) for _ in range(3)]
+        assert_same_batches(got, reference[0][:8])
+        assert_same_states([it.get_state()], [reference[1][7]])
+    finally:
+        it.close()
 
 
 def test_failed_restore_leaves_the_stream_unchanged(reference):
@@ -495,6 +566,42 @@ def test_worker_killed_or_hung_mid_batch_fails_clearly_and_resumes_exactly(tmp_p
         resumed = [next(it) for _ in range(4)]
         assert_same_batches(resumed, reference[len(states) : len(states) + 4])
     finally:
+        it.close()
+
+
+def test_a_worker_that_reads_none_of_its_commands_is_not_waited_for_forever():
+    """A stopped worker reads none of the loader's commands: once they fill its pipe, the
+    loader waits ``worker_timeout_s`` for room, not for ever; the worker is killed and
+    the next call names it."""
+    timeout = 1.0
+    it = iter(zj.Loader(packing_pipeline(), num_workers=2, worker_prefetch=2))
+    worker = None
+    try:
+        next(it)  # both workers are up
+        worker = it._producer._workers[1]
+        worker.timeout_s = timeout  # as Loader(worker_timeout_s=1.0), without a slow start
+        os.kill(worker.pid, signal.SIGSTOP)
+        done = threading.Event()
+
+        def flood():  # far more than a pipe holds
+            for _ in range(20_000):
+                worker.send(Free(0, 0, 0))
+                if not worker.process.is_alive():
+                    break
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(timeout + 10), "a write to a worker that reads nothing never returned"
+        with pytest.raises(WorkerError) as raised:
+            for _ in range(10):
+                next(it)
+        message = str(raised.value)
+        assert f"loader worker 1 (lanes 4-7, pid {worker.pid})" in message
+        assert f"read none of the loader's messages for {timeout:g} s" in message
+        assert "it was killed" in message and "set_state" in message
+    finally:
+        if worker is not None and worker.process.is_alive():
+            os.kill(worker.pid, signal.SIGKILL)
         it.close()
 
 

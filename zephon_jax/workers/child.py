@@ -28,6 +28,7 @@ from zephon_jax.workers.protocol import (
     ErrorReport,
     Failed,
     Free,
+    NotKept,
     Ready,
     Restore,
     Restored,
@@ -123,6 +124,15 @@ class _WorkerLoop:
             self.idle = True
             send(self.results, Failed(self.generation, ErrorReport.of(e)))
 
+    def send_states(self, index: int) -> None:
+        """Sends the snapshots after batch ``index``, or :class:`NotKept` (the loader
+        raises a clear error rather than wait for an answer that never comes)."""
+        snapshots = self.snapshots.get(index)
+        if snapshots is None:
+            send(self.results, NotKept(self.generation, index, tuple(sorted(self.snapshots))))
+        else:
+            send(self.results, States(self.generation, index, snapshots))
+
     def handle(self, command) -> bool:
         """Carries out ``command``; False to stop."""
         if isinstance(command, Free):
@@ -132,8 +142,7 @@ class _WorkerLoop:
                     del self.snapshots[index]
         elif isinstance(command, AskStates):
             if command.generation == self.generation:
-                snapshots = self.snapshots[command.index]
-                send(self.results, States(self.generation, command.index, snapshots))
+                self.send_states(command.index)
         elif isinstance(command, Restore):
             self.generation = command.generation
             try:

@@ -4,7 +4,8 @@ A :class:`Worker` starts one worker process (:func:`~zephon_jax.workers.child.wo
 with a pipe each way, sends it commands without blocking (large ones as a
 :class:`~zephon_jax.workers.protocol.Parcel` in shared memory), and reads its messages,
 seeing its death at once through its process sentinel and its silence past ``timeout_s``
-(it is then killed). :func:`raise_worker_error` raises a worker's reported error in the
+(it is then killed), as it is if it reads none of its commands for that long while they
+fill its pipe. :func:`raise_worker_error` raises a worker's reported error in the
 loader; :meth:`Worker.shutdown` stops a worker and releases its shared memory.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import pickle
 import signal
 import time
@@ -76,6 +78,7 @@ class Worker:
         self._parcel_ids = itertools.count()
         self.pending: collections.deque = collections.deque()  # read ahead of their turn
         self.ready = False
+        self.hung: str | None = None  # why it was killed while the loader wrote to it
         commands_in, self.commands = ctx.Pipe(duplex=False)
         self.results, results_out = ctx.Pipe(duplex=False)
         self.process = process = ctx.Process(
@@ -90,15 +93,23 @@ class Worker:
             commands_in.close()
             results_out.close()
         self.pid = process.pid
+        os.set_blocking(self.commands.fileno(), False)  # see send
         self._reader = FrameReader(self.results.fileno())
         self._readable = Readable(self.results, process.sentinel)
         self.send(LoadDataset(payload))
 
     def send(self, command) -> None:
-        """Sends ``command`` without blocking (large ones as a :class:`Parcel`).
+        """Sends ``command`` (large ones as a :class:`Parcel`, so that it normally finds
+        room in the pipe at once).
 
         A dead worker's end is closed; its death is reported by the next :meth:`receive`.
+        A worker that reads none of its commands while they fill its pipe for
+        ``timeout_s`` is hung: it is killed and the next :meth:`receive` says so.
         """
+        self._send(command, self.timeout_s)
+
+    def _send(self, command, timeout_s: float | None) -> None:
+        """:meth:`send`, waiting at most ``timeout_s`` for room (``None``: for ever)."""
         blob = encode(command)
         if len(blob) > INLINE_BYTES:
             pickled = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
@@ -110,7 +121,9 @@ class Worker:
             self.parcels.append(name)
             blob = encode(Parcel(name, len(pickled)))
         try:
-            write_frame(self.commands.fileno(), blob)
+            write_frame(self.commands.fileno(), blob, timeout_s)
+        except TimeoutError:
+            self.hung = self._hung(f"read none of the loader's messages for {timeout_s:g} s")
         except OSError:  # BrokenPipeError: the worker died
             pass
 
@@ -127,7 +140,7 @@ class Worker:
                 frame = self._reader.next()
             except EOFError:  # the worker exited; what it sent before was read
                 process.join(STOP_S)
-                raise WorkerError(self._death_message()) from None
+                raise WorkerError(self.hung or self._death_message()) from None
             if frame is not None:
                 message = decode(frame)
                 if isinstance(message, (Ready, Restored)):  # it read every parcel sent before
@@ -137,19 +150,20 @@ class Worker:
             ready = self._readable.wait(left)  # a message, or the worker's exit
             if ready and ready[0] != 0 and not process.is_alive():
                 # exited, its pipe kept open by a process it started
-                raise WorkerError(self._death_message())
+                raise WorkerError(self.hung or self._death_message())
             if not ready and deadline is not None and time.monotonic() >= deadline:
-                raise WorkerError(self._hung())
+                raise WorkerError(self._hung(f"sent nothing for {self.timeout_s:g} s"))
 
-    def _hung(self) -> str:
-        """Kills the worker that sent nothing for ``timeout_s``; the error's message."""
+    def _hung(self, silence: str) -> str:
+        """Kills the worker that was silent (``silence`` says how) for ``timeout_s``; the
+        error's message."""
         stopped = self.process.is_alive()
         if stopped:
             self.process.kill()  # also ends a stopped (SIGSTOP) process
             self.process.join(STOP_S)
         doing = "starting" if not self.ready else "making a batch or answering the loader"
         return (
-            f"{self.describe()} sent nothing for {self.timeout_s:g} s (worker_timeout_s) while "
+            f"{self.describe()} {silence} (worker_timeout_s) while "
             f"{doing}: it is hung (e.g. a map waiting on a lock, a network read or a stopped "
             f"process){'; it was killed' if stopped else ''}. Restore the last state with "
             "set_state(...) to restart the workers; if its batches legitimately take longer, "
@@ -200,14 +214,14 @@ class Worker:
             return
         process = self.process
         if process.is_alive():
-            self.send(Stop())
+            self._send(Stop(), STOP_S)
             process.join(STOP_S)
         if process.is_alive():
             process.terminate()
             process.join(STOP_S)
         if process.is_alive():
             process.kill()
-            process.join()
+            process.join(STOP_S)  # a process in an uninterruptible wait may outlive it
         self.commands.close()
         self.results.close()
         self.commands = self.results = None
@@ -216,7 +230,8 @@ class Worker:
         for name in self.parcels:  # left unread by a worker that died
             unlink_quietly(name)
         self.parcels.clear()
-        process.close()
+        if not process.is_alive():
+            process.close()
 
 
 def shutdown_all(workers: list[Worker]) -> None:

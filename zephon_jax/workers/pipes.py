@@ -7,7 +7,8 @@ receiving side; here a frame (a 4-byte length, then the payload) goes out in one
 and splits it into frames itself: messages that queued while the reader was busy
 cost one system call together. The reading end is non-blocking, so a reader
 that finds nothing learns it without waiting and decides itself how to wait
-(for the pipe, and the other side's death: :class:`Readable`).
+(for the pipe, and the other side's death: :class:`Readable`). A writing end made
+non-blocking waits for room at most a given time (:func:`write_frame`).
 """
 
 from __future__ import annotations
@@ -17,19 +18,40 @@ import multiprocessing.connection
 import os
 import select
 import struct
+import time
 
 _HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16  # bytes read at once (a pipe's usual capacity)
 
 
-def write_frame(fd: int, payload: bytes) -> None:
+def write_frame(fd: int, payload: bytes, timeout_s: float | None = None) -> None:
     """Writes ``payload`` as one frame (all of it, even past the pipe's capacity).
 
-    Raises ``BrokenPipeError`` if the reading end is closed.
+    On a non-blocking ``fd`` whose pipe is full, waits for room at most ``timeout_s``
+    seconds in all (``None``: for ever), then raises ``TimeoutError`` (the frame may be
+    cut: the reader is then unusable). Raises ``BrokenPipeError`` if the reading end is
+    closed.
     """
     data = memoryview(_HEADER.pack(len(payload)) + payload)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while data:
-        data = data[os.write(fd, data) :]
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no room in the pipe for {timeout_s:g} s") from None
+            wait_writable(fd, left)
+
+
+def wait_writable(fd: int, timeout_s: float | None) -> None:
+    """Waits until ``fd`` can be written (or its reader is gone), at most ``timeout_s``."""
+    if hasattr(select, "poll"):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        poll.poll(None if timeout_s is None else timeout_s * 1000)
+    else:
+        select.select([], [fd], [fd], timeout_s)
 
 
 class FrameReader:

@@ -56,6 +56,7 @@ from zephon_jax.workers.protocol import (
     Batch,
     End,
     Failed,
+    NotKept,
     Ready,
     Restore,
     Restored,
@@ -258,8 +259,20 @@ class WorkerRowProducer:
             )
 
     def _ask_states(self, worker: Worker, index: int) -> Snapshots:
+        """The snapshots ``worker`` keeps after batch ``index`` of this generation.
+
+        Raises :class:`PipelineError` if it no longer keeps them.
+        """
         worker.send(AskStates(self._generation, index))
-        return self._receive(worker, (States,)).snapshots
+        answer = self._receive(worker, (States, NotKept))
+        if isinstance(answer, NotKept):
+            raise PipelineError(
+                f"{worker.describe()} no longer keeps the lanes' state after batch {index} "
+                f"since the last restore (it keeps batches {list(answer.kept)}): the loader "
+                "asked for a state it had let go; this is a bug in zephon_jax, please report "
+                "it. Restore a saved state with set_state(...) to go on"
+            )
+        return answer.snapshots
 
     # ----- the Producer interface -----------------------------------------------------
     @_locked

@@ -3,8 +3,8 @@
 One class per message. Loader -> worker: :class:`LoadDataset`, :class:`Restore`,
 :class:`AskStates`, :class:`Free`, :class:`Stop` (and :class:`Parcel`, which carries a
 large one in shared memory). Worker -> loader: :class:`Ready`, :class:`Batch`,
-:class:`States`, :class:`End`, :class:`Restored`, :class:`Failed` (with an
-:class:`ErrorReport`). :func:`encode` packs the two messages of every batch
+:class:`States` (or :class:`NotKept`), :class:`End`, :class:`Restored`, :class:`Failed`
+(with an :class:`ErrorReport`). :func:`encode` packs the two messages of every batch
 (:class:`Batch`, :class:`Free`) by hand and pickles any other; :func:`decode` reverses it;
 :func:`send` writes one message as a frame (:mod:`zephon_jax.workers.pipes`).
 """
@@ -150,6 +150,16 @@ class States:
     generation: int
     index: int
     snapshots: Snapshots
+
+
+@dataclass(frozen=True)
+class NotKept:
+    """The answer to :class:`AskStates` for a batch whose snapshots the worker no longer
+    keeps (``kept``: the batches whose snapshots it keeps)."""
+
+    generation: int
+    index: int
+    kept: tuple[int, ...]
 
 
 class End(NamedTuple):

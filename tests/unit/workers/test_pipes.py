@@ -3,6 +3,7 @@
 import os
 import select
 import threading
+import time
 
 import pytest
 
@@ -75,6 +76,34 @@ def test_frames_larger_than_the_pipe_arrive_whole(pipe):
         got.append(frame)
     sender.join()
     assert got == big
+
+
+def test_a_write_to_a_full_pipe_nobody_reads_gives_up_after_its_timeout(pipe):
+    r, w = pipe
+    os.set_blocking(w, False)
+    reader = FrameReader(r)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no room in the pipe for 0.2 s"):
+        for _ in range(100_000):  # far past a pipe's capacity
+            write_frame(w, b"x" * 1000, timeout_s=0.2)
+    assert 0.2 <= time.monotonic() - start < 2
+    assert reader.next() == b"x" * 1000  # the frames written before are whole
+
+
+def test_a_write_waits_for_room_the_reader_makes(pipe):
+    r, w = pipe
+    os.set_blocking(w, False)
+    reader = FrameReader(r)
+    big = os.urandom(300_000)
+    sender = threading.Thread(target=write_frame, args=(w, big, 10.0))
+    sender.start()
+    frame = None
+    while frame is None:
+        frame = reader.next()
+        if frame is None:
+            select.select([r], [], [], 1.0)
+    sender.join()
+    assert frame == big
 
 
 def test_end_of_pipe_after_the_last_whole_frame(pipe):
