@@ -26,7 +26,8 @@ from zephon_jax.operators import (
     UserOperator,
     WindowShuffleOperator,
 )
-from zephon_jax.operators.base import Saved, stateless
+from zephon_jax.operators.base import Saved
+from zephon_jax.operators.contract import stateless
 from zephon_jax.state import codec
 
 # ----- operators under test -----------------------------------------------------------
