@@ -46,6 +46,10 @@ fold of ``step`` and operators share nothing, every operator sees the same
 inputs in the same order as one element at a time, so the rows are the same;
 a lane may finish a few rows ahead, which its state holds as pointers.
 
+Most operators are not written against this class directly but made from a few
+pure functions by :func:`zephon_jax.operators.contract.lineage_operator`, which
+derives ``save``/``load``, ``remake`` and ``trace`` for them.
+
 Record-level user operators (:class:`Operator`) run through an adapter that
 stores their carry and outputs by value (``zephon_jax.operators.user``).
 """
@@ -203,7 +207,8 @@ class Operator:
     the records it emits are stored in loader states *by value*, so keep the
     carry bounded; the guarantee (the same rows on every topology and across
     resumes) then holds for the operator as for the built-in ones. To store
-    pointers instead, write the operator as a :class:`LineageOperator`.
+    pointers instead, make the operator with
+    :func:`~zephon_jax.operators.contract.lineage_operator`.
     """
 
     def init(self) -> Any:
