@@ -150,7 +150,7 @@ def check_carry(carry: Any, template: Any, name: str, where: str = "carry") -> N
     else:
         fix = "keep sets as sorted tuples" if isinstance(carry, (set, frozenset)) else ""
         fix = fix or "hold its plain data, or the element itself, instead"
-        raise _refuse(name, where, f"a {kind.__qualname__}", fix)
+        raise _refuse(name, where, f"a value of type {kind.__qualname__}", fix)
 
 
 def _check_record(carry: Any, template: Any, name: str, where: str) -> None:
@@ -163,7 +163,7 @@ def _check_record(carry: Any, template: Any, name: str, where: str) -> None:
         raise _refuse(
             name,
             where,
-            f"a {kind.__qualname__}",
+            f"a value of type {kind.__qualname__}",
             "a NamedTuple or frozen dataclass can stand only where init()'s carry has one of "
             "the same type (a state rebuilds it from there); use a plain tuple or dict here",
         )
