@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
 from typing import NamedTuple
 
 import numpy as np
@@ -300,3 +301,12 @@ def test_describe_names_the_functions_and_their_parameters():
     op = lineage_operator("named", join_init, join_step, describe="named(x=1)", carry_bound="3")
     assert op.describe() == "named(x=1)" and op.carry_bound() == "3"
     assert isinstance(op, zj.LineageOperator)
+
+
+def test_an_operator_of_module_level_functions_pickles_for_workers():
+    op = join(20)
+    op.template()
+    copy = pickle.loads(pickle.dumps(op))
+    items = elements()
+    assert copy.describe() == op.describe()
+    assert [e.lineage for e in run(copy, items, cuts=(3, 9))] == [e.lineage for e in run(op, items)]
