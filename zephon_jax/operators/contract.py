@@ -32,9 +32,11 @@ a structure that does not fit (:class:`~zephon_jax.errors.StateError`).
 The engine runs such an operator as a
 :class:`~zephon_jax.operators.base.LineageOperator` (:class:`ContractOperator`),
 the lower-level form it derives everything else for. Built-in operators are made
-the same way; a built-in may also pass a ``step_block`` over a block of
-elements (exactly the fold of ``step``) and its own ``save``/``load`` to keep an
-established saved form.
+the same way; a built-in may also pass a ``step_block(carry, elements) -> (carry,
+elements)`` over a block of elements, which returns the engine's elements exactly as
+folding ``step`` and converting its outputs gives them (raising
+:class:`~zephon_jax.operators.base.StepFailed` for a failing element), and its own
+``save``/``load`` to keep an established saved form.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from zephon_jax.core.lineage import Element, derived
 from zephon_jax.core.naming import callable_name
 from zephon_jax.core.packed import plain
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.operators.base import Carry, LineageOperator, Saved
+from zephon_jax.operators.base import Carry, LineageOperator, Saved, StepFailed
 from zephon_jax.state.envelope import is_int
 
 #: The recipe of an input element a non-passthrough operator passes through unchanged.
@@ -307,7 +309,10 @@ class ContractOperator(LineageOperator):
         return self._result(self.step_fn(carry, element), "step")
 
     def _step_block(self, carry: Carry, elements: Sequence[Element]):
-        return self._result(self.block_fn(carry, elements), "step_block")
+        carry, outputs = self.block_fn(carry, elements)  # the engine's elements already
+        if self.user_code:
+            check_carry(carry, self.template(), self.name)
+        return carry, outputs
 
     def flush(self, carry: Carry) -> tuple[Carry, list[Element]]:
         if self.flush_fn is None:
@@ -455,7 +460,24 @@ class stateless(ContractOperator):
             trace=_output_trace,
             describe=f"{name}({callable_name(fn)})",
             carry_bound="none (outputs are emitted at once)",
+            step_block=self._block_outputs,
         )
+
+    def _block_outputs(self, carry: None, elements: Sequence[Element]):
+        """What ``step`` over each of ``elements`` gives, as the engine's elements."""
+        out: list[Element] = []
+        fn = self.fn
+        for index, element in enumerate(elements):
+            try:
+                outputs = fn(plain(element.data))
+                parents = (element.lineage,)  # what made_from((element,), m) points to
+                if type(outputs) is list and len(outputs) == 1:
+                    out.append(Element(outputs[0], derived(parents, 0)))
+                else:
+                    out += [Element(o, derived(parents, m)) for m, o in enumerate(outputs)]
+            except Exception as e:
+                raise StepFailed(index, e, out, carry) from e
+        return carry, out
 
     def _outputs_of(self, carry: None, element: Element) -> tuple[None, list[Made]]:
         inputs = (element,)
