@@ -462,7 +462,17 @@ class stateless(ContractOperator):
             describe=f"{name}({callable_name(fn)})",
             carry_bound="none (outputs are emitted at once)",
             step_block=self._block_outputs,
+            save=_saved_nothing,  # the saved form of an operator without carry, as always
+            load=self._load_nothing,
         )
+
+    def _load_nothing(self, saved: Saved, lane: int) -> None:
+        if saved.held or saved.aux is not None:
+            raise StateError(
+                f"the saved carry of {self.describe()} holds {len(saved.held)} elements and "
+                f"{saved.aux!r:.80}; it has no carry: the state was altered"
+            )
+        return None
 
     def _block_outputs(self, carry: None, elements: Sequence[Element]):
         """What ``step`` over each of ``elements`` gives, as the engine's elements."""
@@ -501,6 +511,10 @@ class stateless(ContractOperator):
 
 def _no_carry(lane: int) -> None:
     return None
+
+
+def _saved_nothing(carry: None) -> Saved:
+    return Saved((), None)
 
 
 def _output_trace(recipe: Any, parents: tuple, start: Any, stop: Any) -> list:
