@@ -19,7 +19,14 @@ from zephon_jax.errors import (
     ZephonError,
 )
 from zephon_jax.loader import Loader, LoaderIterator
-from zephon_jax.operators import LineageOperator, Operator, Saved, stateless
+from zephon_jax.operators import (
+    LineageOperator,
+    Operator,
+    Saved,
+    lineage_operator,
+    made_from,
+    stateless,
+)
 from zephon_jax.state.files import load_state, save_state
 from zephon_jax.state.global_state import exclude, merge_states
 
@@ -66,7 +73,9 @@ __all__ = [
     "derive",
     "exclude",
     "explain_step",
+    "lineage_operator",
     "load_state",
+    "made_from",
     "merge_accounting",
     "merge_states",
     "save_state",

@@ -3,6 +3,9 @@ plus the operator's own contract."""
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 from pipelines import (
@@ -52,6 +55,36 @@ class RunningSumEmitter(zj.Operator):
         return carry, []
 
 
+class Joined(NamedTuple):
+    held: tuple = ()
+    tokens: int = 0
+
+
+def join_init(lane):
+    return Joined()
+
+
+def join_step(min_len, carry, element):
+    """Joins records until ``min_len`` tokens; the carry holds the elements (pointers)."""
+    carry = Joined(carry.held + (element,), carry.tokens + len(element.data["tokens"]))
+    if carry.tokens < min_len:
+        return carry, []
+    return Joined(), [zj.made_from(carry.held)]
+
+
+def join_flush(carry):
+    return Joined(), [zj.made_from(carry.held)] if carry.held else []
+
+
+def join_make(recipe, records):
+    return {"tokens": np.concatenate([r["tokens"] for r in records])}
+
+
+def join_short(min_len):
+    step = functools.partial(join_step, min_len)
+    return zj.lineage_operator("join_short", join_init, step, join_flush, join_make)
+
+
 def pipelines():
     docs = make_docs(200, 90, seed=4)
     src = zj.Dataset.source(docs).shuffle(11)
@@ -64,6 +97,7 @@ def pipelines():
         "flat_map": src.flat_map(repeat_twice).map(crop_pad_16).batch(8),
         "random_map": src.random_map(jitter, seed=8).map(crop_pad_16).batch(8),
         "user_operator": src.apply(RunningSumEmitter()).batch(8),
+        "lineage_operator": src.apply(join_short(120)).split(48).pack(48).batch(8),
     }
 
 
@@ -83,6 +117,22 @@ def test_each_operator_is_identical_across_process_counts(case, process_count):
 def test_each_operator_resumes_from_a_merged_state(case, restore_procs):
     ds, expected = case
     assert_batches_equal(resume_across(ds, STEPS, 9, 4, restore_procs), expected[9:])
+
+
+def test_a_lineage_operator_state_holds_pointers_not_records():
+    """Records three times the bytes (same lengths), same rows: the same lane states."""
+    docs = make_docs(200, 90, seed=4)
+    wide = [{"tokens": d["tokens"].astype(np.int64), "w": np.ones(len(d["tokens"]))} for d in docs]
+
+    def lane_states(records):
+        ds = zj.Dataset.source(records).shuffle(11).apply(join_short(120)).split(48).pack(48)
+        it = iter(zj.Loader(ds.batch(8)))
+        take(it, 5)
+        return {lane: bytes(data) for lane, data in it.get_state()["lanes"].items()}
+
+    narrow = lane_states(docs)
+    assert lane_states(wide) == narrow
+    assert max(map(len, narrow.values())) < 2048
 
 
 def test_split_pieces_are_bounded_and_cover_each_document():

@@ -7,9 +7,10 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.core.checks import positive_int
-from zephon_jax.core.lineage import Element, piece
+from zephon_jax.core.lineage import Element, derived, piece
+from zephon_jax.core.packed import plain
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.operators.base import StepFailed, stateless
+from zephon_jax.operators.base import LineageOperator, StepFailed
 from zephon_jax.state.envelope import is_int
 
 
@@ -41,7 +42,7 @@ def _keys(data: Any) -> str:
     return f"with fields {sorted(data)}" if isinstance(data, dict) else ""
 
 
-class SplitOperator(stateless):
+class SplitOperator(LineageOperator):
     """Splits each record into consecutive pieces of at most ``max_len`` items.
 
     Every sequence field as long as ``data[key]`` (a numpy array whose first
@@ -58,7 +59,13 @@ class SplitOperator(stateless):
     def __init__(self, max_len: int, key: str = "tokens"):
         self.max_len = positive_int(max_len, "split(max_len)")
         self.key = key
-        super().__init__(self.pieces, "split")
+
+    def step(self, carry, element):
+        outputs = self.pieces(plain(element.data))
+        parents = (element.lineage,)  # what ``piece(lineage, j)`` makes, built once
+        if len(outputs) == 1:
+            return carry, [Element(outputs[0], derived(parents, 0))]
+        return carry, [Element(out, derived(parents, j)) for j, out in enumerate(outputs)]
 
     def step_block(self, carry, elements):
         """The fold of ``step``: a record that needs no cut passes after one quick check."""

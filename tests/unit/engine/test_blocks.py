@@ -13,7 +13,7 @@ import zephon_jax as zj
 import zephon_jax.engine.blocks as lane_blocks
 from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError
-from zephon_jax.operators import BinPackOperator
+from zephon_jax.operators import BinPackOperator, FlatMapOperator
 from zephon_jax.operators.base import StepFailed, fold_steps, step_block_of
 from zephon_jax.operators.split import SplitOperator
 from zephon_jax.operators.window_shuffle import WindowShuffleOperator
@@ -173,6 +173,47 @@ def test_split_step_block_is_the_fold_of_step():
     for a, b in zip(got, want):
         assert a.data.keys() == b.data.keys()
         assert np.array_equal(a.data["tokens"], b.data["tokens"])
+
+
+def _repeat_by_length(record):
+    """0, 1 or 2 outputs per record (a flat_map whose output count varies)."""
+    k = len(record["tokens"]) % 3
+    return [{"tokens": record["tokens"][::-1].copy()} for _ in range(k)]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: WindowShuffleOperator(7, seed=2),
+        lambda: WindowShuffleOperator(1, seed=5),
+        lambda: FlatMapOperator(_repeat_by_length),
+    ],
+)
+def test_contract_operators_step_block_is_the_fold_of_step(make):
+    op, rng = make(), np.random.default_rng(9)
+    elements = _elements(300, 10, seed=6)
+    want_carry, want, _ = _fold(op, elements)
+    carry, got = op.init(0), []
+    for i, j in _cuts(len(elements), rng):
+        carry, out = op.step_block(carry, elements[i:j])
+        got += out
+    _assert_same_outputs(got, want)
+    assert _saved(op, carry) == _saved(op, want_carry)
+    _assert_same_outputs(op.flush(carry)[1], op.flush(want_carry)[1])
+
+
+def test_a_failing_flat_map_element_is_named_with_the_outputs_before_it():
+    def fails_on_7(record):
+        if record["tokens"][0] == -7:
+            raise ValueError("seven")
+        return [record]
+
+    elements = _elements(20, 5, seed=1)
+    elements[7] = Element({"tokens": np.array([-7], np.int32)}, 7)
+    with pytest.raises(StepFailed) as info:
+        FlatMapOperator(fails_on_7).step_block(None, elements)
+    assert info.value.index == 7 and str(info.value.error) == "seven"
+    assert [e.lineage for e in info.value.outputs] == [((p,), 0) for p in range(7)]
 
 
 def test_operators_without_step_block_are_folded():

@@ -9,8 +9,10 @@ and a saved form must not change when the carry is stepped further.
 
 from __future__ import annotations
 
+import functools
 import signal
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -26,7 +28,8 @@ from zephon_jax.operators import (
     UserOperator,
     WindowShuffleOperator,
 )
-from zephon_jax.operators.base import Saved, stateless
+from zephon_jax.operators.base import Saved
+from zephon_jax.operators.contract import lineage_operator, stateless
 from zephon_jax.state import codec
 
 # ----- operators under test -----------------------------------------------------------
@@ -101,6 +104,31 @@ class PointerIdentity(zj.LineageOperator):
         return carry, [element]
 
 
+class Joined(NamedTuple):
+    held: tuple = ()
+    tokens: int = 0
+
+
+def join_init(lane):
+    return Joined()
+
+
+def join_step(min_len, carry, element):
+    """Joins records until ``min_len`` tokens (the functional contract, pointers kept)."""
+    carry = Joined(carry.held + (element,), carry.tokens + len(element.data["tokens"]))
+    if carry.tokens < min_len:
+        return carry, []
+    return Joined(), [zj.made_from(carry.held)]
+
+
+def join_flush(carry):
+    return Joined(), [zj.made_from(carry.held)] if carry.held else []
+
+
+def join_make(recipe, records):
+    return {"tokens": np.concatenate([r["tokens"] for r in records])}
+
+
 OPERATORS = {
     "split": lambda: SplitOperator(8),
     "flat_map": lambda: FlatMapOperator(halves),
@@ -112,6 +140,9 @@ OPERATORS = {
     "user_by_value": lambda: UserOperator(RunningSum()),
     "user_pointers": lambda: JoinShort(40),
     "user_passthrough": lambda: PointerIdentity(),
+    "user_contract": lambda: lineage_operator(
+        "join", join_init, functools.partial(join_step, 40), join_flush, join_make
+    ),
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from zephon_jax.core.lineage import Element
 from zephon_jax.errors import StateError
+from zephon_jax.operators.base import Saved
 from zephon_jax.operators.flat_map import FlatMapOperator
 
 
@@ -49,3 +50,13 @@ def test_grain_objects_and_names():
     assert op.name == "flat_map"
     with pytest.raises(TypeError, match="flat_map needs a callable"):
         FlatMapOperator(42)
+
+
+def test_the_saved_form_is_no_carry_as_before():
+    """States taken before flat_map was made with lineage_operator still restore."""
+    op = FlatMapOperator(repeat)
+    carry, _ = op.step(op.init(0), Element(3, 7))
+    assert op.save(carry) == Saved((), None)
+    assert op.load(Saved((), None), 0) is None
+    with pytest.raises(StateError, match="it has no carry: the state was altered"):
+        op.load(Saved((), (0, None)), 0)
