@@ -194,7 +194,7 @@ def cut_piece(s0, n, j, cut, position):
 
 @jit
 def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions, k0, j0,
-          cut, seq_len, max_segments, best, out, row_end):  # fmt: skip
+          cut, seq_len, max_segments, best, out, row_end, n_out, n_rows):  # fmt: skip
     """Places pieces of documents ``records[k]`` of leaves ``leaves[k]`` (at lane
     ``positions[k]``), from piece ``j0`` of document ``k0`` on, into the open rows.
 
@@ -206,12 +206,11 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
     end), unused by best_fit, which scans rows by index; ``cut`` > 0 cuts documents
     into pieces of at most ``cut`` (see :func:`cut_piece`), 0 takes them whole; empty
     documents are skipped. Emitted rows go to ``out`` (pieces) and ``row_end`` (each
-    row's end in ``out``). Returns ``(k, j, pieces out, rows out, stop)``: where it
+    row's end in ``out``) after the ``n_out`` pieces and ``n_rows`` rows already there.
+    Returns ``(k, j, pieces out, rows out, stop)`` (counting those already there): where it
     stopped and why (``DONE``; ``OUT_FULL``, ``ROW_FULL``: grow that array and go on from
     piece ``j`` of document ``k``; nothing of that piece is placed yet).
     """
-    n_out = 0
-    n_rows = 0
     j = j0
     for k in range(k0, len(records)):
         leaf = leaves[k]

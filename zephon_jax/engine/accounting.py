@@ -46,7 +46,7 @@ from zephon_jax.core import lineage as lineage_forms
 from zephon_jax.core.lineage import Opaque, plain_lineage, root_key
 from zephon_jax.engine.provenance import row_pieces
 from zephon_jax.errors import StateError
-from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.pack import BinPackOperator, EmittedRows
 from zephon_jax.operators.split import SplitOperator
 from zephon_jax.sampler.resolve import leaves, resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
@@ -103,10 +103,10 @@ class Tally:
     The lane's finished rows leave ``pending`` in the order they were made, so of the
     rows in :attr:`made` all but the last ``len(pending)`` are delivered. :attr:`made`
     is a list of blocks, in order: a list of rows' lineages, or, from a column-wise
-    lane, the pieces of its rows in a :class:`ColumnRows` (no object per row or
-    piece). The hot path
-    pays one list append or array copy per block of rows made (:meth:`made_rows`) and nothing per
-    batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
+    lane, an :class:`~zephon_jax.operators.pack.EmittedRows` into which the placement
+    kernel writes the rows' pieces as it emits them (no object per row or piece, no
+    copy). The hot path pays one list append per block of rows made
+    (:meth:`made_rows`), or nothing, and nothing per batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
     replaced, never changed, so a :meth:`snapshot` holds a reference.
     """
 
@@ -128,22 +128,26 @@ class Tally:
         # Rows held uncounted at most: FOLD_ROWS, less with many lanes (HELD_ROWS in all).
         self.limit = min(FOLD_ROWS, max(64, HELD_ROWS // plan.num_lanes))
 
-    def made_rows(self, rows: Sequence[Any], pending: int, pieces: Any = None) -> None:
-        """Notes ``rows`` (elements) made, or, from a column-wise lane, their ``pieces``
-        as the kernel noted them (see :meth:`ColumnRows.add`); ``pending``: the rows
-        now waiting, these included."""
-        made = self.made
-        if pieces is None:
-            made.append(list(map(_lineage, rows)))
-        else:
-            if not made or type(made[-1]) is not ColumnRows:
-                made.append(ColumnRows())
-            made[-1].add(pieces)
+    def made_rows(self, rows: Sequence[Any], pending: int, logged: bool = False) -> None:
+        """Notes ``rows`` (elements) made (``logged``: a column-wise lane's, whose pieces
+        the kernel already wrote into :meth:`emitted_log`); ``pending``: the rows now
+        waiting, these included."""
+        if not logged:
+            self.made.append(list(map(_lineage, rows)))
         self.rows += len(rows)
         if self.tokens is not None:
             self.tokens.extend(record_tokens(row.data) for row in rows)
         if self.rows - pending >= self.limit:
             self.fold(pending)
+
+    def emitted_log(self) -> EmittedRows:
+        """Where a column-wise lane's placement writes the rows it makes next (see
+        :meth:`OpenRows.place <zephon_jax.operators.pack.OpenRows.place>`): the last
+        block of :attr:`made`, a new one if that is not such a log."""
+        made = self.made
+        if not made or type(made[-1]) is not EmittedRows:
+            made.append(EmittedRows())
+        return made[-1]
 
     def fold(self, pending: int, keep: bool = True) -> None:
         """Counts the delivered rows not counted yet (all made but the last ``pending``);
@@ -287,7 +291,7 @@ class _Parts:
         ``stage``."""
         counts = list(saved[1])
         stages = list(saved[2])
-        arrays = [block for block in blocks if type(block) is tuple]
+        arrays = [block for block in blocks if type(block) is tuple and len(block[0])]
         if arrays:  # a column-wise lane's pieces (no mixture stages there)
             codes = np.concatenate([block[0] for block in arrays])
             lengths = np.concatenate([block[1] for block in arrays])
@@ -390,77 +394,15 @@ class _Parts:
         return dict(zip(roots, zip(res.leaf.tolist(), res.epoch.tolist())))
 
 
-class ColumnRows:
-    """The pieces of rows a column-wise lane made, appended to two growing int64 arrays:
-    ``pieces[0]`` the codes, ``pieces[1]`` the lengths of the first ``size`` pieces,
-    and ``ends[i]`` the pieces of rows ``0..i`` (the first ``rows``). No Python object
-    per row or piece, and none per block: a lane keeps one while it makes rows. Only
-    appended to, so a :class:`LazyTally` holding it counts the rows it saw; taking
-    rows (:meth:`split`) leaves it as it is."""
-
-    __slots__ = ("pieces", "ends", "size", "rows")
-
-    def __init__(self, pieces: int = 1024, rows: int = 64):
-        self.pieces = np.empty((2, pieces), np.int64)
-        self.ends = np.empty(rows, np.int64)
-        self.size = 0
-        self.rows = 0
-
-    def __len__(self) -> int:
-        return self.rows
-
-    def add(self, note: list) -> None:
-        """Appends the pieces :meth:`OpenRows.place
-        <zephon_jax.operators.pack.OpenRows.place>` noted: one ``(codes and lengths,
-        row ends)`` pair of arrays per kernel call, row ends counted from the note's
-        start."""
-        if len(note) == 1:
-            pieces, ends = note[0]
-        else:
-            pieces = np.concatenate([part for part, _ in note], axis=1)
-            ends = np.concatenate([part for _, part in note])
-        size, rows = self.size, self.rows
-        stop, last = size + pieces.shape[1], rows + len(ends)
-        if stop > self.pieces.shape[1] or last > len(self.ends):
-            self._grow(stop, last)
-        self.pieces[:, size:stop] = pieces
-        np.add(ends, size, out=self.ends[rows:last])
-        self.size, self.rows = stop, last
-
-    def _grow(self, size: int, rows: int) -> None:
-        """New arrays for at least ``size`` pieces and ``rows`` rows, holding the same
-        first pieces and rows."""
-        pieces = np.empty((2, max(2 * size, self.pieces.shape[1])), np.int64)
-        pieces[:, : self.size] = self.pieces[:, : self.size]
-        ends = np.empty(max(2 * rows, len(self.ends)), np.int64)
-        ends[: self.rows] = self.ends[: self.rows]
-        self.pieces, self.ends = pieces, ends
-
-    def head(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The first ``n`` rows' pieces as arrays ``(codes, lengths, ends)`` (views)."""
-        cut = int(self.ends[n - 1]) if n else 0
-        return self.pieces[0, :cut], self.pieces[1, :cut], self.ends[:n]
-
-    def split(self, n: int) -> tuple[tuple, ColumnRows]:
-        """:meth:`head` of ``n`` rows, and the rest as a new :class:`ColumnRows`."""
-        first = self.head(n)
-        cut = len(first[0])
-        rest = ColumnRows(max(1024, 2 * (self.size - cut)), max(64, 2 * (self.rows - n)))
-        rest.size, rest.rows = self.size - cut, self.rows - n
-        rest.pieces[:, : rest.size] = self.pieces[:, cut : self.size]
-        rest.ends[: rest.rows] = self.ends[n : self.rows] - cut
-        return first, rest
-
-
 def take_rows(blocks: list, n: int) -> tuple[list, list]:
     """The blocks of the first ``n`` rows of ``blocks`` (see :class:`Tally`), and those
     of the rest: new lists and blocks, ``blocks`` is not changed. Taken rows of a
-    :class:`ColumnRows` come as arrays ``(codes, lengths, ends)``."""
+    :class:`EmittedRows` come as arrays ``(codes, lengths, ends)``."""
     first: list = []
     for i, block in enumerate(blocks):
         size = len(block)
         if n >= size:
-            first.append(block.head(size) if type(block) is ColumnRows else block)
+            first.append(block.head(size) if type(block) is EmittedRows else block)
             n -= size
             if n == 0:
                 return first, blocks[i + 1 :]

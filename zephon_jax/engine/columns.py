@@ -316,9 +316,11 @@ def _place_spans(
     several = reader.several
     translate = carry.translate
     rows: list[Element] = []
-    note: list | None = [] if translate is None else None
+    # The accounting keeps the rows' pieces as the kernel writes them; codes that index
+    # a lane's drawn roots are counted from the rows' lineages instead.
+    log = lane.tally.emitted_log() if translate is None else None
     (codes, starts, lengths, sources), ends = carry.place(
-        (offsets, bases, leaves, records, positions), cut, spec, best, note
+        (offsets, bases, leaves, records, positions), cut, spec, best, log
     )
     begin = 0
     for end in ends:
@@ -331,10 +333,8 @@ def _place_spans(
         parents = tuple(parents) if translate is None else translate(parents)
         rows.append(Element(row, (parents, held)))
         begin = end
-    # The rows' pieces (codes, lengths, row ends) for the lane's accounting, as compact
-    # arrays; codes that index a lane's drawn roots are counted from the rows' lineages.
     if rows:
-        lane._row_reached(rows, note)
+        lane._row_reached(rows, log is not None)
     else:  # the stage the records reached, for the no-progress error
         placed = bool(
             (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()

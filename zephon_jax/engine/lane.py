@@ -403,11 +403,11 @@ class Lane:
         op = self.plan.operators[stage]
         raise user_error(op.describe(), self.where(element.lineage), error) from error
 
-    def _row_reached(self, rows, pieces=None) -> None:
+    def _row_reached(self, rows, logged: bool = False) -> None:
         if rows:
             self.pending.extend(rows)
-            # noted for the accounting, counted later (``pieces``: see Tally.made_rows)
-            self.tally.made_rows(rows, len(self.pending), pieces)
+            # noted for the accounting, counted later (``logged``: see Tally.made_rows)
+            self.tally.made_rows(rows, len(self.pending), logged)
             self._without_row = 0
             self._deepest = -1
 

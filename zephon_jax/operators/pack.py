@@ -98,37 +98,42 @@ class OpenRows:
         self.row_end = np.empty(2 * self.row_end.shape[0], np.int64)
 
     def place(
-        self, documents: tuple, cut: int, spec: PackSpec, best: bool, note: list | None = None
+        self, documents: tuple, cut: int, spec: PackSpec, best: bool, log: Any = None
     ) -> tuple[list, list]:
         """Places ``documents`` = ``(offsets, bases, leaves, records, positions)`` (see
         :func:`~zephon_jax.core.compiled_kernels.place`) with ``spec``'s row length and
         segment bound, growing the arrays as the kernel asks. Returns the emitted
         rows: their pieces as four lists (codes, starts, lengths, leaves) and each
-        row's end in them. ``note``, given, receives the same pieces' codes and lengths
-        as one ``(2, pieces)`` int64 array per kernel call that emitted rows, with its
-        rows' ends (offset as in the lists): compact copies, for the accounting."""
+        row's end in them.
+
+        ``log``, given, receives the emitted rows instead of this object's scratch
+        arrays: an :class:`EmittedRows` (its ``out`` and ``row_end`` arrays, appended to
+        after its first ``size`` pieces and ``rows`` rows, grown by its ``grow()``),
+        which keeps them (the accounting's record of the rows a lane made)."""
         offsets, bases, leaves, records, positions = documents
         seq_len, max_segments = spec.seq_len, spec.max_segments or -1
         columns: list[list[int]] = [[], [], [], []]
         ends: list[int] = []
+        sink = self if log is None else log
         k = j = 0
         while True:
-            out, row_end = self.out, self.row_end
+            out, row_end = sink.out, sink.row_end
+            size, rows = (0, 0) if log is None else (log.size, log.rows)
             k, j, n_out, n_rows, stop = place(
                 self.fill, self.count, self.piece_array, self.slots, offsets, bases, leaves, records,
-                positions, k, j, cut, seq_len, max_segments, best, out, row_end,
+                positions, k, j, cut, seq_len, max_segments, best, out, row_end, size, rows,
             )  # fmt: skip
-            if n_rows:
-                done = len(columns[0])
-                if note is not None:
-                    note.append((out[::2, :n_out].copy(), row_end[:n_rows] + done))
-                for column, part in zip(columns, out[:, :n_out].tolist()):
+            if n_rows > rows:
+                done = len(columns[0]) - size
+                for column, part in zip(columns, out[:, size:n_out].tolist()):
                     column += part
-                ends += [done + e for e in row_end[:n_rows].tolist()]
+                ends += [done + e for e in row_end[rows:n_rows].tolist()]
+                if log is not None:
+                    log.size, log.rows = n_out, n_rows
             if stop == DONE:
                 return columns, ends
             if stop == OUT_FULL:
-                self.grow_out()
+                sink.grow_out()
             else:
                 self.grow_rows()
 
@@ -146,6 +151,49 @@ class OpenRows:
         """The codes of bin ``a``'s pieces."""
         i = self.slots[a]
         return self.piece_array[0, i, : self.count[i]].tolist()
+
+
+class EmittedRows:
+    """Rows :meth:`OpenRows.place` emitted, kept: their pieces in ``out[:, :size]`` (code,
+    start, length, leaf, as the kernel writes them) and each row's end in
+    ``row_end[:rows]``. Only appended to (growing makes new arrays holding the same
+    first pieces), so a reader of its first rows sees them unchanged; :meth:`split`
+    leaves it as it is. No Python object per row or piece."""
+
+    __slots__ = ("out", "row_end", "size", "rows")
+
+    def __init__(self, pieces: int = 1024, rows: int = 64):
+        self.out = np.empty((4, pieces), np.int64)
+        self.row_end = np.empty(rows, np.int64)
+        self.size = 0
+        self.rows = 0
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def grow_out(self) -> None:
+        """Doubles the pieces and rows it can hold, keeping those it holds."""
+        out = np.empty((4, 2 * self.out.shape[1]), np.int64)
+        out[:, : self.size] = self.out[:, : self.size]
+        row_end = np.empty(2 * len(self.row_end), np.int64)
+        row_end[: self.rows] = self.row_end[: self.rows]
+        self.out, self.row_end = out, row_end
+
+    def head(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first ``n`` rows' pieces as arrays ``(codes, lengths, ends)`` (views)."""
+        cut = int(self.row_end[n - 1]) if n else 0
+        return self.out[0, :cut], self.out[2, :cut], self.row_end[:n]
+
+    def split(self, n: int) -> tuple[tuple, EmittedRows]:
+        """:meth:`head` of ``n`` rows, and the rest as a new :class:`EmittedRows`."""
+        first = self.head(n)
+        cut = len(first[0])
+        size, rows = self.size - cut, self.rows - n
+        rest = EmittedRows(max(1024, 2 * size), max(64, 2 * rows))
+        rest.out[:, :size] = self.out[:, cut : self.size]
+        rest.row_end[:rows] = self.row_end[n : self.rows] - cut
+        rest.size, rest.rows = size, rows
+        return first, rest
 
 
 class Bins(OpenRows):

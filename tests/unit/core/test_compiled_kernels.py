@@ -64,7 +64,7 @@ def run(ck, lengths, seq_len, num_bins, best, max_segments=-1, cut=0, dtype=np.i
     while True:
         at, j, n_out, n_rows, stop = ck.place(
             state.fill, state.count, state.pieces, state.slots, *docs, positions, at, j, cut,
-            seq_len, max_segments, best, state.out, state.row_end,
+            seq_len, max_segments, best, state.out, state.row_end, 0, 0,
         )  # fmt: skip
         begin = 0
         for end in state.row_end[:n_rows].tolist():
@@ -193,7 +193,7 @@ def _place_all(place, fill, count, slots, lengths, seq_len, best, max_segments, 
     if not isinstance(fill, list):
         docs = tuple(np.array(d, np.int64) for d in docs)
     got = place(fill, count, pieces, slots, *docs, 0, 0, cut, seq_len, max_segments, best, out,
-                row_end)  # fmt: skip
+                row_end, 0, 0)  # fmt: skip
     assert got[4] == ck.DONE
     n_out, n_rows = got[2], got[3]
     held = [pieces[:, i, : count[i]].tolist() for i in slots]

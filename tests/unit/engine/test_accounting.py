@@ -10,7 +10,6 @@ import pytest
 
 import zephon_jax as zj
 from zephon_jax.engine.accounting import (
-    ColumnRows,
     LazyTally,
     Tally,
     empty_tally,
@@ -22,6 +21,7 @@ from zephon_jax.engine.accounting import (
 )
 from zephon_jax.engine.lane import Lane, LanePlan
 from zephon_jax.errors import StateError
+from zephon_jax.operators.pack import EmittedRows
 
 LENGTHS = (3, 1, 2, 4)
 RECORDS = [{"tokens": np.arange(n, dtype=np.int32)} for n in LENGTHS]
@@ -108,11 +108,9 @@ def test_take_rows_splits_lineage_and_column_blocks():
     assert take_rows(blocks, 9) == (blocks, [])
     assert blocks == [["a", "b"], ["c", "d", "e"]]
     # a column block: rows 0..2 end after pieces 2, 3 and 5
-    columns = ColumnRows(pieces=2, rows=1)  # grows as rows are added
-    columns.add([(np.array([[10, 11], [1, 1]]), np.array([2]))])
-    columns.add(
-        [(np.array([[12], [1]]), np.array([1])), (np.array([[13, 14], [1, 1]]), np.array([3]))]
-    )
+    columns = EmittedRows(pieces=2, rows=1)  # grows as rows are added
+    _emit(columns, [10, 11], [2])
+    _emit(columns, [12, 13, 14], [3, 5])
     assert len(columns) == 3
     [first], [rest] = take_rows([columns], 2)
     assert [a.tolist() for a in first] == [[10, 11, 12], [1, 1, 1], [2, 3]]
@@ -123,6 +121,18 @@ def test_take_rows_splits_lineage_and_column_blocks():
         [10, 11, 12, 13, 14], [1, 1, 1, 1, 1], [2, 3, 5]
     ]  # fmt: skip
     # appending more rows leaves the first ones as they were (a snapshot counts them)
-    columns.add([(np.array([[15], [4]]), np.array([1]))])
+    _emit(columns, [15], [6])
     assert [a.tolist() for a in columns.head(3)] == [[10, 11, 12, 13, 14], [1] * 5, [2, 3, 5]]
     assert columns.head(4)[2].tolist() == [2, 3, 5, 6]
+
+
+def _emit(log, codes, ends):
+    """Appends pieces ``codes`` (length 1 each) and rows ending at ``ends`` to ``log``
+    as the placement kernel does, growing it first if needed."""
+    n, m = len(codes), len(ends)
+    while log.size + n > log.out.shape[1] or log.rows + m > len(log.row_end):
+        log.grow_out()
+    log.out[:, log.size : log.size + n] = [codes, [0] * n, [1] * n, [0] * n]
+    log.row_end[log.rows : log.rows + m] = ends
+    log.size += n
+    log.rows += m
