@@ -27,9 +27,7 @@ def packed():
     """Byte tokens cut into pieces of 4 and concatenated into rows of 4: the token stream
     "helloworld wideabthe quick..." gives rows "hell", "owor", "ld w", "idea", "bthe", ..."""
     docs = [{"tokens": byte_tokenize(t)} for t in TEXTS]
-    return (
-        zj.Dataset.source(docs).repeat(1).split(4).pack(4, method="concat").batch(2, num_lanes=1)
-    )
+    return zj.Dataset.source(docs).repeat(1).split(4).pack(4, method="concat").batch(2, num_lanes=1)
 
 
 def seg(record, start, stop, source=0):

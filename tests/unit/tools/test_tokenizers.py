@@ -25,7 +25,7 @@ from zephon_jax.tools.tokenizers import (
 
 # A user module: a word-level tokenizer trained when the module is imported, its encode
 # function, and the same encode as a method of an object that states its end-of-text id.
-WORD_TOKENIZER = '''
+WORD_TOKENIZER = """
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 TOKENIZER = Tokenizer(models.WordLevel(unk_token="<unk>"))
@@ -55,7 +55,7 @@ class Namespace:
     @staticmethod
     def encode(text):
         return encode(text)
-'''
+"""
 
 
 @pytest.fixture
