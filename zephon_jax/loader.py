@@ -251,6 +251,8 @@ class LoaderIterator(Iterator[Any]):
         self._first_next: float | None = None
         self._waited = 0.0
         self._rows = 0
+        # Seconds spent putting batches onto devices (a list: the prefetch thread adds).
+        self._device_seconds = [0.0]
 
     def __next__(self) -> Any:
         started = time.perf_counter()
@@ -269,16 +271,20 @@ class LoaderIterator(Iterator[Any]):
         ``rows`` (rows of this process delivered), ``seconds`` (wall time since the
         first ``next()``), ``rows_per_s``, ``wait_s`` (time the training loop spent
         waiting inside ``next()``) and ``wait_share`` (``wait_s / seconds``: near 0 when
-        the loader keeps up, near 1 when it is the bottleneck). Two clock reads per batch.
+        the loader keeps up, near 1 when it is the bottleneck).
 
-        There is no time per operator (stage): timing each lane's operators takes two
-        clock reads per lane and operator per batch (about 26 us a batch, 3.5%, for the
-        64 lanes and 2 operators of the compiled token-array path at 0.74 ms a batch),
-        that path runs ``split`` and ``pack`` as one kernel with no boundary between
-        them to time, and with worker processes the lanes run elsewhere.
-        ``wait_share`` tells whether the loader is the bottleneck; a profiler says where.
+        Then the time this process spent in each stage of making batches, batches
+        made ahead included: ``lanes_s`` (its lanes reading records and running the
+        operators; 0 with loader workers), ``workers_s`` (waiting for the loader
+        workers' rows; 0 without), ``assemble_s`` (stacking rows into batch arrays)
+        and ``device_s`` (putting batches onto the devices; 0 without a mesh). With
+        device prefetch they run beside the training loop, so they tell where the
+        loader's time goes, and ``wait_share`` whether the training loop feels it.
+        Six clock reads a batch; no time per operator (the compiled path runs ``split``
+        and ``pack`` as one kernel), for which a profiler is the tool.
         """
         seconds = 0.0 if self._first_next is None else time.perf_counter() - self._first_next
+        stages = getattr(self._producer, "stage_seconds", {})
         return {
             "step": float(self.step),
             "rows": float(self._rows),
@@ -286,6 +292,10 @@ class LoaderIterator(Iterator[Any]):
             "rows_per_s": self._rows / seconds if seconds > 0 else 0.0,
             "wait_s": self._waited,
             "wait_share": self._waited / seconds if seconds > 0 else 0.0,
+            "lanes_s": stages.get("lanes", 0.0),
+            "workers_s": stages.get("workers", 0.0),
+            "assemble_s": stages.get("assemble", 0.0),
+            "device_s": self._device_seconds[0],
         }
 
     def _next(self) -> Any:
@@ -331,7 +341,9 @@ class LoaderIterator(Iterator[Any]):
             raise StopIteration
         if sharding is not None:
             size = self.loader.dataset.batch_size_at(self.step)
+            started = time.perf_counter()
             batch = sharding.make_global(self.loader.rows_of_size(size), batch, size)
+            self._device_seconds[0] += time.perf_counter() - started
         self._last_picks = last_picks() if last_picks is not None else None
         self._before_last = lazy if lazy is not None else before
         self.step += 1
@@ -474,6 +486,7 @@ class LoaderIterator(Iterator[Any]):
         producer, sharding = self._producer, self.loader.sharding
         rows_of_size, size_at = self.loader.rows_of_size, self.loader.dataset.batch_size_at
         next_step = [self.step]
+        device_seconds = self._device_seconds
 
         # A closure, not a method: the thread must not keep this iterator alive.
         last_picks = getattr(producer, "last_picks", None)
@@ -489,7 +502,10 @@ class LoaderIterator(Iterator[Any]):
             next_step[0] += 1
             lanes = snapshot()
             picks = last_picks() if last_picks is not None else None
-            return sharding.make_global(rows_of_size(size), batch, size), lanes, picks, before
+            started = time.perf_counter()
+            batch = sharding.make_global(rows_of_size(size), batch, size)
+            device_seconds[0] += time.perf_counter() - started
+            return batch, lanes, picks, before
 
         self._delivered = snapshot()
         keep = getattr(producer, "keep_states_from", None)

@@ -181,6 +181,7 @@ def test_debugging_page_runs(tmp_path, monkeypatch, capsys):
         exec(compile(block, "debugging_loss_spikes.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out
     assert "'label': " in out and "'tokens': " in out and "'rows_per_s': " in out
+    assert "'lanes_s': " in out and "'assemble_s': " in out
 
 
 def test_every_operator_has_a_section():

@@ -256,6 +256,20 @@ def test_metrics_are_plain_numbers_that_grow():
     assert m["step"] == 3 and m["rows"] == 24
     assert 0 < m["wait_s"] <= m["seconds"] and 0 < m["wait_share"] <= 1
     assert m["rows_per_s"] == pytest.approx(24 / m["seconds"], rel=0.05)
+    # the stages: in-process lanes and assembly took time, inside next() here
+    assert 0 < m["lanes_s"] and 0 < m["assemble_s"]
+    assert m["lanes_s"] + m["assemble_s"] <= m["wait_s"]
+    assert m["workers_s"] == 0 and m["device_s"] == 0  # no workers, no mesh
+
+
+def test_metrics_time_the_workers_and_the_devices(sharding):
+    it = iter(zj.Loader(mixed("pack"), sharding=sharding, num_workers=1))
+    for _ in range(3):
+        next(it)
+    m = it.metrics()
+    it.close()
+    assert m["lanes_s"] == 0  # the lanes ran in the worker
+    assert 0 < m["workers_s"] and 0 < m["assemble_s"] and 0 < m["device_s"]
 
 
 @pytest.mark.parametrize("processes", [1, 2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -139,6 +140,11 @@ class Producer(Protocol):
     def next_batch(self) -> Any:
         """The next batch of the producer's rows, or ``None`` at the end of a finite input."""
 
+    #: Seconds spent so far per stage of making batches (see ``LoaderIterator.metrics``):
+    #: ``lanes`` (in-process lanes making rows), ``workers`` (waiting for worker
+    #: processes' rows), ``assemble`` (rows into batch arrays).
+    stage_seconds: dict[str, float]
+
     def lane_snapshots(self) -> dict[int, tuple]:
         """Each lane's snapshot right after the last batch returned."""
 
@@ -185,6 +191,8 @@ class RowProducer:
             for size, rs in self._rows.items()
         }
         self.step = 0  # the global step produced next
+        # Seconds spent making rows in the lanes and assembling them, for metrics().
+        self.stage_seconds = {"lanes": 0.0, "assemble": 0.0}
         # Arrays of dropped batches, written again (see OutputPool: never one still in use).
         self.pool = OutputPool()
         # The error that interrupted a batch: the lanes are then part-way through it.
@@ -287,8 +295,12 @@ class RowProducer:
         return rows_provenance(self.plan, self._last, self.lanes)
 
     def next_batch(self) -> Any:
+        seconds = self.stage_seconds
         with paused_gc():  # one pause for the rows and their assembly
+            started = time.perf_counter()
             rows = self.next_rows()
+            made = time.perf_counter()
+            seconds["lanes"] += made - started
             if rows is None:
                 return None
             try:
@@ -298,6 +310,7 @@ class RowProducer:
                 raise
             # Freed inside the pause: the collection its end may start would walk them.
             del rows
+            seconds["assemble"] += time.perf_counter() - made
             return batch
 
     def lane_snapshots(self) -> dict[int, tuple]:

@@ -37,6 +37,7 @@ import multiprocessing as mp
 import os
 import secrets
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -133,6 +134,8 @@ class WorkerRowProducer:
             running.update(lanes_to_run(batched, size_rows, agree_on_end, size))
         self.lane_ids = sorted(running)
         self.step = 0  # the global step produced next
+        # Seconds spent waiting for the workers' rows and assembling them, for metrics().
+        self.stage_seconds = {"workers": 0.0, "assemble": 0.0}
         self.prefetch = prefetch
         # Arrays of dropped batches, written again (see OutputPool: never one still in use).
         self.pool = OutputPool()
@@ -283,6 +286,7 @@ class WorkerRowProducer:
             return None
         self._ensure_ready()
         messages = []
+        started = time.perf_counter()
         try:
             for worker in self._workers:
                 messages.append(self._receive(worker, (Batch, End)))
@@ -306,8 +310,11 @@ class WorkerRowProducer:
                     worker.free(message)
             self._states = states
             return None
+        received = time.perf_counter()
+        self.stage_seconds["workers"] += received - started
         try:
             batch = self._assemble(messages, size)
+            self.stage_seconds["assemble"] += time.perf_counter() - received
         except BaseException as e:  # like RowProducer: no state for a half-made batch
             self._failure = f"the rows of a batch could not be assembled ({e!r})"
             raise
