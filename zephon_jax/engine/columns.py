@@ -187,6 +187,7 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     at once."""
     needy = [lane for lane in lanes.values() if len(lane.pending) < n]
     if len(needy) > 1:
+        open_rows_of_lanes(needy)
         read_documents_ahead(needy, n)
     taken = {}
     for l, lane in lanes.items():
@@ -281,19 +282,38 @@ def _open_rows(lane: Any, columns: ColumnarPlan) -> TokenBins:
     """The lane's open rows of pack as TokenBins (adopting those a restore made)."""
     carry = lane.carries[columns.stage]
     if type(carry) is not TokenBins:
-        carry = lane.carries[columns.stage] = TokenBins.adopt(
-            carry,
-            columns.pack.num_bins,
-            columns,
-            lane.lane,
-            functools.partial(_roots_of, lane)
-            if columns.drawn
-            else lambda p: _documents_of(lane, p),
-        )
+        open_rows_of_lanes([lane])
+        carry = lane.carries[columns.stage]
+    return carry
+
+
+def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
+    """Makes the open rows of pack of each of column-wise ``lanes`` (of one plan) TokenBins,
+    adopting those a restore made: the documents all the lanes' open rows hold are
+    located (or read, one batched read per store) together, not lane by lane."""
+    columns = lanes[0].plan.columnar
+    stage = columns.stage
+    todo = [lane for lane in lanes if type(lane.carries[stage]) is not TokenBins]
+    if not todo:
+        return
+    adopted = TokenBins.adopt_lanes(
+        [(lane.carries[stage], lane.lane, _records_of(lane, columns)) for lane in todo],
+        columns.pack.num_bins,
+        columns,
+    )
+    for lane, carry in zip(todo, adopted, strict=True):
+        lane.carries[stage] = carry
         if columns.drawn:
             carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
         columns.reader.register(carry)
-    return carry
+
+
+def _records_of(lane: Any, columns: ColumnarPlan) -> Any:
+    """``records_of`` of :meth:`TokenBins.adopt
+    <zephon_jax.operators.token_bins.TokenBins.adopt>` for ``lane``."""
+    if columns.drawn:
+        return functools.partial(_roots_of, lane)
+    return functools.partial(_documents_of, lane)
 
 
 def _place_spans(

@@ -131,33 +131,66 @@ class TokenBins(OpenRows):
         reads) the documents, ``records_of(positions)``: the leaves and documents at lane
         positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
         the drawn roots by, their leaves and documents)."""
-        carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
-        if bins is None:
-            return carry
-        held = _held_pieces(bins, plan.cut, plan.drawn, lane)
-        if not held:
-            return carry
-        rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
-        if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
-            positions, leaves, records = records_of([h[1] for h in held])
-        else:
-            positions = np.array([h[1] for h in held], np.int64)
-            leaves, records = records_of(positions)
-        starts, leaves = plan.reader.starts(leaves, records)
-        starts = starts + js * plan.cut
-        carry.tokens = plan.tokens  # where the reader put the documents
-        codes = piece_code(positions, js) if plan.cut else positions
-        while int(np.bincount(rows).max()) > carry.piece_array.shape[2]:
-            carry.grow_rows()
+        return cls.adopt_lanes([(bins, lane, records_of)], num_bins, plan)[0]
+
+    @classmethod
+    def adopt_lanes(
+        cls, lanes: Sequence[tuple[Any, int, Callable]], num_bins: int, plan: Any
+    ) -> list[TokenBins]:
+        """:meth:`adopt` of ``(bins, lane, records_of)`` for each of ``lanes`` (lanes of
+        one ``plan``), the documents all their open rows hold located (or read) by one
+        ``plan.reader.starts`` call: the same TokenBins as adopting them one by one."""
+        held = [_held_of(bins, plan, lane, records_of) for bins, lane, records_of in lanes]
+        wanted = [h for h in held if h is not None]
+        if wanted:
+            leaves = np.concatenate([h[4] for h in wanted])
+            records = np.concatenate([h[5] for h in wanted])
+            starts, where = plan.reader.starts(leaves, records)
+        carries, at = [], 0
+        for h in held:
+            carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
+            carries.append(carry)
+            if h is None:
+                continue
+            part = slice(at, at + len(h[4]))
+            at = part.stop
+            carry.tokens = plan.tokens  # where the reader put the documents
+            carry._fill_held(h, starts[part] + h[1] * plan.cut, where[part])
+        return carries
+
+    def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
+        """Sets the open rows to ``held`` (see :func:`_held_of`), the pieces starting at
+        ``starts`` in ``tokens[leaves]``."""
+        rows, js, lengths, positions = held[:4]
+        codes = piece_code(positions, js) if self.cut else positions
+        while int(np.bincount(rows).max()) > self.piece_array.shape[2]:
+            self.grow_rows()
         at = 0
-        for i in range(num_bins):
+        for i in range(len(self.fill)):
             c = int(np.count_nonzero(rows == i))
             part = slice(at, at + c)
-            carry.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
-            carry.count[i] = c
-            carry.fill[i] = int(lengths[part].sum())
+            self.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
+            self.count[i] = c
+            self.fill[i] = int(lengths[part].sum())
             at += c
-        return carry
+
+
+def _held_of(bins: Any, plan: Any, lane: int, records_of: Callable) -> tuple | None:
+    """``(rows, pieces, lengths, codes, leaves, records)`` of the pieces ``bins`` hold, by
+    row (arrays; ``codes``: the lane positions, or with ``plan.drawn`` the indices
+    ``records_of`` gives the drawn roots); None if they hold none."""
+    if bins is None:
+        return None
+    held = _held_pieces(bins, plan.cut, plan.drawn, lane)
+    if not held:
+        return None
+    rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
+    if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
+        positions, leaves, records = records_of([h[1] for h in held])
+    else:
+        positions = np.array([h[1] for h in held], np.int64)
+        leaves, records = records_of(positions)
+    return rows, js, lengths, positions, leaves, records
 
 
 def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:
