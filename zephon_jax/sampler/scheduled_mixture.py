@@ -340,32 +340,53 @@ class MixtureDrawer:
 
     def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs``, read and transformed (batched per source)."""
+        out, groups = self._locate_component(component, subs)
+        for leaf, where, records in groups:
+            datas = self._read(self._leaf_base[component] + leaf, records)
+            self._fill_component(component, subs, out, leaf, where, datas)
+        return out
 
-        child = self.node.children[component]
-        res = resolve(child, self.lane, subs, self.num_lanes)
+    def _locate_component(
+        self, component: int, subs: np.ndarray
+    ) -> tuple[list[_Entry], list[tuple[int, np.ndarray, list[int]]]]:
+        """Entries for draws ``subs`` (all without data yet) and, per leaf of the
+        component, ``(leaf, where, records)``: the draws of it (indices into ``subs``)
+        and their records; reads nothing."""
+        res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
         out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
+        groups = []
         for leaf in np.unique(res.leaf[valid]).tolist():
             where = valid[res.leaf[valid] == leaf]
-            records = res.record[where].tolist()
-            datas = self._read(self._leaf_base[component] + leaf, records)
-            transforms = self._child_transforms[component][leaf]
-            block_subs = subs[where].tolist()
-            if transforms and self._transform_block is not None:
-                datas = self._transform_block(
-                    transforms,
-                    datas,
-                    [(component, sub) for sub in block_subs],
-                    functools.partial(_where_in, self._where, component, block_subs),
-                )
-            elif transforms:
-                datas = [
-                    self._transform(transforms, d, (component, sub), self._where(component, sub))
-                    for d, sub in zip(datas, block_subs)
-                ]
-            for i, data, sub in zip(where.tolist(), datas, block_subs):
-                out[i] = _Entry(data, self._tokens(data, component, sub))
-        return out
+            groups.append((leaf, where, res.record[where].tolist()))
+        return out, groups
+
+    def _fill_component(
+        self,
+        component: int,
+        subs: np.ndarray,
+        out: list[_Entry],
+        leaf: int,
+        where: np.ndarray,
+        datas: list,
+    ) -> None:
+        """Sets ``out[where]`` to the records ``datas`` of ``leaf``, transformed."""
+        transforms = self._child_transforms[component][leaf]
+        block_subs = subs[where].tolist()
+        if transforms and self._transform_block is not None:
+            datas = self._transform_block(
+                transforms,
+                datas,
+                [(component, sub) for sub in block_subs],
+                functools.partial(_where_in, self._where, component, block_subs),
+            )
+        elif transforms:
+            datas = [
+                self._transform(transforms, d, (component, sub), self._where(component, sub))
+                for d, sub in zip(datas, block_subs)
+            ]
+        for i, data, sub in zip(where.tolist(), datas, block_subs):
+            out[i] = _Entry(data, self._tokens(data, component, sub))
 
     def _tokens(self, data: Any, component: int, sub: int) -> int:
         if data is DROP:
@@ -394,19 +415,60 @@ class MixtureDrawer:
     # ----- restoring -----------------------------------------------------------------
     def regenerate(self, lineages: Sequence[tuple]) -> dict[tuple, Any]:
         """Elements (or ``DROP``) for root lineages ``(position, component, sub)``."""
-        by_component: dict[int, list[tuple]] = {}
-        for lineage in lineages:
-            by_component.setdefault(int(draw_component(lineage)), []).append(lineage)
         out: dict = {}
-        for component, group in by_component.items():
+        for component, group in _by_component(lineages).items():
             subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
-            entries = self._read_component(component, subs)
-            for lineage, entry in zip(group, entries):
-                if entry.data is None:
-                    out[lineage] = None
-                else:
-                    out[lineage] = self._finish(entry.data, *draw_parts(lineage))
+            self._finish_all(group, self._read_component(component, subs), out)
         return out
+
+    def _finish_all(self, group: list[tuple], entries: list[_Entry], out: dict) -> None:
+        for lineage, entry in zip(group, entries):
+            if entry.data is None:
+                out[lineage] = None
+            else:
+                out[lineage] = self._finish(entry.data, *draw_parts(lineage))
+
+
+def _by_component(lineages: Sequence[tuple]) -> dict[int, list[tuple]]:
+    by_component: dict[int, list[tuple]] = {}
+    for lineage in lineages:
+        by_component.setdefault(int(draw_component(lineage)), []).append(lineage)
+    return by_component
+
+
+def regenerate_lanes(
+    drawers: Sequence[MixtureDrawer],
+    lineages: Sequence[Sequence[tuple]],
+    read: Callable[[int, list[int], str], list],
+) -> list[dict[tuple, Any]]:
+    """``[d.regenerate(l) for d, l in zip(drawers, lineages)]`` (drawers of one mixture),
+    each sampler leaf's records read for all the drawers with one call
+    ``read(leaf_id, records, who)`` (``who`` names the lanes, for errors) instead of
+    one per drawer: the same elements."""
+    jobs = []  # (drawer, component, lineages, subs, entries, the drawer's result)
+    by_leaf: dict[int, list[tuple]] = {}
+    results: list[dict] = []
+    for drawer, wanted in zip(drawers, lineages, strict=True):
+        results.append({})
+        for component, group in _by_component(wanted).items():
+            subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
+            out, groups = drawer._locate_component(component, subs)
+            job = (drawer, component, group, subs, out, results[-1])
+            jobs.append(job)
+            for leaf, where, records in groups:
+                leaf_id = drawer._leaf_base[component] + leaf
+                by_leaf.setdefault(leaf_id, []).append((job, leaf, where, records))
+    for leaf_id, parts in by_leaf.items():
+        first, last = parts[0][0][0].lane, parts[-1][0][0].lane
+        who = f"lane {first}" if first == last else f"lanes {first}..{last}"
+        datas = read(leaf_id, [r for part in parts for r in part[3]], who)
+        at = 0
+        for (drawer, component, _, subs, out, _), leaf, where, records in parts:
+            drawer._fill_component(component, subs, out, leaf, where, datas[at : at + len(records)])
+            at += len(records)
+    for drawer, _, group, _, out, result in jobs:
+        drawer._finish_all(group, out, result)
+    return results
 
 
 def locate_roots(
