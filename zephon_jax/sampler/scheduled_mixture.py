@@ -51,7 +51,14 @@ from zephon_jax.core.lineage import Element, draw_component, draw_parts, draw_su
 from zephon_jax.core.lineage import draw as draw_lineage
 from zephon_jax.core.permutation import derive_key
 from zephon_jax.errors import PipelineError, RecordError, StateError
-from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.sampler.resolve import (
+    Resolution,
+    end_position,
+    leaf_paths,
+    leaves,
+    resolve,
+    resolve_lanes,
+)
 from zephon_jax.sampler.schedule import StepSchedule
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
@@ -347,12 +354,13 @@ class MixtureDrawer:
         return out
 
     def _locate_component(
-        self, component: int, subs: np.ndarray
+        self, component: int, subs: np.ndarray, res: Resolution | None = None
     ) -> tuple[list[_Entry], list[tuple[int, np.ndarray, list[int]]]]:
         """Entries for draws ``subs`` (all without data yet) and, per leaf of the
         component, ``(leaf, where, records)``: the draws of it (indices into ``subs``)
-        and their records; reads nothing."""
-        res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
+        and their records (``res``: where ``subs`` resolve, if known); reads nothing."""
+        if res is None:
+            res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
         out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
         groups = []
@@ -446,14 +454,24 @@ def regenerate_lanes(
     ``read(leaf_id, records, who)`` (``who`` names the lanes, for errors) instead of
     one per drawer: the same elements."""
     jobs = []  # (drawer, component, lineages, subs, entries, the drawer's result)
-    by_leaf: dict[int, list[tuple]] = {}
-    results: list[dict] = []
-    for drawer, wanted in zip(drawers, lineages, strict=True):
-        results.append({})
+    results: list[dict] = [{} for _ in drawers]
+    by_component: dict[int, list[tuple]] = {}  # (drawer, its result, lineages, subs)
+    for drawer, wanted, result in zip(drawers, lineages, results, strict=True):
         for component, group in _by_component(wanted).items():
             subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
-            out, groups = drawer._locate_component(component, subs)
-            job = (drawer, component, group, subs, out, results[-1])
+            by_component.setdefault(component, []).append((drawer, result, group, subs))
+    by_leaf: dict[int, list[tuple]] = {}
+    for component, asked in by_component.items():
+        first = asked[0][0]
+        resolved = resolve_lanes(
+            first.node.children[component],
+            [a[0].lane for a in asked],
+            [a[3] for a in asked],
+            first.num_lanes,
+        )
+        for (drawer, result, group, subs), res in zip(asked, resolved, strict=True):
+            out, groups = drawer._locate_component(component, subs, res)
+            job = (drawer, component, group, subs, out, result)
             jobs.append(job)
             for leaf, where, records in groups:
                 leaf_id = drawer._leaf_base[component] + leaf
