@@ -36,6 +36,7 @@ from zephon_jax.engine.exclusion import excluded_columns, is_excluded
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
+from zephon_jax.sampler.scheduled_mixture import read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
@@ -188,6 +189,8 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     needy = [lane for lane in lanes.values() if len(lane.pending) < n]
     if len(needy) > 1:
         open_rows_of_lanes(needy)
+        if needy[0].drawer is not None:
+            read_draws_ahead([lane.drawer for lane in needy])
         read_documents_ahead(needy, n)
     taken = {}
     for l, lane in lanes.items():

@@ -319,29 +319,50 @@ class MixtureDrawer:
         entry = ahead.pop(sub, None)
         if entry is not None:
             return entry
-        ahead.clear()
-        count = self._chunk[component]
-        self._chunk[component] = min(_MAX_CHUNK, count * 2)
-        end = self._ends[component]
-        stop = sub + count if end is None else min(sub + count, end)
-        subs = np.arange(sub, max(stop, sub + 1), dtype=np.int64)
+        subs = self._next_chunk(component, sub)
         read = self._read_component if self._ids is None else self._read_ids
         ahead.update(zip(subs.tolist(), read(component, subs)))
         return ahead.pop(sub)
 
+    def _next_chunk(self, component: int, sub: int) -> np.ndarray:
+        """The draws of ``component`` to read ahead from ``sub`` on (its read-ahead, now
+        empty, grows for the next chunk)."""
+        self._ahead[component].clear()
+        count = self._chunk[component]
+        self._chunk[component] = min(_MAX_CHUNK, count * 2)
+        end = self._ends[component]
+        stop = sub + count if end is None else min(sub + count, end)
+        return np.arange(sub, max(stop, sub + 1), dtype=np.int64)
+
     def _read_ids(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs`` as ``(leaf_id, record)`` and their lengths (see
         ``ids``): nothing is read."""
-        res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
+        located = self._ids_of(component, subs)
+        assert self._ids is not None
+        return self._id_entries(*located, self._ids(*located[2:]))
+
+    def _ids_of(
+        self, component: int, subs: np.ndarray, res: Resolution | None = None
+    ) -> tuple[list[_Entry], np.ndarray, np.ndarray, np.ndarray]:
+        """Entries for draws ``subs`` (none with data yet), which of them are valid, and
+        those's sampler leaves and records (``res``: where ``subs`` resolve, if known)."""
+        if res is None:
+            res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
         out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
-        leaf_ids = self._leaf_base[component] + res.leaf[valid]
-        records = res.record[valid]
-        assert self._ids is not None
-        lengths = self._ids(leaf_ids, records).tolist()
-        if self.node.unit == "records":
-            lengths = [1] * len(valid)
-        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), lengths):
+        return out, valid, self._leaf_base[component] + res.leaf[valid], res.record[valid]
+
+    def _id_entries(
+        self,
+        out: list[_Entry],
+        valid: np.ndarray,
+        leaf_ids: np.ndarray,
+        records: np.ndarray,
+        lengths: np.ndarray,
+    ) -> list[_Entry]:
+        """``out`` with the valid draws' entries set: ``(leaf_id, record)`` and their lengths."""
+        counts = [1] * len(valid) if self.node.unit == "records" else lengths.tolist()
+        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), counts):
             out[i] = _Entry((leaf, record), n)
         return out
 
@@ -487,6 +508,48 @@ def regenerate_lanes(
     for drawer, _, group, _, out, result in jobs:
         drawer._finish_all(group, out, result)
     return results
+
+
+def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
+    """For ``drawers`` (of one mixture, given ``ids``), reads ahead together the chunk of
+    draws each would read at its next draw of each component whose read-ahead is empty:
+    one resolve per component and one ``ids`` call for all the drawers, not one per
+    drawer and component. The same entries as reading them one drawer at a time; only
+    what is read ahead changes, no draw and no state."""
+    drawers = [d for d in drawers if d._ids is not None]
+    if len(drawers) < 2:
+        return
+    first = drawers[0]
+    asked = []  # (drawer, component, subs, entries, valid, leaf ids, records)
+    for component, child in enumerate(first.node.children):
+        todo = [d for d in drawers if _reads_next(d, component)]
+        if not todo:
+            continue
+        subs = [d._next_chunk(component, d.next_sub[component]) for d in todo]
+        resolved = resolve_lanes(child, [d.lane for d in todo], subs, first.num_lanes)
+        for d, wanted, res in zip(todo, subs, resolved, strict=True):
+            asked.append((d, component, wanted, *d._ids_of(component, wanted, res)))
+    if not asked:
+        return
+    assert first._ids is not None
+    lengths = first._ids(
+        np.concatenate([a[5] for a in asked]), np.concatenate([a[6] for a in asked])
+    )
+    at = 0
+    for d, component, wanted, out, valid, leaf_ids, records in asked:
+        entries = d._id_entries(out, valid, leaf_ids, records, lengths[at : at + len(records)])
+        d._ahead[component].update(zip(wanted.tolist(), entries))
+        at += len(records)
+
+
+def _reads_next(drawer: MixtureDrawer, component: int) -> bool:
+    """Whether ``drawer``'s next draw of ``component`` (weighted now) would read ahead."""
+    end = drawer._ends[component]
+    return (
+        not drawer._ahead[component]
+        and drawer._quanta[drawer.stage][component] > 0
+        and (end is None or drawer.next_sub[component] < end)
+    )
 
 
 def locate_roots(
