@@ -168,13 +168,14 @@ def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
     reads of a source in one batch (mixture drawers' roots too, their records of each
     source read together)."""
     together, ordered = [], []
-    drawn, roots_of = [], []
+    drawn, drawers, roots_of = [], [], []
     for rebuild, positions in zip(rebuilders, wanted):
         drawer = rebuild.lane.drawer
         if drawer is not None:  # roots are (position, component, draw)
             roots = sorted(p for p in positions if is_valid_draw(p))
             if roots:
                 drawn.append(rebuild)
+                drawers.append(drawer)
                 roots_of.append(roots)
         elif positions:
             together.append(rebuild)
@@ -182,12 +183,12 @@ def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
     if drawn:
         first = drawn[0].lane
         elements = regenerate_lanes(
-            [r.lane.drawer for r in drawn],
+            drawers,
             roots_of,
             lambda leaf_id, records, who: first.read_leaf(leaf_id, records, None, who),
         )
-        for rebuild, read in zip(drawn, elements):
-            rebuild.roots.update(read)
+        for rebuild, regenerated in zip(drawn, elements):
+            rebuild.roots.update(regenerated)
     if together:
         items = read_roots_of_lanes([r.lane for r in together], ordered)
         for rebuild, where, read in zip(together, ordered, items):
