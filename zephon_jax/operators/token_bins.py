@@ -143,9 +143,11 @@ class TokenBins(OpenRows):
         held = [_held_of(bins, plan, lane, records_of) for bins, lane, records_of in lanes]
         wanted = [h for h in held if h is not None]
         if wanted:
-            leaves = np.concatenate([h[4] for h in wanted])
-            records = np.concatenate([h[5] for h in wanted])
-            starts, where = plan.reader.starts(leaves, records)
+            starts, where = _starts_once(
+                plan.reader,
+                np.concatenate([h[4] for h in wanted]),
+                np.concatenate([h[5] for h in wanted]),
+            )
         carries, at = [], 0
         for h in held:
             carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
@@ -173,6 +175,18 @@ class TokenBins(OpenRows):
             self.count[i] = c
             self.fill[i] = int(lengths[part].sum())
             at += c
+
+
+def _starts_once(
+    reader: Any, leaves: np.ndarray, records: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``reader.starts(leaves, records)``, each distinct document located (or read) once:
+    the pieces of one document in open rows then point to one copy of its tokens."""
+    span = int(records.max()) + 1
+    distinct, inverse = np.unique(leaves * span + records, return_inverse=True)
+    starts, where = reader.starts(distinct // span, distinct % span)
+    inverse = inverse.reshape(-1)
+    return starts[inverse], where[inverse]
 
 
 def _held_of(bins: Any, plan: Any, lane: int, records_of: Callable) -> tuple | None:

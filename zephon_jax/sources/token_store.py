@@ -477,9 +477,8 @@ class TokenStore:
         total = int(lengths.sum())
         if len(flat) == total and bool(np.all(at == np.cumsum(lengths) - lengths)):
             return flat
-        # One gather: token k of the output is flat[at[d] + (k - where d starts in it)].
-        shift = np.repeat(at - (np.cumsum(lengths) - lengths), lengths)
-        return flat[shift + np.arange(total, dtype=np.int64)]
+        spans = [flat[a : a + n] for a, n in zip(at.tolist(), lengths.tolist(), strict=True)]
+        return np.concatenate(spans).astype(s.dtype, copy=False)
 
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
