@@ -131,38 +131,47 @@ class TokenBins(OpenRows):
         reads) the documents, ``records_of(positions)``: the leaves and documents at lane
         positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
         the drawn roots by, their leaves and documents)."""
-        return cls.adopt_lanes([(bins, lane, records_of)], num_bins, plan)[0]
+
+        def of_lanes(_: list[int], held: list) -> list[tuple]:
+            if plan.drawn:
+                return [records_of(roots) for roots in held]
+            return [(positions, *records_of(positions)) for positions in held]
+
+        return cls.adopt_lanes([(bins, lane)], num_bins, plan, of_lanes)[0]
 
     @classmethod
     def adopt_lanes(
-        cls, lanes: Sequence[tuple[Any, int, Callable]], num_bins: int, plan: Any
+        cls, lanes: Sequence[tuple[Any, int]], num_bins: int, plan: Any, records_of: Callable
     ) -> list[TokenBins]:
-        """:meth:`adopt` of ``(bins, lane, records_of)`` for each of ``lanes`` (lanes of
-        one ``plan``), the documents all their open rows hold located (or read) by one
-        ``plan.reader.starts`` call: the same TokenBins as adopting them one by one."""
-        held = [_held_of(bins, plan, lane, records_of) for bins, lane, records_of in lanes]
-        wanted = [h for h in held if h is not None]
-        if wanted:
+        """:meth:`adopt` of ``(bins, lane)`` for each of ``lanes`` (lanes of one ``plan``):
+        ``records_of(ks, held)`` gives, for each ``lanes[ks[i]]``, whose open rows hold
+        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, a list of drawn
+        roots), the codes the lane gives them, their leaves and documents. The documents
+        all the lanes' open rows hold are located (or read) by one ``plan.reader.starts``
+        call: the same TokenBins as adopting them one by one."""
+        pieces = [_held_pieces_of(bins, plan, lane) for bins, lane in lanes]
+        ks = [k for k, p in enumerate(pieces) if p is not None]
+        located = records_of(ks, [pieces[k][3] for k in ks]) if ks else []  # type: ignore[index]
+        if ks:
             starts, where = _starts_once(
                 plan.reader,
-                np.concatenate([h[4] for h in wanted]),
-                np.concatenate([h[5] for h in wanted]),
+                np.concatenate([leaves for _, leaves, _ in located]),
+                np.concatenate([records for _, _, records in located]),
             )
-        carries, at = [], 0
-        for h in held:
-            carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
-            carries.append(carry)
-            if h is None:
-                continue
-            part = slice(at, at + len(h[4]))
+        carries = [cls(num_bins, plan.tokens, plan.field, plan.cut) for _ in lanes]
+        at = 0
+        for k, (codes, leaves, _) in zip(ks, located, strict=True):
+            rows, js, lengths, _ = pieces[k]  # type: ignore[misc]
+            part = slice(at, at + len(leaves))
             at = part.stop
+            carry = carries[k]
             carry.tokens = plan.tokens  # where the reader put the documents
-            carry._fill_held(h, starts[part] + h[1] * plan.cut, where[part])
+            carry._fill_held((rows, js, lengths, codes), starts[part] + js * plan.cut, where[part])
         return carries
 
     def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
-        """Sets the open rows to ``held`` (see :func:`_held_of`), the pieces starting at
-        ``starts`` in ``tokens[leaves]``."""
+        """Sets the open rows to ``held``: ``(rows, pieces, lengths, codes)`` of the held
+        pieces, by row, which start at ``starts`` in ``tokens[leaves]``."""
         rows, js, lengths, positions = held[:4]
         codes = piece_code(positions, js) if self.cut else positions
         while int(np.bincount(rows).max()) > self.piece_array.shape[2]:
@@ -189,22 +198,18 @@ def _starts_once(
     return starts[inverse], where[inverse]
 
 
-def _held_of(bins: Any, plan: Any, lane: int, records_of: Callable) -> tuple | None:
-    """``(rows, pieces, lengths, codes, leaves, records)`` of the pieces ``bins`` hold, by
-    row (arrays; ``codes``: the lane positions, or with ``plan.drawn`` the indices
-    ``records_of`` gives the drawn roots); None if they hold none."""
+def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
+    """``(rows, pieces, lengths, roots)`` of the pieces ``bins`` hold, by row (arrays;
+    ``roots``: their lane positions, an array, or with ``plan.drawn`` their drawn
+    roots, a list); None if they hold none."""
     if bins is None:
         return None
     held = _held_pieces(bins, plan.cut, plan.drawn, lane)
     if not held:
         return None
     rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
-    if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
-        positions, leaves, records = records_of([h[1] for h in held])
-    else:
-        positions = np.array([h[1] for h in held], np.int64)
-        leaves, records = records_of(positions)
-    return rows, js, lengths, positions, leaves, records
+    roots = [h[1] for h in held]
+    return rows, js, lengths, roots if plan.drawn else np.array(roots, np.int64)
 
 
 def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:

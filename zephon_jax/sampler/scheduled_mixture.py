@@ -552,6 +552,37 @@ def _reads_next(drawer: MixtureDrawer, component: int) -> bool:
     )
 
 
+def locate_roots_lanes(
+    node: ScheduledMixtureNode, lanes: Sequence[int], num_lanes: int, roots: Sequence[Sequence]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The leaves and records (int64 arrays) of root lineages ``roots[i]`` of lane
+    ``lanes[i]``, for each ``i``: :func:`locate_roots` without the epochs, each
+    component's draws resolved for all the lanes together; reads nothing."""
+    bases, base = [], 0
+    for child in node.children:
+        bases.append(base)
+        base += len(leaves(child))
+    outs = [(np.empty(len(r), np.int64), np.empty(len(r), np.int64)) for r in roots]
+    by_component: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    for k, lane_roots in enumerate(roots):
+        components = np.array([draw_component(r) for r in lane_roots], np.int64)
+        subs = np.array([draw_sub(r) for r in lane_roots], np.int64)
+        for component in np.unique(components).tolist():
+            where = np.flatnonzero(components == component)
+            by_component.setdefault(component, []).append((k, where, subs[where]))
+    for component, parts in by_component.items():
+        resolved = resolve_lanes(
+            node.children[component],
+            [lanes[k] for k, _, _ in parts],
+            [p[2] for p in parts],
+            num_lanes,
+        )
+        for (k, where, _), res in zip(parts, resolved, strict=True):
+            outs[k][0][where] = bases[component] + res.leaf
+            outs[k][1][where] = res.record
+    return outs
+
+
 def locate_roots(
     node: ScheduledMixtureNode, lane: int, num_lanes: int, roots: Sequence[tuple]
 ) -> list[tuple[int, int, int]]:
