@@ -57,8 +57,11 @@ def record_weights(stores: list[TokenStore], token_shares: list[float]) -> list[
     return [w / sum(raw) for w in raw]
 
 
-def llm_zephon(stores: list[TokenStore], seq_len: int, batch_size: int) -> zj.BatchedDataset:
-    """The LLM pipeline of the docs, zephon_jax's defaults (best fit, 32 open rows per lane)."""
+def llm_zephon(
+    stores: list[TokenStore], seq_len: int, batch_size: int, num_lanes: int | None = None
+) -> zj.BatchedDataset:
+    """The LLM pipeline of the docs, zephon_jax's defaults (best fit, 32 open rows per lane;
+    ``num_lanes=None``: one lane per batch row)."""
     comps = [zj.Dataset.source(s) for s in stores]
     return (
         zj.Dataset.mix(comps, LLM_TOKEN_SHARES, unit="tokens")
@@ -66,7 +69,7 @@ def llm_zephon(stores: list[TokenStore], seq_len: int, batch_size: int) -> zj.Ba
         .split(seq_len)
         .pack(seq_len)
         .to_training(pad_id=0)
-        .batch(batch_size)
+        .batch(batch_size, num_lanes)
     )
 
 

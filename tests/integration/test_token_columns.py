@@ -27,6 +27,7 @@ from zephon_jax.engine import column_sources, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
+from zephon_jax.sources.token_store import TokenStore, TokenStoreWriter
 from zephon_jax.state.global_state import lane_bytes
 
 
@@ -558,3 +559,49 @@ def test_the_llm_pipeline_on_processes_workers_and_resumes(general, stores):
     assert_batches_equal(take(iter(zj.Loader(ds)), 10), single)
     assert_batches_equal(resume_across(ds, 10, 5, 2, 1), single[5:])
     assert zj.explain_step(ds, 6) == explained
+
+
+def _store_mixture(tmp_path) -> zj.BatchedDataset:
+    """The documented LLM pipeline over two small TokenStores, one lane per row."""
+    comps = []
+    for seed in (3, 4):
+        path = str(tmp_path / f"store{seed}")
+        with TokenStoreWriter(path, dtype="int32") as writer:
+            writer.extend(d.astype(np.int32) for d in _documents(seed, num=200))
+        comps.append(zj.Dataset.source(TokenStore(path)))
+    return (
+        zj.Dataset.mix(comps, [0.7, 0.3], unit="tokens")
+        .shuffle(0)
+        .split(64)
+        .pack(64)
+        .to_training(pad_id=0)
+        .batch(16)
+    )
+
+
+def test_restoring_store_lanes_reads_each_store_together_not_lane_by_lane(tmp_path, monkeypatch):
+    """A restore of 16 column-wise lanes drawing from a mixture of TokenStores reads each
+    store a few times for all the lanes (the records the state points to, the open rows'
+    documents, the next draws), not once per lane; the batch is the uninterrupted run's."""
+    ds = _store_mixture(tmp_path)
+    it = iter(zj.Loader(ds))
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    expected = next(it)
+    reads = []
+    for name in ("read_flat", "__getitems__"):
+        original = getattr(TokenStore, name)
+
+        def counted(self, indices, _original=original, _name=name):
+            reads.append(_name)
+            return _original(self, indices)
+
+        monkeypatch.setattr(TokenStore, name, counted)
+    it2 = iter(zj.Loader(ds))
+    it2.set_state(state)
+    got = next(it2)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key])
+    assert 0 < len(reads) <= 4 * 2, reads  # at most 4 reads per store, 16 lanes

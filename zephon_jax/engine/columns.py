@@ -36,6 +36,7 @@ from zephon_jax.engine.exclusion import excluded_columns, is_excluded
 from zephon_jax.operators.pack import BinPackOperator
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
+from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
@@ -187,6 +188,9 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     at once."""
     needy = [lane for lane in lanes.values() if len(lane.pending) < n]
     if len(needy) > 1:
+        open_rows_of_lanes(needy)
+        if needy[0].drawer is not None:
+            read_draws_ahead([lane.drawer for lane in needy])
         read_documents_ahead(needy, n)
     taken = {}
     for l, lane in lanes.items():
@@ -281,19 +285,53 @@ def _open_rows(lane: Any, columns: ColumnarPlan) -> TokenBins:
     """The lane's open rows of pack as TokenBins (adopting those a restore made)."""
     carry = lane.carries[columns.stage]
     if type(carry) is not TokenBins:
-        carry = lane.carries[columns.stage] = TokenBins.adopt(
-            carry,
-            columns.pack.num_bins,
-            columns,
-            lane.lane,
-            functools.partial(_roots_of, lane)
-            if columns.drawn
-            else lambda p: _documents_of(lane, p),
-        )
+        open_rows_of_lanes([lane])
+        carry = lane.carries[columns.stage]
+    return carry
+
+
+def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
+    """Makes the open rows of pack of each of column-wise ``lanes`` (of one plan) TokenBins,
+    adopting those a restore made: the documents all the lanes' open rows hold are
+    located (or read, one batched read per store) together, not lane by lane."""
+    columns = lanes[0].plan.columnar
+    stage = columns.stage
+    todo = [lane for lane in lanes if type(lane.carries[stage]) is not TokenBins]
+    if not todo:
+        return
+    adopted = TokenBins.adopt_lanes(
+        [(lane.carries[stage], lane.lane) for lane in todo],
+        columns.pack.num_bins,
+        columns,
+        functools.partial(_held_records, todo, columns.drawn),
+    )
+    for lane, carry in zip(todo, adopted, strict=True):
+        lane.carries[stage] = carry
         if columns.drawn:
             carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
         columns.reader.register(carry)
-    return carry
+
+
+def _held_records(lanes: Sequence[Any], drawn: bool, ks: list[int], held: list) -> list[tuple]:
+    """``records_of`` of :meth:`TokenBins.adopt_lanes
+    <zephon_jax.operators.token_bins.TokenBins.adopt_lanes>` for ``lanes``: the codes,
+    leaves and documents of the positions (or drawn roots, registered with their lanes
+    now) ``held[i]`` of ``lanes[ks[i]]``, resolved for all the lanes together."""
+    chosen = [lanes[k] for k in ks]
+    plan = chosen[0].plan
+    if not drawn:
+        ids = [lane.lane for lane in chosen]
+        resolved = resolve_lanes(plan.sampler, ids, held, plan.num_lanes)
+        return [(p, res.leaf, res.record) for p, res in zip(held, resolved, strict=True)]
+    drawer = chosen[0].drawer
+    ids = [lane.lane for lane in chosen]
+    located = locate_roots_lanes(drawer.node, ids, drawer.num_lanes, held)
+    out = []
+    for lane, roots, (leaves, records) in zip(chosen, held, located, strict=True):
+        index = lane.drawn_roots_base + len(lane.drawn_roots)
+        out.append((index + np.arange(len(roots), dtype=np.int64), leaves, records))
+        lane.drawn_roots.extend(roots)
+    return out
 
 
 def _place_spans(
@@ -340,13 +378,6 @@ def _place_spans(
             (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
         )
         lane._deepest = max(lane._deepest, stage if placed else 0)
-
-
-def _documents_of(lane: Any, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The leaves and document ids of lane ``positions``."""
-    plan = lane.plan
-    res = resolve(plan.sampler, lane.lane, positions, plan.num_lanes)
-    return res.leaf, res.record
 
 
 def _take_drawn(lane: Any, n: int) -> list | None:
@@ -413,14 +444,3 @@ def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
     if cut:
         return tuple(piece(roots[at - base], j) for at, j in map(decode_piece, codes))
     return tuple(roots[c - base] for c in codes)
-
-
-def _roots_of(lane: Any, roots: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Registers drawn ``roots`` (restored ones) with the lane: their indices, leaves and
-    documents."""
-    located = lane.drawer.locate(roots)
-    index = lane.drawn_roots_base + len(lane.drawn_roots) + np.arange(len(roots), dtype=np.int64)
-    lane.drawn_roots.extend(roots)
-    leaves = np.array([leaf for leaf, _, _ in located], np.int64)
-    records = np.array([record for _, record, _ in located], np.int64)
-    return index, leaves, records

@@ -146,7 +146,7 @@ class Lane:
                 plan.mixture,
                 lane,
                 plan.num_lanes,
-                self._read_leaf,
+                self.read_leaf,
                 self._transform_root,
                 self._transform_roots,
                 None if columnar is None else columnar.reader.ahead,
@@ -209,7 +209,7 @@ class Lane:
         for i, position, data in zip(where.tolist(), block_positions, datas):
             out[i] = data if data is DROP else Element(data, position)
 
-    def _read_leaf(
+    def read_leaf(
         self, leaf_id: int, records: list[int], positions: list | None = None, who: str = ""
     ) -> list:
         """The records ``records`` of sampler leaf ``leaf_id``, in one batched read
@@ -632,7 +632,7 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
         first = lanes[k0]
         who = f"lane {first.lane}" if k0 == k1 else f"lanes {first.lane}..{lanes[k1].lane}"
         shown = positions[k0][where0[:8]].tolist() if k0 == k1 else None
-        datas = first._read_leaf(leaf_id, [r for part in records for r in part], shown, who)
+        datas = first.read_leaf(leaf_id, [r for part in records for r in part], shown, who)
         at = 0
         for (k, where), part in zip(parts, records):
             lanes[k]._place(leaf_id, where, positions[k], part, datas[at : at + len(part)], outs[k])

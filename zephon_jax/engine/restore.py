@@ -35,6 +35,7 @@ from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
 from zephon_jax.operators.base import Saved
+from zephon_jax.sampler.scheduled_mixture import regenerate_lanes
 from zephon_jax.state.envelope import is_int
 from zephon_jax.state.lane_format import LaneSnapshot
 from zephon_jax.transforms import DROP, apply_transforms
@@ -164,17 +165,30 @@ def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:
 
 def _read_roots(rebuilders: Sequence[Rebuilder], wanted: Sequence[set]) -> None:
     """Reads the sampler records at the positions each rebuilder's lane wants, all lanes'
-    reads of a source in one batch (a mixture drawer's roots lane by lane)."""
+    reads of a source in one batch (mixture drawers' roots too, their records of each
+    source read together)."""
     together, ordered = [], []
+    drawn, drawers, roots_of = [], [], []
     for rebuild, positions in zip(rebuilders, wanted):
         drawer = rebuild.lane.drawer
         if drawer is not None:  # roots are (position, component, draw)
             roots = sorted(p for p in positions if is_valid_draw(p))
             if roots:
-                rebuild.roots.update(drawer.regenerate(roots))
+                drawn.append(rebuild)
+                drawers.append(drawer)
+                roots_of.append(roots)
         elif positions:
             together.append(rebuild)
             ordered.append(np.array(sorted(positions), dtype=np.int64))
+    if drawn:
+        first = drawn[0].lane
+        elements = regenerate_lanes(
+            drawers,
+            roots_of,
+            lambda leaf_id, records, who: first.read_leaf(leaf_id, records, None, who),
+        )
+        for rebuild, regenerated in zip(drawn, elements):
+            rebuild.roots.update(regenerated)
     if together:
         items = read_roots_of_lanes([r.lane for r in together], ordered)
         for rebuild, where, read in zip(together, ordered, items):

@@ -131,33 +131,85 @@ class TokenBins(OpenRows):
         reads) the documents, ``records_of(positions)``: the leaves and documents at lane
         positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
         the drawn roots by, their leaves and documents)."""
-        carry = cls(num_bins, plan.tokens, plan.field, plan.cut)
-        if bins is None:
-            return carry
-        held = _held_pieces(bins, plan.cut, plan.drawn, lane)
-        if not held:
-            return carry
-        rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
-        if plan.drawn:  # roots of a mixture drawer: coded by the indices the lane gives them
-            positions, leaves, records = records_of([h[1] for h in held])
-        else:
-            positions = np.array([h[1] for h in held], np.int64)
-            leaves, records = records_of(positions)
-        starts, leaves = plan.reader.starts(leaves, records)
-        starts = starts + js * plan.cut
-        carry.tokens = plan.tokens  # where the reader put the documents
-        codes = piece_code(positions, js) if plan.cut else positions
-        while int(np.bincount(rows).max()) > carry.piece_array.shape[2]:
-            carry.grow_rows()
+
+        def of_lanes(_: list[int], held: list) -> list[tuple]:
+            if plan.drawn:
+                return [records_of(roots) for roots in held]
+            return [(positions, *records_of(positions)) for positions in held]
+
+        return cls.adopt_lanes([(bins, lane)], num_bins, plan, of_lanes)[0]
+
+    @classmethod
+    def adopt_lanes(
+        cls, lanes: Sequence[tuple[Any, int]], num_bins: int, plan: Any, records_of: Callable
+    ) -> list[TokenBins]:
+        """:meth:`adopt` of ``(bins, lane)`` for each of ``lanes`` (lanes of one ``plan``):
+        ``records_of(ks, held)`` gives, for each ``lanes[ks[i]]``, whose open rows hold
+        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, a list of drawn
+        roots), the codes the lane gives them, their leaves and documents. The documents
+        all the lanes' open rows hold are located (or read) by one ``plan.reader.starts``
+        call: the same TokenBins as adopting them one by one."""
+        pieces = [_held_pieces_of(bins, plan, lane) for bins, lane in lanes]
+        ks = [k for k, p in enumerate(pieces) if p is not None]
+        located = records_of(ks, [pieces[k][3] for k in ks]) if ks else []  # type: ignore[index]
+        if ks:
+            starts, where = _starts_once(
+                plan.reader,
+                np.concatenate([leaves for _, leaves, _ in located]),
+                np.concatenate([records for _, _, records in located]),
+            )
+        carries = [cls(num_bins, plan.tokens, plan.field, plan.cut) for _ in lanes]
         at = 0
-        for i in range(num_bins):
+        for k, (codes, leaves, _) in zip(ks, located, strict=True):
+            rows, js, lengths, _ = pieces[k]  # type: ignore[misc]
+            part = slice(at, at + len(leaves))
+            at = part.stop
+            carry = carries[k]
+            carry.tokens = plan.tokens  # where the reader put the documents
+            carry._fill_held((rows, js, lengths, codes), starts[part] + js * plan.cut, where[part])
+        return carries
+
+    def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
+        """Sets the open rows to ``held``: ``(rows, pieces, lengths, codes)`` of the held
+        pieces, by row, which start at ``starts`` in ``tokens[leaves]``."""
+        rows, js, lengths, positions = held[:4]
+        codes = piece_code(positions, js) if self.cut else positions
+        while int(np.bincount(rows).max()) > self.piece_array.shape[2]:
+            self.grow_rows()
+        at = 0
+        for i in range(len(self.fill)):
             c = int(np.count_nonzero(rows == i))
             part = slice(at, at + c)
-            carry.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
-            carry.count[i] = c
-            carry.fill[i] = int(lengths[part].sum())
+            self.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
+            self.count[i] = c
+            self.fill[i] = int(lengths[part].sum())
             at += c
-        return carry
+
+
+def _starts_once(
+    reader: Any, leaves: np.ndarray, records: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``reader.starts(leaves, records)``, each distinct document located (or read) once:
+    the pieces of one document in open rows then point to one copy of its tokens."""
+    span = int(records.max()) + 1
+    distinct, inverse = np.unique(leaves * span + records, return_inverse=True)
+    starts, where = reader.starts(distinct // span, distinct % span)
+    inverse = inverse.reshape(-1)
+    return starts[inverse], where[inverse]
+
+
+def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
+    """``(rows, pieces, lengths, roots)`` of the pieces ``bins`` hold, by row (arrays;
+    ``roots``: their lane positions, an array, or with ``plan.drawn`` their drawn
+    roots, a list); None if they hold none."""
+    if bins is None:
+        return None
+    held = _held_pieces(bins, plan.cut, plan.drawn, lane)
+    if not held:
+        return None
+    rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
+    roots = [h[1] for h in held]
+    return rows, js, lengths, roots if plan.drawn else np.array(roots, np.int64)
 
 
 def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:

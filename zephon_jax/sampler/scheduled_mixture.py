@@ -51,7 +51,14 @@ from zephon_jax.core.lineage import Element, draw_component, draw_parts, draw_su
 from zephon_jax.core.lineage import draw as draw_lineage
 from zephon_jax.core.permutation import derive_key
 from zephon_jax.errors import PipelineError, RecordError, StateError
-from zephon_jax.sampler.resolve import end_position, leaf_paths, leaves, resolve
+from zephon_jax.sampler.resolve import (
+    Resolution,
+    end_position,
+    leaf_paths,
+    leaves,
+    resolve,
+    resolve_lanes,
+)
 from zephon_jax.sampler.schedule import StepSchedule
 from zephon_jax.sampler.source import source_label
 from zephon_jax.transforms import DROP
@@ -312,60 +319,103 @@ class MixtureDrawer:
         entry = ahead.pop(sub, None)
         if entry is not None:
             return entry
-        ahead.clear()
-        count = self._chunk[component]
-        self._chunk[component] = min(_MAX_CHUNK, count * 2)
-        end = self._ends[component]
-        stop = sub + count if end is None else min(sub + count, end)
-        subs = np.arange(sub, max(stop, sub + 1), dtype=np.int64)
+        subs = self._next_chunk(component, sub)
         read = self._read_component if self._ids is None else self._read_ids
         ahead.update(zip(subs.tolist(), read(component, subs)))
         return ahead.pop(sub)
 
+    def _next_chunk(self, component: int, sub: int) -> np.ndarray:
+        """The draws of ``component`` to read ahead from ``sub`` on (its read-ahead, now
+        empty, grows for the next chunk)."""
+        self._ahead[component].clear()
+        count = self._chunk[component]
+        self._chunk[component] = min(_MAX_CHUNK, count * 2)
+        end = self._ends[component]
+        stop = sub + count if end is None else min(sub + count, end)
+        return np.arange(sub, max(stop, sub + 1), dtype=np.int64)
+
     def _read_ids(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs`` as ``(leaf_id, record)`` and their lengths (see
         ``ids``): nothing is read."""
-        res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
+        located = self._ids_of(component, subs)
+        assert self._ids is not None
+        return self._id_entries(*located, self._ids(*located[2:]))
+
+    def _ids_of(
+        self, component: int, subs: np.ndarray, res: Resolution | None = None
+    ) -> tuple[list[_Entry], np.ndarray, np.ndarray, np.ndarray]:
+        """Entries for draws ``subs`` (none with data yet), which of them are valid, and
+        those's sampler leaves and records (``res``: where ``subs`` resolve, if known)."""
+        if res is None:
+            res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
         out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
-        leaf_ids = self._leaf_base[component] + res.leaf[valid]
-        records = res.record[valid]
-        assert self._ids is not None
-        lengths = self._ids(leaf_ids, records).tolist()
-        if self.node.unit == "records":
-            lengths = [1] * len(valid)
-        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), lengths):
+        return out, valid, self._leaf_base[component] + res.leaf[valid], res.record[valid]
+
+    def _id_entries(
+        self,
+        out: list[_Entry],
+        valid: np.ndarray,
+        leaf_ids: np.ndarray,
+        records: np.ndarray,
+        lengths: np.ndarray,
+    ) -> list[_Entry]:
+        """``out`` with the valid draws' entries set: ``(leaf_id, record)`` and their lengths."""
+        counts = [1] * len(valid) if self.node.unit == "records" else lengths.tolist()
+        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), counts):
             out[i] = _Entry((leaf, record), n)
         return out
 
     def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs``, read and transformed (batched per source)."""
+        out, groups = self._locate_component(component, subs)
+        for leaf, where, records in groups:
+            datas = self._read(self._leaf_base[component] + leaf, records)
+            self._fill_component(component, subs, out, leaf, where, datas)
+        return out
 
-        child = self.node.children[component]
-        res = resolve(child, self.lane, subs, self.num_lanes)
+    def _locate_component(
+        self, component: int, subs: np.ndarray, res: Resolution | None = None
+    ) -> tuple[list[_Entry], list[tuple[int, np.ndarray, list[int]]]]:
+        """Entries for draws ``subs`` (all without data yet) and, per leaf of the
+        component, ``(leaf, where, records)``: the draws of it (indices into ``subs``)
+        and their records (``res``: where ``subs`` resolve, if known); reads nothing."""
+        if res is None:
+            res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
         out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
+        groups = []
         for leaf in np.unique(res.leaf[valid]).tolist():
             where = valid[res.leaf[valid] == leaf]
-            records = res.record[where].tolist()
-            datas = self._read(self._leaf_base[component] + leaf, records)
-            transforms = self._child_transforms[component][leaf]
-            block_subs = subs[where].tolist()
-            if transforms and self._transform_block is not None:
-                datas = self._transform_block(
-                    transforms,
-                    datas,
-                    [(component, sub) for sub in block_subs],
-                    functools.partial(_where_in, self._where, component, block_subs),
-                )
-            elif transforms:
-                datas = [
-                    self._transform(transforms, d, (component, sub), self._where(component, sub))
-                    for d, sub in zip(datas, block_subs)
-                ]
-            for i, data, sub in zip(where.tolist(), datas, block_subs):
-                out[i] = _Entry(data, self._tokens(data, component, sub))
-        return out
+            groups.append((leaf, where, res.record[where].tolist()))
+        return out, groups
+
+    def _fill_component(
+        self,
+        component: int,
+        subs: np.ndarray,
+        out: list[_Entry],
+        leaf: int,
+        where: np.ndarray,
+        datas: list,
+    ) -> None:
+        """Sets ``out[where]`` to the records ``datas`` of ``leaf``, transformed."""
+        transforms = self._child_transforms[component][leaf]
+        block_subs = subs[where].tolist()
+        if transforms and self._transform_block is not None:
+            datas = self._transform_block(
+                transforms,
+                datas,
+                [(component, sub) for sub in block_subs],
+                functools.partial(_where_in, self._where, component, block_subs),
+            )
+        elif transforms:
+            datas = [
+                self._transform(transforms, d, (component, sub), self._where(component, sub))
+                for d, sub in zip(datas, block_subs)
+            ]
+        for i, data, sub in zip(where.tolist(), datas, block_subs):
+            out[i] = _Entry(data, self._tokens(data, component, sub))
 
     def _tokens(self, data: Any, component: int, sub: int) -> int:
         if data is DROP:
@@ -394,19 +444,143 @@ class MixtureDrawer:
     # ----- restoring -----------------------------------------------------------------
     def regenerate(self, lineages: Sequence[tuple]) -> dict[tuple, Any]:
         """Elements (or ``DROP``) for root lineages ``(position, component, sub)``."""
-        by_component: dict[int, list[tuple]] = {}
-        for lineage in lineages:
-            by_component.setdefault(int(draw_component(lineage)), []).append(lineage)
         out: dict = {}
-        for component, group in by_component.items():
+        for component, group in _by_component(lineages).items():
             subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
-            entries = self._read_component(component, subs)
-            for lineage, entry in zip(group, entries):
-                if entry.data is None:
-                    out[lineage] = None
-                else:
-                    out[lineage] = self._finish(entry.data, *draw_parts(lineage))
+            self._finish_all(group, self._read_component(component, subs), out)
         return out
+
+    def _finish_all(self, group: list[tuple], entries: list[_Entry], out: dict) -> None:
+        for lineage, entry in zip(group, entries):
+            if entry.data is None:
+                out[lineage] = None
+            else:
+                out[lineage] = self._finish(entry.data, *draw_parts(lineage))
+
+
+def _by_component(lineages: Sequence[tuple]) -> dict[int, list[tuple]]:
+    by_component: dict[int, list[tuple]] = {}
+    for lineage in lineages:
+        by_component.setdefault(int(draw_component(lineage)), []).append(lineage)
+    return by_component
+
+
+def regenerate_lanes(
+    drawers: Sequence[MixtureDrawer],
+    lineages: Sequence[Sequence[tuple]],
+    read: Callable[[int, list[int], str], list],
+) -> list[dict[tuple, Any]]:
+    """``[d.regenerate(l) for d, l in zip(drawers, lineages)]`` (drawers of one mixture),
+    each sampler leaf's records read for all the drawers with one call
+    ``read(leaf_id, records, who)`` (``who`` names the lanes, for errors) instead of
+    one per drawer: the same elements."""
+    jobs = []  # (drawer, component, lineages, subs, entries, the drawer's result)
+    results: list[dict] = [{} for _ in drawers]
+    by_component: dict[int, list[tuple]] = {}  # (drawer, its result, lineages, subs)
+    for drawer, wanted, result in zip(drawers, lineages, results, strict=True):
+        for component, group in _by_component(wanted).items():
+            subs = np.array(list(map(draw_sub, group)), dtype=np.int64)
+            by_component.setdefault(component, []).append((drawer, result, group, subs))
+    by_leaf: dict[int, list[tuple]] = {}
+    for component, asked in by_component.items():
+        first = asked[0][0]
+        resolved = resolve_lanes(
+            first.node.children[component],
+            [a[0].lane for a in asked],
+            [a[3] for a in asked],
+            first.num_lanes,
+        )
+        for (drawer, result, group, subs), res in zip(asked, resolved, strict=True):
+            out, groups = drawer._locate_component(component, subs, res)
+            job = (drawer, component, group, subs, out, result)
+            jobs.append(job)
+            for leaf, where, records in groups:
+                leaf_id = drawer._leaf_base[component] + leaf
+                by_leaf.setdefault(leaf_id, []).append((job, leaf, where, records))
+    for leaf_id, parts in by_leaf.items():
+        first, last = parts[0][0][0].lane, parts[-1][0][0].lane
+        who = f"lane {first}" if first == last else f"lanes {first}..{last}"
+        datas = read(leaf_id, [r for part in parts for r in part[3]], who)
+        at = 0
+        for (drawer, component, _, subs, out, _), leaf, where, records in parts:
+            drawer._fill_component(component, subs, out, leaf, where, datas[at : at + len(records)])
+            at += len(records)
+    for drawer, _, group, _, out, result in jobs:
+        drawer._finish_all(group, out, result)
+    return results
+
+
+def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
+    """For ``drawers`` (of one mixture, given ``ids``), reads ahead together the chunk of
+    draws each would read at its next draw of each component whose read-ahead is empty:
+    one resolve per component and one ``ids`` call for all the drawers, not one per
+    drawer and component. The same entries as reading them one drawer at a time; only
+    what is read ahead changes, no draw and no state."""
+    drawers = [d for d in drawers if d._ids is not None]
+    if len(drawers) < 2:
+        return
+    first = drawers[0]
+    asked = []  # (drawer, component, subs, entries, valid, leaf ids, records)
+    for component, child in enumerate(first.node.children):
+        todo = [d for d in drawers if _reads_next(d, component)]
+        if not todo:
+            continue
+        subs = [d._next_chunk(component, d.next_sub[component]) for d in todo]
+        resolved = resolve_lanes(child, [d.lane for d in todo], subs, first.num_lanes)
+        for d, wanted, res in zip(todo, subs, resolved, strict=True):
+            asked.append((d, component, wanted, *d._ids_of(component, wanted, res)))
+    if not asked:
+        return
+    assert first._ids is not None
+    lengths = first._ids(
+        np.concatenate([a[5] for a in asked]), np.concatenate([a[6] for a in asked])
+    )
+    at = 0
+    for d, component, wanted, out, valid, leaf_ids, records in asked:
+        entries = d._id_entries(out, valid, leaf_ids, records, lengths[at : at + len(records)])
+        d._ahead[component].update(zip(wanted.tolist(), entries))
+        at += len(records)
+
+
+def _reads_next(drawer: MixtureDrawer, component: int) -> bool:
+    """Whether ``drawer``'s next draw of ``component`` (weighted now) would read ahead."""
+    end = drawer._ends[component]
+    return (
+        not drawer._ahead[component]
+        and drawer._quanta[drawer.stage][component] > 0
+        and (end is None or drawer.next_sub[component] < end)
+    )
+
+
+def locate_roots_lanes(
+    node: ScheduledMixtureNode, lanes: Sequence[int], num_lanes: int, roots: Sequence[Sequence]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The leaves and records (int64 arrays) of root lineages ``roots[i]`` of lane
+    ``lanes[i]``, for each ``i``: :func:`locate_roots` without the epochs, each
+    component's draws resolved for all the lanes together; reads nothing."""
+    bases, base = [], 0
+    for child in node.children:
+        bases.append(base)
+        base += len(leaves(child))
+    outs = [(np.empty(len(r), np.int64), np.empty(len(r), np.int64)) for r in roots]
+    by_component: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    for k, lane_roots in enumerate(roots):
+        components = np.array([draw_component(r) for r in lane_roots], np.int64)
+        subs = np.array([draw_sub(r) for r in lane_roots], np.int64)
+        for component in np.unique(components).tolist():
+            where = np.flatnonzero(components == component)
+            by_component.setdefault(component, []).append((k, where, subs[where]))
+    for component, parts in by_component.items():
+        resolved = resolve_lanes(
+            node.children[component],
+            [lanes[k] for k, _, _ in parts],
+            [p[2] for p in parts],
+            num_lanes,
+        )
+        for (k, where, _), res in zip(parts, resolved, strict=True):
+            outs[k][0][where] = bases[component] + res.leaf
+            outs[k][1][where] = res.record
+    return outs
 
 
 def locate_roots(

@@ -72,10 +72,12 @@ class SourceNode:
         g = draws.astype(np.int64) * num_lanes + lane
         epochs = g // n
         records = g - epochs * n
-        if self.shuffle_seed is not None:
-            for epoch in np.unique(epochs):
-                sel = epochs == epoch
-                records[sel] = permute(records[sel], n, derive_key(self.shuffle_seed, int(epoch)))
+        if self.shuffle_seed is not None:  # each epoch's draws permuted by its own key
+            order = np.argsort(epochs, kind="stable")
+            cuts = np.flatnonzero(np.diff(epochs[order])) + 1
+            for sel in np.split(order, cuts) if len(order) else ():
+                key = derive_key(self.shuffle_seed, int(epochs[sel[0]]))
+                records[sel] = permute(records[sel], n, key)
         valid = (
             np.ones(g.shape, dtype=bool) if self.num_epochs is None else epochs < self.num_epochs
         )

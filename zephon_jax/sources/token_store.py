@@ -477,12 +477,8 @@ class TokenStore:
         total = int(lengths.sum())
         if len(flat) == total and bool(np.all(at == np.cumsum(lengths) - lengths)):
             return flat
-        out = np.empty(total, dtype=s.dtype)
-        pos = 0
-        for a, n in zip(at.tolist(), lengths.tolist(), strict=True):
-            out[pos : pos + n] = flat[a : a + n]
-            pos += n
-        return out
+        spans = [flat[a : a + n] for a, n in zip(at.tolist(), lengths.tolist(), strict=True)]
+        return np.concatenate(spans).astype(s.dtype, copy=False)
 
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
