@@ -33,21 +33,8 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 # Uses of another module's private names allowed for now: (path in the package, the use as
-# written), all in engine/columns.py (on engine/lane.py's Lane and the operators' carry),
-# which is being rewritten. This list must only shrink: remove an entry once the owner has a
-# public name for it; never add one.
-PRIVATE_USES_ALLOWED = frozenset(
-    {
-        ("engine/columns.py", "carry._form"),
-        ("engine/columns.py", "lane._deepest"),
-        ("engine/columns.py", "lane._documents_ahead"),
-        ("engine/columns.py", "lane._finish_input"),
-        ("engine/columns.py", "lane._raise_no_progress"),
-        ("engine/columns.py", "lane._remember"),
-        ("engine/columns.py", "lane._row_reached"),
-        ("engine/columns.py", "lane._without_row"),
-    }
-)
+# written). Empty: a module that needs another's member uses its public name.
+PRIVATE_USES_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
-# that provenance keeps of its last blocks, see Lane._remember).
+# that provenance keeps of its last blocks, see Lane.remember).
 DOCUMENTS_AHEAD = 256
 
 
@@ -164,20 +164,20 @@ def take_columns(lane: Any, n: int) -> list | None:
                 return None
             size = next_block(size, n - len(pending), len(pending) != had, lane.block_cap(n))
             had = len(pending)
-            block = _next_documents(lane, min(size, limit + 1 - lane._without_row))
+            block = _next_documents(lane, min(size, limit + 1 - lane.without_row))
             if block is None:
-                lane._finish_input()
+                lane.finish_input()
                 continue
             positions, leaves, records = block
-            lane._without_row += len(records)  # reset when a row reaches ``pending``
+            lane.without_row += len(records)  # reset when a row reaches ``pending``
             if plan.excluded:  # records a state excludes (see zephon_jax.engine.exclusion)
                 positions, leaves, records = excluded_columns(
                     plan.excluded, positions, leaves, records
                 )
             if len(records):
                 _place(lane, columns, positions, leaves, records)
-            if lane._without_row > limit:
-                lane._raise_no_progress()
+            if lane.without_row > limit:
+                lane.raise_no_progress()
     return [pending.popleft() for _ in range(n)]
 
 
@@ -216,7 +216,7 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
         if lane.input_done or missing <= 0:
             continue
         start = lane.next_position
-        ahead = lane._documents_ahead
+        ahead = lane.documents_ahead
         if (
             ahead is not None
             and ahead[0] <= start
@@ -238,9 +238,9 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
 
 
 def _keep_ahead(lane: Any, positions: np.ndarray, res: Any) -> None:
-    lane._remember(positions, res)
+    lane.remember(positions, res)
     skipped = not res.valid.all()  # a source past its epochs while another is not
-    lane._documents_ahead = (int(positions[0]), positions, res.leaf, res.record, skipped, res.valid)
+    lane.documents_ahead = (int(positions[0]), positions, res.leaf, res.record, skipped, res.valid)
 
 
 def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -253,7 +253,7 @@ def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.nd
         if start >= end:
             return None
         size = min(size, end - start)
-    ahead = lane._documents_ahead
+    ahead = lane.documents_ahead
     if ahead is None or not ahead[0] <= start <= start + size <= ahead[0] + len(ahead[1]):
         plan = lane.plan
         stop = start + max(size, DOCUMENTS_AHEAD)
@@ -261,7 +261,7 @@ def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.nd
             stop = min(stop, end)
         positions = np.arange(start, stop, dtype=np.int64)
         _keep_ahead(lane, positions, resolve(plan.sampler, lane.lane, positions, plan.num_lanes))
-        ahead = lane._documents_ahead
+        ahead = lane.documents_ahead
     _, positions, leaves, records, skipped, valid = ahead
     at = start - ahead[0]
     lane.next_position = start + size
@@ -347,7 +347,7 @@ def _place_spans(
     """:func:`_place` of documents already located: the placement kernel's arguments
     (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`)."""
     stage = columns.stage
-    carry._form = None  # the rows change (as carry.changed())
+    carry.changed()  # the rows change
     cut, best, spec, field, training = columns.arguments
     reader = columns.reader
     tokens = reader.tokens
@@ -372,12 +372,12 @@ def _place_spans(
         rows.append(Element(row, (parents, held)))
         begin = end
     if rows:
-        lane._row_reached(rows, log is not None)
+        lane.row_reached(rows, log is not None)
     else:  # the stage the records reached, for the no-progress error
         placed = bool(
             (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
         )
-        lane._deepest = max(lane._deepest, stage if placed else 0)
+        lane.deepest = max(lane.deepest, stage if placed else 0)
 
 
 def _take_drawn(lane: Any, n: int) -> list | None:
@@ -398,10 +398,10 @@ def _take_drawn(lane: Any, n: int) -> list | None:
             return None
         item = drawer.draw(stage, lane.next_position)
         if item is None:
-            lane._finish_input()
+            lane.finish_input()
             continue
         lane.next_position += 1
-        lane._without_row += 1  # reset when a row reaches ``pending``
+        lane.without_row += 1  # reset when a row reaches ``pending``
         if plan.excluded and is_excluded(plan.excluded, *item.data):
             continue  # a record a state excludes (see zephon_jax.engine.exclusion)
         index = lane.drawn_roots_base + len(roots)
@@ -414,8 +414,8 @@ def _take_drawn(lane: Any, n: int) -> list | None:
         )
         if len(roots) >= _ROOTS_KEPT:
             roots = _prune_roots(lane, columns.cut)
-        if lane._without_row > limit:
-            lane._raise_no_progress()
+        if lane.without_row > limit:
+            lane.raise_no_progress()
     return [pending.popleft() for _ in range(n)]
 
 

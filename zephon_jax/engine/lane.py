@@ -156,16 +156,16 @@ class Lane:
         self.tally = Tally(plan, lane)  # what it delivered (see zephon_jax.engine.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
-        self._documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
+        self.documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
         # A column-wise lane's drawn roots (position, component, draw) by index, from
         # drawn_roots_base on: the placement kernel codes pieces by these indices.
         self.drawn_roots: list[tuple] = []
         self.drawn_roots_base = 0
-        self._without_row = 0  # records read since a row last reached ``pending``
-        self._deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
+        self.without_row = 0  # records read since a row last reached ``pending``
+        self.deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
         # The last blocks of positions read and where they read from, for provenance:
-        # (first, last, positions or None if first..last, table), see _remember.
+        # (first, last, positions or None if first..last, table), see remember.
         self._located: list[tuple] = []
 
     # ----- reading the sampler -----------------------------------------------------
@@ -174,7 +174,7 @@ class Lane:
         (skipped) or ``_END`` (at or past the lane's end position)."""
         return read_roots_of_lanes([self], [positions])[0]
 
-    def _remember(self, positions: np.ndarray, res) -> None:
+    def remember(self, positions: np.ndarray, res) -> None:
         """Keeps where ``positions`` (sorted, not empty) read from, compactly, for
         :meth:`locate`: the positions only if not contiguous, the leaf only with several
         leaves, int32 where the values fit."""
@@ -340,18 +340,18 @@ class Lane:
         """Steps operator ``stage`` over a block of elements, then the next one over its
         outputs; rows out of the last operator go to ``pending``."""
         plan = self.plan
-        if stage > self._deepest and elements:
-            self._deepest = stage
+        if stage > self.deepest and elements:
+            self.deepest = stage
         if stage == plan.num_operators:
-            self._row_reached(elements)
+            self.row_reached(elements)
             return
         fused = plan.fused[stage]
         if fused is not None:  # split, then pack, in one loop for the elements it takes
             pack, cut, key, compact = fused
             carry = self.carries[stage + 1]
             rows, taken, empty = pack.place_split(carry, elements, cut, key, compact)
-            if taken > empty and stage + 1 > self._deepest:
-                self._deepest = stage + 1
+            if taken > empty and stage + 1 > self.deepest:
+                self.deepest = stage + 1
             if rows:
                 self._push_outputs(stage + 1, plan.post_transforms[stage + 1], rows)
             if taken:
@@ -391,7 +391,7 @@ class Lane:
 
     def _push_outputs(self, stage: int, post, outputs) -> None:
         if stage + 1 == self.plan.num_operators and not post:
-            self._row_reached(outputs)
+            self.row_reached(outputs)
         else:
             self._push(stage + 1, self._post(stage, post, outputs))
 
@@ -403,13 +403,13 @@ class Lane:
         op = self.plan.operators[stage]
         raise user_error(op.describe(), self.where(element.lineage), error) from error
 
-    def _row_reached(self, rows, logged: bool = False) -> None:
+    def row_reached(self, rows, logged: bool = False) -> None:
         if rows:
             self.pending.extend(rows)
             # noted for the accounting, counted later (``logged``: see Tally.made_rows)
             self.tally.made_rows(rows, len(self.pending), logged)
-            self._without_row = 0
-            self._deepest = -1
+            self.without_row = 0
+            self.deepest = -1
 
     def _post(self, stage: int, post, outputs) -> list[Element]:
         if not post:
@@ -428,7 +428,7 @@ class Lane:
             raise error from cause
         return [Element(d, lin) for d, lin in zip(datas, lineages) if d is not DROP]
 
-    def _finish_input(self) -> None:
+    def finish_input(self) -> None:
         self.input_done = True
         for stage, op in enumerate(self.plan.operators):
             try:
@@ -476,12 +476,12 @@ class Lane:
             if drawer is not None:  # one at a time: its draws depend on the step
                 item = drawer.draw(stage, self.next_position)
                 if item is None:
-                    self._finish_input()
+                    self.finish_input()
                     continue
                 self.next_position += 1
                 if item is _SKIP:
                     continue
-                self._without_row += 1  # reset by _push when a row reaches ``pending``
+                self.without_row += 1  # reset by _push when a row reaches ``pending``
                 if self.plan.excluded and item is not DROP:
                     item = drop_excluded(self, [item])[0]
                 if item is not DROP:
@@ -490,16 +490,16 @@ class Lane:
                 size = next_block(size, n - len(pending), len(pending) != had, self.block_cap(n))
                 had = len(pending)
                 # No block reads past the record that makes the no-progress error.
-                got = self._next_block(min(size, limit + 1 - self._without_row))
+                got = self._next_block(min(size, limit + 1 - self.without_row))
                 if got is None:
-                    self._finish_input()
+                    self.finish_input()
                     continue
                 block, counted = got
-                self._without_row += counted  # reset by _push when a row reaches ``pending``
+                self.without_row += counted  # reset by _push when a row reaches ``pending``
                 if block:
                     push(0, block)
-            if self._without_row > limit:
-                self._raise_no_progress()
+            if self.without_row > limit:
+                self.raise_no_progress()
         return [pending.popleft() for _ in range(n)]
 
     def _next_block(self, size: int) -> tuple[list, int] | None:
@@ -534,23 +534,23 @@ class Lane:
             size -= len(items)
         return block, counted
 
-    def _raise_no_progress(self) -> None:
-        count = self._without_row
+    def raise_no_progress(self) -> None:
+        count = self.without_row
         total = sum(leaf.size for leaf in self.plan.leaves)
         span = (
             f"(lane-local positions {self.next_position - count}..{self.next_position - 1}, "
             f"{count / max(total, 1):.0f}x the size of the sources)"
         )
-        if self._deepest < 0:
+        if self.deepest < 0:
             raise RecordError(
                 f"lane {self.lane}: the filters dropped all of the last {count} records it read "
                 f"{span}; the loader would wait forever for a record. Check the filter "
                 "predicates (a field renamed? a threshold inverted?) and the sources"
             )
-        op = self.plan.operators[self._deepest]
+        op = self.plan.operators[self.deepest]
         raise RecordError(
             f"lane {self.lane}: the last {count} records it read {span} produced no row; the "
-            f"loader would wait forever for one. None got past operator {self._deepest} "
+            f"loader would wait forever for one. None got past operator {self.deepest} "
             f"({op.describe()}) and the filters after it: a filter that "
             "drops every record, a flat_map returning no records, or records with empty "
             "sequences into split or pack. Check the functions and the records reaching it"
@@ -602,11 +602,11 @@ class Lane:
         self.tally.load(snapshot.tally, pending)
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
-        self._documents_ahead = None
+        self.documents_ahead = None
         self.drawn_roots = []
         self.drawn_roots_base = 0
-        self._without_row = 0
-        self._deepest = -1
+        self.without_row = 0
+        self.deepest = -1
 
 
 def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) -> list[list]:
@@ -619,7 +619,7 @@ def read_roots_of_lanes(lanes: Sequence[Lane], positions: Sequence[np.ndarray]) 
     by_leaf: dict[int, list[tuple[int, np.ndarray]]] = {}
     for k, (lane, where_at, res) in enumerate(zip(lanes, positions, resolutions)):
         if len(where_at):
-            lane._remember(where_at, res)
+            lane.remember(where_at, res)
         end = lane.end_position
         outs.append([_SKIP if end is None or p < end else _END for p in where_at.tolist()])
         valid = np.flatnonzero(res.valid)
