@@ -111,7 +111,7 @@ def _later_documents(ds, state, steps):
     return [_records(p) for p in provenance]
 
 
-@pytest.mark.parametrize("kind", ["pack", "stages", "window", "columns", "records"])
+@pytest.mark.parametrize("kind", ["pack", "stages", "window", "columns", "records", "concat"])
 def test_excluded_records_never_appear_again_on_any_topology(kind):
     ds = mixed(kind)
     t, after = 3, 6

@@ -180,16 +180,19 @@ def _stream_pieces(
     more is taken apart, see :func:`_take_apart`). Else its carry as saved."""
     op = lane.plan.operators[stage]
     held, aux = saved
+    carry = op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)  # checked
     if not taken and not any(holds_excluded(lane, stage, lineage) for lineage in held):
-        return op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane), []
+        return carry, []
+    open_row = op.save(carry)  # its pieces: the held elements and their (start, stop)
     pieces = []
     dropped: list = []
-    for parent, a, b in taken + [(h, a, b) for h, (a, b) in zip(held, aux or ())]:
-        if not holds_excluded(lane, stage, parent):
-            pieces.append((rebuild.build(stage, parent), a, b))
-        elif not dropped or dropped[-1] != parent:  # a record's pieces are together
-            dropped.append(parent)
-            _take_apart(lane, rebuild, stage, parent, again, found)
+    own = [(e.lineage, e, a, b) for e, (a, b) in zip(open_row.held, open_row.aux or ())]
+    for lineage, element, a, b in [(p, None, a, b) for p, a, b in taken] + own:
+        if not holds_excluded(lane, stage, lineage):
+            pieces.append((rebuild.build(stage, lineage) if element is None else element, a, b))
+        elif not dropped or dropped[-1] != lineage:  # a record's pieces are together
+            dropped.append(lineage)
+            _take_apart(lane, rebuild, stage, lineage, again, found)
     return op.init(lane.lane), pieces
 
 
