@@ -48,6 +48,8 @@ def mixed(kind: str = "pack", batch=8) -> zj.BatchedDataset:
         ds = zj.Dataset.mix(arrays, [0.6, 0.4]).repeat().split(16).pack(24, num_bins=3)
     elif kind == "records":
         ds = zj.Dataset.mix([a, b], [0.5, 0.5]).map(_crop8)
+    elif kind == "concat":  # documents run on from one row into the next
+        ds = zj.Dataset.mix([a, b], [0.6, 0.4]).shuffle(seed=3).split(16).pack(24, method="concat")
     elif kind == "ramp":
         ds = zj.Dataset.mix([a, b], [0.7, 0.3]).split(16).pack(24, num_bins=2)
         return ds.batch(global_batch_size={0: 4, 3: 8})

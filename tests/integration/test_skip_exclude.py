@@ -12,6 +12,8 @@ from pipelines import assert_batches_equal, concat_parts
 
 import zephon_jax as zj
 from integration.test_accounting import mixed, run_global
+from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.lane_format import decode_lane_state
 
 
 @pytest.mark.parametrize("kind", ["pack", "stages", "ramp"])
@@ -109,7 +111,7 @@ def _later_documents(ds, state, steps):
     return [_records(p) for p in provenance]
 
 
-@pytest.mark.parametrize("kind", ["pack", "stages", "window", "columns", "records"])
+@pytest.mark.parametrize("kind", ["pack", "stages", "window", "columns", "records", "concat"])
 def test_excluded_records_never_appear_again_on_any_topology(kind):
     ds = mixed(kind)
     t, after = 3, 6
@@ -255,3 +257,70 @@ def test_explain_step_follows_an_excluded_skipped_state():
         next(it)
     assert zj.explain_step(ds, 4, state=later) == it.provenance()
     assert zj.explain_step(ds, 4, state=cut) == it.provenance()
+
+
+# ----- excluding under pack(method="concat") ------------------------------------------------
+
+
+def _concat_pipeline(split: bool) -> zj.BatchedDataset:
+    """One lane of concat-packed rows of 4 tokens; record ``i``'s tokens are ``1000 * i + k``."""
+    lengths = [5, 7, 3, 9, 4, 6, 8, 5, 7, 3, 6, 5, 9, 4, 6, 7, 5, 8, 3, 6, 2] * 5
+    docs = [
+        {"tokens": np.arange(1000 * i, 1000 * i + n, dtype=np.int32)} for i, n in enumerate(lengths)
+    ]
+    ds = zj.Dataset.source(docs, name="d")
+    if split:
+        ds = ds.split(3)
+    return ds.pack(4, method="concat").batch(4, num_lanes=1)
+
+
+def _token_stream(batches) -> np.ndarray:
+    return np.concatenate([np.asarray(b["tokens"]).ravel() for b in batches])
+
+
+def _open_row_neighbour(state, num_operators: int, rows: list) -> int:
+    """The record that ends in the lane's last finished row, next to the start of the
+    record the state's open row continues (``rows``: the uninterrupted rows after it)."""
+    snapshot = decode_lane_state(0, lane_bytes(state, 0), num_operators)
+    assert snapshot.carries[-1][0], "the open row holds the rest of a record"
+    last, carried = rows[len(snapshot.pending) - 1], rows[len(snapshot.pending)]
+    assert last[-1]["record"] == carried[0]["record"] != last[0]["record"]
+    return last[0]["record"]
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("which", ["continued", "inside", "several", "before_open_row"])
+def test_excluding_under_concat_keeps_the_stream_in_order(split, which):
+    """After an exclusion, concat's rows are the uninterrupted token stream without the
+    excluded records' tokens, cut again: the pieces of a dropped row come back before
+    what the open row and the later rows hold, on any topology and worker count."""
+    ds = _concat_pipeline(split)
+    t, after = 2, 8
+    state = run_global(ds, t)[0][0].get_state()
+    _, whole, provenance, _ = run_global(ds, after, state=state)
+    rows = [row for step in provenance for row in step]
+    # Records whose end shares a row with the start of the next one (the first one
+    # started before the state: the state's first row continues it).
+    shared = [row[0]["record"] for row in rows if row[0]["record"] != row[-1]["record"]]
+    records = {
+        "continued": [shared[0]],
+        "inside": [shared[1]],
+        "several": [shared[0], shared[3], shared[4]],
+        "before_open_row": [_open_row_neighbour(state, 1 + split, rows)],
+    }[which]
+    excluded = [("d", record) for record in records]
+    cut = zj.exclude(state, excluded)
+    stream = _token_stream(whole)
+    want = stream[~np.isin(stream // 1000, records)]
+    runs = []
+    for processes, kw in ((1, {}), (4, {}), (1, {"num_workers": 2})):
+        its, batches, provenance, _ = run_global(ds, after, processes, state=cut, **kw)
+        for it in its:
+            getattr(it, "close", lambda: None)()
+        for step in provenance:
+            assert not _records(step) & set(excluded)
+        runs.append(batches)
+    got = _token_stream(runs[0])
+    np.testing.assert_array_equal(got[: len(want)], want)
+    assert_batches_equal(runs[1], runs[0])
+    assert_batches_equal(runs[2], runs[0])

@@ -11,7 +11,12 @@ label, or the source's leaf index). A restored lane then
   batched) that contains an excluded record is taken apart into the inputs it was
   made of, the excluded ones are dropped, and the others go through the operators
   again, in the order the state holds them; an operator that held such an element
-  starts from an empty carry and takes its other held elements again.
+  starts from an empty carry and takes its other held elements again. An operator
+  that cuts a stream into rows (one with ``recut``: ``pack(method='concat')``)
+  takes back the pieces of its taken-apart outputs instead, then those of its open
+  row, in stream order (as the last operator, with every unbatched row after the
+  first one taken apart), so the stream is the uninterrupted one without the
+  excluded records, cut again.
 
 Both are pure functions of the pipeline, the lane's state and the exclusion list,
 so the batches after an exclusion are the same on any topology and worker count.

@@ -389,6 +389,17 @@ class Lane:
         if elements:
             self._push(stage, list(elements))
 
+    def recut(self, stage: int, pieces: Sequence[tuple]) -> None:
+        """Continues the stream of operator ``stage`` (one with ``recut``, such as
+        ``pack(method='concat')``) with ``pieces`` ``(element, start, stop)`` and pushes
+        the rows it cuts on (a restore taking excluded records out, see
+        :mod:`zephon_jax.engine.exclusion`)."""
+        if pieces:
+            op = self.plan.operators[stage]
+            self.carries[stage], outputs = op.recut(self.carries[stage], list(pieces))
+            if outputs:
+                self._push_outputs(stage, self.plan.post_transforms[stage], outputs)
+
     def _push_outputs(self, stage: int, post, outputs) -> None:
         if stage + 1 == self.plan.num_operators and not post:
             self.row_reached(outputs)

@@ -91,46 +91,119 @@ def _restore_lanes(
                 f"lane {lane.lane}: the state's carries do not fit this pipeline's operators "
                 f"({e!r}); the state was altered or comes from another zephon_jax release"
             ) from e
-        restored.append((carries, pending, None))
-    for lane, snapshot, (carries, pending, again) in zip(lanes, snapshots, restored):
+        restored.append((carries, pending, (), ()))
+    for lane, snapshot, (carries, pending, again, recut) in zip(lanes, snapshots, restored):
         lane.load(snapshot, carries, pending)
-        for stage, elements in enumerate(again or ()):
+        for stage in reversed(range(len(recut))):  # the pieces go before what follows
+            lane.recut(stage, recut[stage])
+        for stage, elements in enumerate(again):
             lane.feed(stage, elements)
     if read_ahead:  # the first blocks the lanes read next, read together too
         read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
 
 
 def _without_excluded(lane: Lane, rebuild: Rebuilder, snapshot: LaneSnapshot) -> tuple:
-    """``(carries, pending, again)`` of a lane restored without the records its plan
-    excludes (see :mod:`zephon_jax.engine.exclusion`): an operator holding an element
+    """``(carries, pending, again, recut)`` of a lane restored without the records its
+    plan excludes (see :mod:`zephon_jax.engine.exclusion`): an operator holding an element
     that contains one starts empty, and its held elements, taken apart where they
     contain one, are fed again (``again[k]``: the elements to feed into stage ``k``, in
     the order the state holds them); a finished row that contains one is taken apart
-    the same way."""
+    the same way. An operator that cuts a stream (one with ``recut``, such as
+    ``pack(method='concat')``) takes back pieces instead (``recut[k]``: ``(element,
+    start, stop)`` in stream order, see :func:`_stream_pieces`)."""
     plan = lane.plan
-    again: list[list[Element]] = [[] for _ in range(plan.num_operators + 1)]
-    carries = []
+    n = plan.num_operators
+    again: list[list[Element]] = [[] for _ in range(n + 1)]
+    carries: list = []
+    from_carries = []  # per stage: the pieces its held elements gave back, per stage
     for stage, (op, (held, aux)) in enumerate(zip(plan.operators, snapshot.carries)):
-        if any(holds_excluded(lane, stage, lineage) for lineage in held):
+        found: list[list] = [[] for _ in range(n)]
+        if cuts_stream(op):
+            carries.append(None)  # decided by _stream_pieces
+        elif any(holds_excluded(lane, stage, lineage) for lineage in held):
             carries.append(op.init(lane.lane))
             for lineage in held:
-                _take_apart(lane, rebuild, stage, lineage, again)
+                _take_apart(lane, rebuild, stage, lineage, again, found)
         else:
             carries.append(op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane))
-    final = plan.num_operators
+        from_carries.append(found)
+    from_rows: list[list] = [[] for _ in range(n)]
     pending: collections.deque = collections.deque()
+    recut_rest = n > 0 and cuts_stream(plan.operators[-1])
+    cutting = False
     for lineage in snapshot.pending:
-        if holds_excluded(lane, final, lineage):
-            _take_apart(lane, rebuild, final, lineage, again)
+        if cutting:  # the rows after a re-cut one are re-cut too
+            _add_pieces(n - 1, lineage, from_rows)
+        elif holds_excluded(lane, n, lineage):
+            _take_apart(lane, rebuild, n, lineage, again, from_rows)
+            cutting = recut_rest
         else:
-            pending.append(rebuild.build(final, lineage))
-    return carries, pending, again
+            pending.append(rebuild.build(n, lineage))
+    recut: list[list] = [[] for _ in range(n)]
+    for stage in reversed(range(n)):
+        if cuts_stream(plan.operators[stage]):
+            taken = from_rows[stage] + [
+                p for later in reversed(from_carries[stage + 1 :]) for p in later[stage]
+            ]
+            carries[stage], recut[stage] = _stream_pieces(
+                lane, rebuild, stage, snapshot.carries[stage], taken, again, from_rows
+            )
+    return carries, pending, again, recut
 
 
-def _take_apart(lane: Lane, rebuild: Rebuilder, stage: int, lineage: Any, again: list) -> None:
+def cuts_stream(op: Any) -> bool:
+    """Whether ``op`` cuts a stream of items into rows (it has ``recut``): its outputs
+    are taken back as pieces, not whole inputs."""
+    return callable(getattr(op, "recut", None))
+
+
+def _add_pieces(stage: int, lineage: Any, pieces: list) -> None:
+    """Adds the pieces ``(parent, start, stop)`` of an output of the stream operator
+    ``stage`` to ``pieces[stage]``."""
+    parents, bounds = derived_parts(lineage)
+    pieces[stage].extend((parent, a, b) for parent, (a, b) in zip(parents, bounds))
+
+
+def _stream_pieces(
+    lane: Lane,
+    rebuild: Rebuilder,
+    stage: int,
+    saved: tuple,
+    taken: list,
+    again: list,
+    found: list,
+) -> tuple:
+    """``(carry, pieces)`` of the stream operator ``stage`` without the excluded records:
+    if it gave back pieces of its outputs (``taken``, in stream order) or holds an
+    excluded record, it starts empty and takes the pieces again, then those of its own
+    open row (each a ``(element, start, stop)``), so the stream keeps its order; a
+    piece of an excluded record is dropped (a piece of an element that holds one and
+    more is taken apart, see :func:`_take_apart`). Else its carry as saved."""
+    op = lane.plan.operators[stage]
+    held, aux = saved
+    carry = op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)  # checked
+    if not taken and not any(holds_excluded(lane, stage, lineage) for lineage in held):
+        return carry, []
+    open_row = op.save(carry)  # its pieces: the held elements and their (start, stop)
+    pieces = []
+    dropped: list = []
+    own = [(e.lineage, e, a, b) for e, (a, b) in zip(open_row.held, open_row.aux or ())]
+    for lineage, element, a, b in [(p, None, a, b) for p, a, b in taken] + own:
+        if not holds_excluded(lane, stage, lineage):
+            pieces.append((rebuild.build(stage, lineage) if element is None else element, a, b))
+        elif not dropped or dropped[-1] != lineage:  # a record's pieces are together
+            dropped.append(lineage)
+            _take_apart(lane, rebuild, stage, lineage, again, found)
+    return op.init(lane.lane), pieces
+
+
+def _take_apart(
+    lane: Lane, rebuild: Rebuilder, stage: int, lineage: Any, again: list, pieces: list
+) -> None:
     """Adds the element with ``lineage`` entering ``stage`` to ``again[stage]`` if it holds
     no excluded record; else, the same for each input it was made of (an excluded record,
-    or an element that cannot be taken apart, is dropped)."""
+    or an element that cannot be taken apart, is dropped), or, for an output of a stream
+    operator, its pieces to ``pieces[stage - 1]``."""
     if not holds_excluded(lane, stage, lineage):
         again[stage].append(rebuild.build(stage, lineage))
         return
@@ -138,10 +211,12 @@ def _take_apart(lane: Lane, rebuild: Rebuilder, stage: int, lineage: Any, again:
         return
     op = lane.plan.operators[stage - 1]
     if op.passthrough:
-        _take_apart(lane, rebuild, stage - 1, lineage, again)
+        _take_apart(lane, rebuild, stage - 1, lineage, again, pieces)
+    elif is_derived(lineage) and cuts_stream(op):
+        _add_pieces(stage - 1, lineage, pieces)
     elif is_derived(lineage):
         for parent in parents_of(lineage):
-            _take_apart(lane, rebuild, stage - 1, parent, again)
+            _take_apart(lane, rebuild, stage - 1, parent, again, pieces)
 
 
 def _set_mixture_carry(lane: Lane, snapshot: LaneSnapshot) -> None:

@@ -12,6 +12,12 @@ Every operator, built-in or user-defined, is a :class:`LineageOperator`:
   naming ``i``, with the outputs of the elements before it. (It is not part of
   the protocol's required members, so operators written without it still match.)
 * ``flush(carry) -> (carry, outputs)``: called once when a finite input ends.
+* optional ``recut(carry, pieces) -> (carry, outputs)``: for an operator that cuts
+  a stream of items into outputs of ``(start, stop)`` pieces of its inputs (its
+  recipe: one span per input, as ``pack(method='concat')``): continue the stream
+  with ``pieces`` ``(element, start, stop)``. A restore that excludes records
+  takes such outputs back as pieces and re-cuts them in stream order (see
+  :mod:`zephon_jax.engine.exclusion`).
 * ``remake(recipe, inputs) -> data``: the data of an output made by
   :func:`~zephon_jax.core.lineage.derive`, from its recipe and its inputs' data.
 * ``save(carry) -> Saved`` and ``load(saved, lane) -> carry``: the carry's saved

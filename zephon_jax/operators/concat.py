@@ -74,6 +74,13 @@ class ConcatPackOperator(LineageOperator):
             return carry, []
         if carry is None:
             carry = OpenRow()
+        return self._cut(carry, element, fields, arrays, 0, n)
+
+    def _cut(
+        self, carry: OpenRow, element: Element, fields: tuple, arrays: tuple, start: int, n: int
+    ) -> tuple[OpenRow, list[Element]]:
+        """Adds items ``start:n`` of ``element`` to the open row, emitting each row it fills."""
+        spec = self.spec
         if carry.fields is None:
             carry.fields = fields
         elif fields != carry.fields:
@@ -82,13 +89,32 @@ class ConcatPackOperator(LineageOperator):
                 f"{list(carry.fields)}; every record must have the same fields"
             )
         out = []
-        start = 0
         while start < n:
             stop = min(n, start + spec.seq_len - carry.fill)
             carry.add(arrays, start, stop, element)
             start = stop
             if carry.fill == spec.seq_len or len(carry.pieces) == spec.max_segments:
                 out.append(carry.emit(spec))
+        return carry, out
+
+    def recut(self, carry: OpenRow | None, pieces: list) -> tuple[OpenRow | None, list[Element]]:
+        """Continues the stream with ``pieces``: ``(element, start, stop)``, items
+        ``start:stop`` of an input element, in stream order. The rows are cut as if the
+        stream held just those items there (a restore that excludes records re-cuts
+        the rows and open row after the exclusion point from their other pieces)."""
+        out: list[Element] = []
+        for element, start, stop in pieces:
+            fields, arrays, n = self.spec.record(element.data, element.lineage)
+            if not (is_int(start) and is_int(stop) and 0 <= start < stop <= n):
+                raise StateError(
+                    f"the state holds a packed row piece {(start, stop)!r} of a record of {n} "
+                    "items; the state was altered, or the sources or functions before pack "
+                    "changed"
+                )
+            if carry is None:
+                carry = OpenRow()
+            carry, rows = self._cut(carry, element, fields, arrays, start, stop)
+            out.extend(rows)
         return carry, out
 
     def flush(self, carry: OpenRow | None):

@@ -101,6 +101,33 @@ def test_load_refuses_altered_bounds(bounds):
         op.load(Saved((Element(B, 1),), bounds), 3)
 
 
+def test_recut_cuts_the_given_pieces_as_one_stream():
+    op = ConcatPackOperator(4)
+    c = Element({"tokens": np.array([10, 11, 12], np.int32)}, 2)
+    pieces = [(Element(B, 1), 4, 6), (Element(A, 0), 1, 3), (c, 0, 3)]
+    carry, rows = op.recut(None, pieces)
+    assert [_row(r)["tokens"] for r in rows] == [[8, 9, 2, 3]]
+    assert rows[0].lineage == ((1, 0), ((4, 6), (1, 3)))
+    assert op.save(carry) == Saved((pieces[2][0],), ((0, 3),))
+    # The open row continues after the pieces, as after any record.
+    _, rows = op.step(carry, Element(A, 3))
+    assert _row(rows[0])["tokens"] == [10, 11, 12, 1]
+    # Recutting whole records is stepping over them.
+    stepped = _feed(op, [A, B])
+    recut = op.recut(op.init(0), [(Element(A, 0), 0, 3), (Element(B, 1), 0, 6)])
+    assert [_row(r) for r in recut[1]] == [_row(r) for r in stepped[1]]
+    saved, want = op.save(recut[0]), op.save(stepped[0])
+    assert [e.lineage for e in saved.held] == [e.lineage for e in want.held] == [1]
+    assert saved.aux == want.aux == ((5, 6),)
+
+
+@pytest.mark.parametrize("span", [(0, 7), (3, 3), (-1, 2)])
+def test_recut_refuses_pieces_outside_their_record(span):
+    op = ConcatPackOperator(4)
+    with pytest.raises(StateError, match="packed row piece"):
+        op.recut(None, [(Element(B, 1), *span)])
+
+
 def test_remake_rebuilds_a_row_from_its_records_and_bounds():
     op = ConcatPackOperator(4)
     _, rows = _feed(op, [A, B])
