@@ -170,6 +170,28 @@ def all_derived(lineages: list) -> bool:
     )
 
 
+def all_pointers(lineages: Sequence) -> bool:
+    """Whether every one of ``lineages`` is a position, a :func:`is_valid_draw` draw or
+    derived from such (any depth), checked a level at a time in passes over all (the
+    common case of a state's lineages, quickly). False means "check them one by one",
+    not "invalid": it is False too for mixed levels, ``Opaque`` records and numpy ints."""
+    level = lineages
+    while level:
+        types = set(map(type, level))
+        if types == {int}:
+            return min(level) >= 0
+        if types != {tuple}:
+            return False
+        sizes = set(map(len, level))
+        if sizes == {3}:  # draws
+            values = list(itertools.chain.from_iterable(level))
+            return set(map(type, values)) == {int} and min(values) >= 0
+        if sizes != {2} or set(map(type, map(_first, level))) != {tuple}:
+            return False
+        level = list(itertools.chain.from_iterable(map(_first, level)))
+    return True
+
+
 def _first(lineage: tuple) -> Any:
     return lineage[0]
 

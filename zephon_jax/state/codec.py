@@ -194,11 +194,34 @@ def _int(data: bytes, pos: int) -> tuple[int, int]:
 
 # The start of ``((a,), b)``: an operator output of one parent, e.g. a piece of a record.
 _ONE_PARENT = bytes((_TUPLE, 2, _TUPLE, 1, _INT))
+# The start of ``(((a, b, c),), d)``: an output of one parent of three ints, e.g. a piece
+# of a record a mixture drew.
+_DRAW_PIECE = bytes((_TUPLE, 2, _TUPLE, 1, _TUPLE, 3))
+
+
+def _draw_piece(data: bytes, pos: int) -> tuple[tuple, int] | None:
+    """The ``(((a, b, c),), d)`` at ``pos`` (which starts with ``_DRAW_PIECE``) and the
+    position after it, its four ints read inline; None if one of them is not an int
+    (then the general decoding reads it, from ``pos``)."""
+    pos += len(_DRAW_PIECE)
+    ints = []
+    for _ in range(4):
+        if data[pos] != _INT:
+            return None
+        z = data[pos + 1]
+        if z < 0x80:
+            pos += 2
+        else:
+            z, pos = _uint(data, pos + 1)
+        ints.append(-((z + 1) >> 1) if z & 1 else z >> 1)
+    a, b, c, d = ints
+    return (((a, b, c),), d), pos
 
 
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
-    """``n`` values from ``pos``; ints, tuples and ``((int,), int)`` (the bulk of record
-    pointers) inline, with the same result as :func:`_value` of each."""
+    """``n`` values from ``pos``; ints, tuples, ``((int,), int)`` and ``(((int, int, int),),
+    int)`` (the bulk of record pointers) inline, with the same result as :func:`_value` of
+    each."""
     items: list = []
     append = items.append
     for _ in range(n):
@@ -216,6 +239,12 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
                 if data[at] == _INT:  # else decoded in general below
                     recipe, pos = _int(data, at + 1)
                     append(piece(parent, recipe))
+                    continue
+            elif data.startswith(_DRAW_PIECE, pos):
+                found = _draw_piece(data, pos)
+                if found is not None:  # else decoded in general below
+                    append(found[0])
+                    pos = found[1]
                     continue
             inner, pos = _items(data, pos + 2, data[pos + 1])
             append(tuple(inner))

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from zephon_jax.core.lineage import (
     HeldLineages,
+    all_pointers,
     draw_parts,
     is_derived,
     is_draw,
@@ -204,6 +205,9 @@ def _is_pointer(lineage: Any) -> bool:
 
 
 def _check_lineages(lineages: tuple, lane: int, where: str) -> None:
+    """Raises as :func:`check_lineage` for the first of ``lineages`` that is malformed."""
+    if all_pointers(lineages):  # all of the common forms: nothing to report
+        return
     for i, lineage in enumerate(lineages):
         if not _is_pointer(lineage):
             check_lineage(lineage, lane, f"{where}[{i}]")
