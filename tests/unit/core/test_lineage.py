@@ -19,6 +19,7 @@ from zephon_jax.core.lineage import (
     HeldLineages,
     LineageKind,
     Opaque,
+    all_pointers,
     decode_piece,
     derive,
     derived,
@@ -233,3 +234,37 @@ def test_only_core_lineage_tests_lineages_by_shape():
     assert not found, "lineage shape tests outside core/lineage.py (use its functions):\n" + (
         "\n".join(found)
     )
+
+
+@pytest.mark.parametrize(
+    "lineages",
+    [
+        (),
+        (0, 5, 17),
+        (draw(1, 0, 2), draw(4, 1, 0)),
+        (piece(draw(3, 1, 2), 0), piece(draw(5, 0, 1), 7)),
+        (derived((piece(2, 0), piece(3, 1)), (0, 8)), derived((), None)),
+    ],
+    ids=["none", "positions", "draws", "pieces of draws", "nested"],
+)
+def test_all_pointers_accepts_the_common_forms(lineages):
+    assert all_pointers(lineages)
+
+
+@pytest.mark.parametrize(
+    "lineages",
+    [
+        (0, -1),
+        (1, True),
+        (draw(1, 0, 2), (1, -2, 3)),
+        (draw(1, 0, 2), (1, 2.0, 3)),
+        (piece(draw(3, 1, 2), 0), piece((3, 1, False), 0)),
+        (3, draw(1, 0, 2)),  # a mixed level: checked one by one
+        (opaque(b"x"),),
+        (np.int64(3),),
+        ((1, 2),),
+        (derived((1, (2, 3)), 0),),
+    ],
+)
+def test_all_pointers_leaves_the_rest_to_a_full_check(lineages):
+    assert not all_pointers(lineages)

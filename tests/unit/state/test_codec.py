@@ -155,3 +155,71 @@ def test_the_quick_encoding_of_ints_and_tuples_is_the_format():
         value = draw()
         assert codec.encode(value) == _reference_encoding(value), value
         assert codec.decode(codec.encode(value)) == value
+
+
+def fully_general(data: bytes):
+    """``codec.decode`` with both inline pointer paths (one int parent, one draw parent)
+    turned off."""
+    inline = codec._DRAW_PIECE
+    codec._DRAW_PIECE = b"\xff\xff"  # never the start of an encoded value
+    try:
+        return general(data)
+    finally:
+        codec._DRAW_PIECE = inline
+
+
+# ``(((a, b, c),), d)``: a piece of a record a mixture drew; sometimes not all ints.
+draw_pieces = st.tuples(st.tuples(st.tuples(ints, ints, ints | leaves)), ints | leaves)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(draw_pieces | values, max_size=6).map(tuple))
+def test_inline_draw_pieces_equal_general_decoding(value):
+    data = codec.encode(value)
+    assert same(codec.decode(data), fully_general(data))
+    assert same(codec.decode(data), value)
+
+
+@pytest.mark.parametrize("a", EDGE_INTS)
+def test_draw_pieces_round_trip_around_the_varint_limits(a):
+    value = tuple((((a, b, -a),), b) for b in EDGE_INTS)
+    data = codec.encode(value)
+    assert data.count(codec._DRAW_PIECE) == len(EDGE_INTS)
+    assert same(codec.decode(data), value)
+    assert same(fully_general(data), value)
+
+
+def mixture_lane_bodies() -> list[bytes]:
+    """Lane states of a mixture by tokens (whose lineages are draws) cut into pieces."""
+    mixed = zj.Dataset.mix(
+        [
+            zj.Dataset.source(make_docs(200, 60, seed=1)),
+            zj.Dataset.source(make_docs(80, 30, seed=2)),
+        ],
+        [0.6, 0.4],
+        unit="tokens",
+    )
+    ds = mixed.shuffle(seed=3).split(8).pack(64).batch(4)
+    it = iter(zj.Loader(ds))
+    take(it, 5)
+    return [bytes(v)[:-4] for v in it.get_state()["lanes"].values()]  # without the checksum
+
+
+def test_mixture_lane_states_decode_alike_and_tampered_ones_fail_alike():
+    bodies = mixture_lane_bodies()
+    for body in bodies:
+        assert same(codec.decode(body), fully_general(body))
+    body = max(bodies, key=lambda b: b.count(codec._DRAW_PIECE))
+    assert body.count(codec._DRAW_PIECE) > 3  # the inline path is taken
+    rng = np.random.default_rng(1)
+    tampered = [body[:cut] for cut in range(len(body))]  # every truncation
+    for at in rng.integers(0, len(body), size=300).tolist():  # altered bytes
+        for byte in (0x00, 0x01, 0x03, 0x08, 0x7F, 0x80, 0xFF, int(rng.integers(256))):
+            tampered.append(body[:at] + bytes([byte]) + body[at + 1 :])
+    errors = 0
+    for data in tampered:
+        got, want = outcome(codec.decode, data), outcome(fully_general, data)
+        assert got[0] == want[0], data
+        assert same(got[1], want[1])
+        errors += got[0] == "error"
+    assert errors > len(body)

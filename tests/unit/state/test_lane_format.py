@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from zephon_jax.core.lineage import HeldLineages, derived, draw, opaque, piece_code
+from zephon_jax.core.lineage import HeldLineages, derived, draw, opaque, piece, piece_code
 from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 from zephon_jax.state.lane_format import (
@@ -265,3 +265,20 @@ def test_check_lineage_accepts_every_lineage_kind(lineage):
 def test_check_lineage_names_where_an_impossible_pointer_is(lineage, match):
     with pytest.raises(StateError, match=match):
         check_lineage(lineage, 1, "here")
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (piece(draw(3, -1, 2), 4), r"held\[40\] parent 0 is \(3, -1, 2\) \(tuple\)"),
+        (piece(draw(3, 1, 2.0), 4), r"held\[40\] parent 0 is \(3, 1, 2\.0\) \(tuple\)"),
+        (piece((3, 1), 4), r"held\[40\] parent 0 is \(3, 1\) \(tuple\)"),
+        (-5, r"held\[40\] is -5 \(int\)"),
+    ],
+)
+def test_a_bad_pointer_among_many_pieces_of_draws_is_named(bad, match):
+    held = tuple(piece(draw(i, i % 2, i // 2), i % 3) for i in range(60))
+    held = held[:40] + (bad,) + held[41:]
+    value = snapshot(carries=((held, None), CARRIES[1]))
+    with pytest.raises(StateError, match=r"lane 5: carries\[0\] " + match):
+        decode_lane_state(5, with_crc(codec.encode(value), 5), 2)
