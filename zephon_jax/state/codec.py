@@ -211,6 +211,9 @@ def _draw_piece(data: bytes, pos: int) -> tuple[tuple, int] | None:
         z = data[pos + 1]
         if z < 0x80:
             pos += 2
+        elif data[pos + 2] < 0x80:
+            z = (z & 0x7F) | (data[pos + 2] << 7)
+            pos += 3
         else:
             z, pos = _uint(data, pos + 1)
         ints.append(-((z + 1) >> 1) if z & 1 else z >> 1)
