@@ -267,8 +267,7 @@ class Dataset:
         a ``window_shuffle`` of packed rows).
         """
         transform = ToTrainingTransform(pad_id, field_names, convention)
-        non_packing = (SplitOperator, WindowShuffleOperator, FlatMapOperator)
-        if all(isinstance(s.operator, non_packing) for s in self._stages):
+        if not any(s.operator.may_pack for s in self._stages):
             before = " -> ".join(s.operator.describe() for s in self._stages) or "no operator"
             raise PipelineError(
                 f"to_training needs packed rows, but the pipeline has {before} before it; add "

@@ -46,8 +46,7 @@ from zephon_jax.core import lineage as lineage_forms
 from zephon_jax.core.lineage import Opaque, plain_lineage, root_key
 from zephon_jax.engine.provenance import row_pieces
 from zephon_jax.errors import StateError
-from zephon_jax.operators.pack import BinPackOperator, EmittedRows
-from zephon_jax.operators.split import SplitOperator
+from zephon_jax.operators.pack import EmittedRows
 from zephon_jax.sampler.resolve import leaves, resolve
 from zephon_jax.sampler.scheduled_mixture import ScheduledMixtureNode, locate_roots
 from zephon_jax.sampler.source import SourceNode
@@ -72,20 +71,22 @@ def record_tokens(data: Any) -> int:
 
 
 def packed_rows(plan: Any) -> bool:
-    """Whether every row comes out of a last ``pack`` fed through ``split`` (at most one)
-    and passthrough operators only: each row's lineage then lists its pieces and their
-    lengths, counted many rows at once."""
+    """Whether every row comes out of a last operator that declares ``rows_list_pieces``
+    (``pack``) fed through at most one that ``cuts_records`` (``split``) and passthrough
+    operators only: each row's lineage then lists its pieces and their lengths, counted
+    many rows at once."""
     ops = plan.operators
-    if not ops or type(ops[-1]) is not BinPackOperator:
+    if not ops or not ops[-1].rows_list_pieces:
         return False
-    splits = [op for op in ops[:-1] if type(op) is SplitOperator]
+    splits = [op for op in ops[:-1] if op.cuts_records]
     return len(splits) <= 1 and all(op.passthrough for op in ops[:-1] if op not in splits)
 
 
 def whole_records(plan: Any) -> bool:
-    """Whether rows may hold a whole record of unrecorded length (no pack, no split):
-    the lane then notes each delivered row's tokens (see :func:`record_tokens`)."""
-    return not any(type(op) in (BinPackOperator, SplitOperator) for op in plan.operators)
+    """Whether rows may hold a whole record of unrecorded length (no operator cuts records
+    or lists the pieces of its rows, as ``split`` and ``pack`` do): the lane then notes
+    each delivered row's tokens (see :func:`record_tokens`)."""
+    return not any(op.cuts_records or op.rows_list_pieces for op in plan.operators)
 
 
 def empty_tally(plan: Any) -> tuple:

@@ -33,7 +33,7 @@ from zephon_jax.core.lineage import MAX_PIECE, Element, code_position, decode_pi
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 from zephon_jax.engine.exclusion import excluded_columns, is_excluded
-from zephon_jax.operators.pack import BinPackOperator
+from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
 from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_ahead
@@ -46,11 +46,11 @@ DOCUMENTS_AHEAD = 256
 
 @dataclasses.dataclass(frozen=True)
 class ColumnarPlan:
-    """What a column-wise lane needs: the pack stage, the cut and where the tokens are
-    (``reader``, see :mod:`zephon_jax.engine.column_sources`)."""
+    """What a column-wise lane needs: the pack stage and what it declares, the cut and
+    where the tokens are (``reader``, see :mod:`zephon_jax.engine.column_sources`)."""
 
     stage: int  # the index of pack among the operators
-    pack: BinPackOperator
+    packing: BinPacking  # pack's column_packing
     cut: int  # split's max_len, 0 without split
     field: str
     reader: ArrayTokens | StoreTokens
@@ -80,14 +80,16 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     if mixture is not None and mixture.unit == "tokens" and field != "tokens":
         return None  # the general path raises: a mixture by tokens counts ``tokens``
     ops = plan.operators
-    if len(ops) == 1 and type(ops[0]) is BinPackOperator:
+    if len(ops) == 1:
         stage, cut, key = 0, 0, field
     elif len(ops) == 2 and plan.fused[0] is not None:
         stage, cut, key = 1, plan.fused[0][1], plan.fused[0][2]
     else:
         return None
-    pack = ops[stage]
-    spec = pack.spec
+    packing = ops[stage].column_packing
+    if packing is None:
+        return None
+    spec = packing.spec
     if key != field or set(spec.dtypes) - {field}:
         return None
     out = spec.dtype(field)
@@ -103,8 +105,8 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     compiled = kernels()
     if compiled is None:
         return None
-    arguments = (cut, pack.best, spec, field, training)
-    return ColumnarPlan(stage, pack, cut, field, reader(), arguments, mixture is not None)
+    arguments = (cut, packing.best, spec, field, training)
+    return ColumnarPlan(stage, packing, cut, field, reader(), arguments, mixture is not None)
 
 
 def _token_reader(sources: Sequence[Any]) -> tuple | None:
@@ -301,7 +303,7 @@ def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
         return
     adopted = TokenBins.adopt_lanes(
         [(lane.carries[stage], lane.lane) for lane in todo],
-        columns.pack.num_bins,
+        columns.packing.num_bins,
         columns,
         functools.partial(_held_records, todo, columns.drawn),
     )

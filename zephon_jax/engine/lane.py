@@ -47,8 +47,6 @@ from zephon_jax.engine.exclusion import Excluded, drop_excluded
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
-from zephon_jax.operators.pack import BinPackOperator
-from zephon_jax.operators.split import SplitOperator
 from zephon_jax.sampler.resolve import (
     can_end,
     end_position,
@@ -114,20 +112,20 @@ class LanePlan:
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
-    """``(pack, max_len, key, compact)`` where operator ``stage`` is a ``split`` that
-    feeds a first_fit/best_fit ``pack`` directly (the two then run fused, see
-    :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`; ``compact``: pack
-    is the last operator); else None."""
+    """``(pack, cut, key, compact)`` where operator ``stage`` cuts records (a ``split``,
+    declaring ``cuts_records`` and ``cut_key``) and directly feeds one that declares it
+    places such pieces (``fuses_after_split``: a first_fit/best_fit ``pack``); the two
+    then run fused, see :attr:`~zephon_jax.operators.base.LineageOperator.fuses_after_split`
+    (``compact``: pack is the last operator); else None."""
     ops = plan.operators
     if stage + 1 >= len(ops) or plan.post_transforms[stage]:
         return None
     split, pack = ops[stage], ops[stage + 1]
-    if type(split) is not SplitOperator or type(pack) is not BinPackOperator:
-        return None
-    if split.max_len > pack.seq_len:
+    cut = split.cuts_records
+    if not 0 < cut <= pack.fuses_after_split:
         return None
     # Rows of the last operator go straight to the batch: they keep compact lineages.
-    return pack, split.max_len, split.key, stage + 2 == len(ops)
+    return pack, cut, split.cut_key, stage + 2 == len(ops)
 
 
 class Lane:

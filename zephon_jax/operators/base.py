@@ -75,6 +75,7 @@ from typing import (
 
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.naming import callable_name
+from zephon_jax.core.packed import PackSpec
 
 Carry = Any
 
@@ -140,9 +141,39 @@ def step_block_of(op: Any) -> Callable:
     return block if block is not None else functools.partial(fold_steps, op.step)
 
 
+class BinPacking(NamedTuple):
+    """What a ``pack`` that the column path may run declares (see
+    :attr:`LineageOperator.column_packing`): its open rows per lane, whether it fills the
+    fullest row with room (best fit; else the first with room), its :class:`PackSpec`."""
+
+    num_bins: int
+    best: bool
+    spec: PackSpec
+
+
 @runtime_checkable
 class LineageOperator(Protocol):
-    """The contract every operator follows (subclass it to inherit the defaults)."""
+    """The contract every operator follows (subclass it to inherit the defaults).
+
+    Besides its methods, an operator declares what it can do; the engine takes its
+    faster paths only for operators that declare them, and a subclass inherits its
+    parent's declarations (reset those it no longer keeps). The defaults declare
+    nothing, so the general path runs:
+
+    * ``cuts_records`` (``c``, 0: no) and ``cut_key``: the outputs are exactly
+      ``split(c, cut_key)``'s, so the engine may cut records itself (fused with a
+      ``pack`` after it, or in the column path).
+    * ``rows_list_pieces``: each output's lineage lists the pieces it holds and their
+      lengths, so delivered rows are counted many at once (after passthrough
+      operators and at most one that ``cuts_records``), never traced one by one.
+    * ``fuses_after_split`` (``s``, 0: no): ``place_split`` places the pieces of an
+      operator that ``cuts_records`` (at most ``s``) right before it directly.
+    * ``column_packing`` (a :class:`BinPacking`, None: no): the rows are exactly
+      ``pack``'s with these parameters; alone, or after a fused split, over token
+      arrays, the column path places them with the compiled kernel.
+    * ``may_pack`` (True unless declared False): whether an output may be a packed row
+      made from inputs that are not.
+    """
 
     name: str = "operator"
     #: Outputs are input elements, unchanged; ``remake`` is then never called.
@@ -152,6 +183,27 @@ class LineageOperator(Protocol):
     #: Whether ``remake`` runs user code: its errors are then the user's (RecordError);
     #: a built-in operator's are a malformed state's (StateError).
     user_code: bool = True
+    # What the operator can do, declared for the engine's faster paths (see the class
+    # docstring). The defaults declare nothing: the general path runs.
+    #: ``c > 0``: the outputs are exactly ``split(c, cut_key)``'s (each input cut into
+    #: pieces ``piece(lineage, j)`` of at most ``c`` items); 0: no such operator.
+    cuts_records: int = 0
+    #: The field ``cuts_records`` measures and cuts.
+    cut_key: str = "tokens"
+    #: Each output's lineage is ``derived(parents, lengths)``: the inputs (whole, or pieces
+    #: of an operator that ``cuts_records``) it holds and their lengths, in order.
+    rows_list_pieces: bool = False
+    #: ``s > 0``: the operator has ``place_split(carry, elements, cut, key, compact)``, which
+    #: does exactly what an operator with ``cuts_records = cut <= s`` (and ``cut_key =
+    #: key``) right before it does, then this operator's ``step_block``; 0: none.
+    fuses_after_split: int = 0
+    #: A :class:`BinPacking`: the rows and the carry are exactly those of ``pack`` with these
+    #: parameters, so the column path may place them with the compiled kernel (adopting
+    #: the carry's open rows); None: no such operator.
+    column_packing: BinPacking | None = None
+    #: False: an output is a packed row only where its input is one (``to_training``
+    #: then needs a ``pack`` before it).
+    may_pack: bool = True
 
     def init(self, lane: int) -> Carry:
         return None

@@ -17,6 +17,8 @@ class FlatMapOperator(stateless):
     a record are emitted at once.
     """
 
+    may_pack = False  # declared for the engine (see LineageOperator)
+
     def __init__(self, fn: Callable[[Any], Iterable[Any]] | Any):
         super().__init__(unwrap_grain(fn, "flat_map", "flat_map"), "flat_map")
         self.fn_name = callable_name(fn)

@@ -43,7 +43,7 @@ from zephon_jax.core.lineage import (
 )
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError, StateError
-from zephon_jax.operators.base import LineageOperator, Saved, StepFailed
+from zephon_jax.operators.base import BinPacking, LineageOperator, Saved, StepFailed
 from zephon_jax.state.envelope import is_int
 
 DEFAULT_NUM_BINS = 32
@@ -378,6 +378,11 @@ class BinPackOperator(LineageOperator):
         self.seq_len = self.spec.seq_len
         self.best = method == "best_fit"
         self.max_held = self.num_bins * min(self.seq_len, self.spec.max_segments or self.seq_len)
+        # What the engine may do with it (see LineageOperator): count its rows in bulk,
+        # fuse a split of pieces up to seq_len before it, run it column-wise.
+        self.rows_list_pieces = True
+        self.fuses_after_split = self.seq_len
+        self.column_packing = BinPacking(self.num_bins, self.best, self.spec)
 
     def step(self, carry: Bins | None, element: Element):
         try:

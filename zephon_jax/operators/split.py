@@ -55,10 +55,13 @@ class SplitOperator(LineageOperator):
 
     name = "split"
     user_code = False
+    may_pack = False
 
     def __init__(self, max_len: int, key: str = "tokens"):
         self.max_len = positive_int(max_len, "split(max_len)")
         self.key = key
+        self.cuts_records = self.max_len  # declared for the engine (see LineageOperator)
+        self.cut_key = key
 
     def step(self, carry, element):
         outputs = self.pieces(plain(element.data))

@@ -31,6 +31,8 @@ class WindowShuffleOperator(ContractOperator):
     (saved as pointers) and a counter. Elements pass through unchanged.
     """
 
+    may_pack = False  # declared for the engine (see LineageOperator)
+
     def __init__(self, window: int, seed: int):
         self.window = positive_int(window, "window_shuffle(window)")
         self.seed = int(seed)

@@ -27,7 +27,7 @@ def test_a_packed_token_array_is_read_column_wise():
     assert (plan.stage, plan.cut, plan.field) == (0, 0, "tokens")
     assert np.shares_memory(plan.tokens[0], A.tokens)  # read in place, not copied
     assert plan.reader.offsets.tolist() == [0, 10, 25, 40] and plan.reader.bases.tolist() == [0]
-    assert plan.pack.spec.seq_len == 32
+    assert plan.packing == (3, True, plan.packing.spec) and plan.packing.spec.seq_len == 32
 
 
 def test_split_before_pack_runs_fused_with_its_cut():
