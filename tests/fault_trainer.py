@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import signal
+import sys
 import threading
 import time
 
@@ -63,6 +64,17 @@ def model_after(batches) -> int:
     return int(total)
 
 
+_SAY = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Prints one whole line: the save thread of an async checkpoint prints too, and a
+    plain ``print`` writes the text and its newline apart, so two lines could interleave."""
+    with _SAY:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 def stall_save(stall_at: int, stall_in: str, stall_s: float) -> None:
     """Makes the save of step ``stall_at`` stop in flight (see the module doc)."""
     import zephon_jax.checkpoint as zc
@@ -78,7 +90,7 @@ def stall_save(stall_at: int, stall_in: str, stall_s: float) -> None:
             write(directory, dict(items[: len(items) // 2]), None)
         else:
             write(directory, lanes, meta)
-        print(f"MID-SAVE {stall_at}", flush=True)
+        say(f"MID-SAVE {stall_at}")
         time.sleep(stall_s)
         if stall_in == "lanes":
             write(directory, dict(items[len(items) // 2 :]), meta)
@@ -135,12 +147,12 @@ def main() -> None:
                 force=stop,
             )
             line = {"step": step, "digest": digest(batch), "model": int(model["sum"])}
-            print(json.dumps(line), flush=True)
+            say(json.dumps(line))
             if stop:
                 break  # this step is saved (or being saved): leave
         mngr.wait_until_finished()
     it.close()
-    print("PREEMPTED" if preempted.is_set() else "DONE", flush=True)
+    say("PREEMPTED" if preempted.is_set() else "DONE")
 
 
 if __name__ == "__main__":
