@@ -12,6 +12,7 @@ from pipelines import assert_batches_equal, concat_parts
 
 import zephon_jax as zj
 from integration.test_accounting import mixed, run_global
+from zephon_jax.engine.lane import Lane, LanePlan
 from zephon_jax.state.global_state import lane_bytes
 from zephon_jax.state.lane_format import decode_lane_state
 
@@ -324,3 +325,103 @@ def test_excluding_under_concat_keeps_the_stream_in_order(split, which):
     np.testing.assert_array_equal(got[: len(want)], want)
     assert_batches_equal(runs[1], runs[0])
     assert_batches_equal(runs[2], runs[0])
+
+
+# ----- excluding after a finite input ended -------------------------------------------------
+
+
+def _finite_pipeline(method: str, seed: int) -> zj.BatchedDataset:
+    """Two lanes of one row each over 16 short records read once; record ``i``'s tokens
+    are ``1000 * i + k``. Concat's operators before it hold pieces (window_shuffle), so
+    its end, too, leaves finished rows to deliver."""
+    lengths = np.random.default_rng(seed).integers(2, 10, 16).tolist()
+    docs = [
+        {"tokens": np.arange(1000 * i, 1000 * i + n, dtype=np.int32)} for i, n in enumerate(lengths)
+    ]
+    ds = zj.Dataset.source(docs, name="d").repeat(1).split(6)
+    if method == "concat":
+        return ds.window_shuffle(6, seed=1).pack(8, method="concat").batch(2)
+    return ds.pack(8, num_bins=2, method=method).batch(2)
+
+
+def _run_to_end(ds, state=None, **kw) -> tuple[list, list, list, dict]:
+    """Every global batch to the end of the input, its provenance, the state after
+    each and the accounting of the last state, from ``state`` (on 1 or ``process_count``
+    processes)."""
+    count = kw.pop("process_count", 1)
+    its = [iter(zj.Loader(ds, process_index=i, process_count=count, **kw)) for i in range(count)]
+    try:
+        if state is not None:
+            for it in its:
+                it.set_state(state)
+        batches, provenance, states = [], [], []
+        while True:
+            try:
+                parts = [next(it) for it in its]
+            except StopIteration:
+                return batches, provenance, states, zj.accounting(states[-1], ds)
+            batches.append(concat_parts(parts))
+            provenance.append([row for it in its for row in it.provenance()])
+            states.append(zj.merge_states([it.get_state() for it in its]))
+    finally:
+        for it in its:
+            getattr(it, "close", lambda: None)()
+
+
+def _ended_with_a_shared_row(method: str):
+    """``(ds, t, state, record)``: a state after step ``t`` of a lane whose input ended
+    (its operators flushed) with a finished row not yet delivered that holds ``record``
+    and another record."""
+    for seed in range(40):
+        ds = _finite_pipeline(method, seed)
+        _, provenance, states, _ = _run_to_end(ds)
+        plan = LanePlan(ds)
+        for t, state in enumerate(states[:-1]):
+            for lane in range(ds.num_lanes):
+                snapshot = Lane(plan, lane).check_state(lane_bytes(state, lane))
+                if not (snapshot.input_done and snapshot.pending):
+                    continue
+                row = provenance[t + 1][lane]  # its next row: its first unbatched one
+                records = sorted({s["record"] for s in row})
+                if len(records) > 1:
+                    return ds, t + 1, state, records[0]
+    raise AssertionError("no pipeline ended with a shared unbatched row")
+
+
+def _pieces(provenance, without: int) -> list:
+    return sorted(
+        (s["record"], k)
+        for step in provenance
+        for row in step
+        for s in row
+        if s["record"] != without
+        for k in range(s["start"], s["stop"])
+    )
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit", "concat"])
+def test_excluding_after_the_input_ended_delivers_the_other_pieces(method):
+    """A state taken after a lane's finite input ended (its operators flushed), restored
+    without a record of an unbatched row: the row's other pieces are flushed again and
+    delivered, the same on any topology and worker count."""
+    ds, t, state, record = _ended_with_a_shared_row(method)
+    whole, provenance, _, _ = _run_to_end(ds)
+    excluded = [("d", record)]
+    cut = zj.exclude(state, excluded)
+    runs = []
+    for kw in ({}, {"process_count": 2}, {"num_workers": 2}):
+        batches, got, _, report = _run_to_end(ds, cut, **kw)
+        assert not any(_records(step) & set(excluded) for step in got)
+        runs.append((batches, got, report))
+    batches, got, report = runs[0]
+    if method == "concat":  # each lane's stream (row l of a batch) less the record, in order
+        for lane in range(ds.num_lanes):
+            stream = np.concatenate([np.asarray(b["tokens"])[lane] for b in whole[t:]])
+            want = stream[(stream // 1000 != record) & (stream != 0)]  # 0: padding too
+            tokens = np.concatenate([np.asarray(b["tokens"])[lane] for b in batches])
+            np.testing.assert_array_equal(tokens[tokens != 0], want)
+    else:
+        assert _pieces(got, record) == _pieces(provenance[t:], record)
+    for other, _, other_report in runs[1:]:
+        assert_batches_equal(other, batches)
+        assert other_report == report

@@ -437,9 +437,15 @@ class Lane:
             raise error from cause
         return [Element(d, lin) for d, lin in zip(datas, lineages) if d is not DROP]
 
-    def finish_input(self) -> None:
+    def finish_input(self, first: int = 0) -> None:
+        """Marks the input ended and flushes the operators from stage ``first`` on, in
+        order, each one's outputs going through those after it (a restore also calls it
+        after feeding an ended lane's operators again, see
+        :func:`~zephon_jax.engine.restore.restore_lanes`)."""
         self.input_done = True
         for stage, op in enumerate(self.plan.operators):
+            if stage < first:
+                continue
             try:
                 carry, outputs = op.flush(self.carries[stage])
             except ZephonError:

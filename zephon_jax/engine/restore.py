@@ -98,6 +98,10 @@ def _restore_lanes(
             lane.recut(stage, recut[stage])
         for stage, elements in enumerate(again):
             lane.feed(stage, elements)
+        fed = [k for k, pieces in enumerate(recut) if pieces]
+        fed += [k for k, elements in enumerate(again) if elements]
+        if fed and snapshot.input_done:  # flushed at its end: what came back is flushed too
+            lane.finish_input(min(fed))
     if read_ahead:  # the first blocks the lanes read next, read together too
         read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
 
