@@ -292,3 +292,24 @@ def test_a_finite_input_counts_only_the_batches_delivered(processes):
     report = zj.merge_accounting([it.accounting() for it in its])
     assert report["steps"] == len(batches) > 3
     assert report["sources"] == expected(ds, provenance, batches)
+
+
+def test_after_the_end_workers_leave_the_state_the_lanes_leave_in_process():
+    """A finite input whose lanes end at different steps: a worker whose lanes completed
+    their rows of the batch another worker's lanes could not complete leaves them
+    undelivered (not counted), so the state and the accounting after the end are the
+    in-process ones, byte for byte (2 workers, one lane each)."""
+    for seed in range(4):
+        lengths = np.random.default_rng(seed).integers(2, 10, 16).tolist()
+        docs = [
+            {"tokens": np.arange(1, n + 1, dtype=np.int32) + 100 * i} for i, n in enumerate(lengths)
+        ]
+        ds = zj.Dataset.source(docs).repeat(1).split(6).pack(8, num_bins=2).batch(2)
+        ends = []
+        for workers in (0, 2):
+            it = iter(zj.Loader(ds, num_workers=workers))
+            steps = sum(1 for _ in it)
+            state = it.get_state()
+            ends.append((steps, {k: bytes(v) for k, v in state["lanes"].items()}, it.accounting()))
+            it.close()
+        assert ends[1] == ends[0], seed

@@ -54,6 +54,12 @@ class LaneSnapshot(NamedTuple):
     tally: Any  # (skipped, sources, stages); in memory, counted when encoded
 
 
+def with_tally(snapshot: tuple, tally: Any) -> LaneSnapshot:
+    """``snapshot`` with its accounting counters ``tally`` instead of its own."""
+    version, position, done, carries, pending, step, mixture, _ = snapshot
+    return LaneSnapshot(version, position, done, carries, pending, step, mixture, tally)
+
+
 def lane_checksum(body: bytes, lane: int) -> bytes:
     """The CRC-32 of a lane state's encoding, started from the lane number."""
     return zlib.crc32(body, lane & 0xFFFFFFFF).to_bytes(4, "little")

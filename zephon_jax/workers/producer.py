@@ -50,6 +50,7 @@ from zephon_jax.core.packed import OutputPool
 from zephon_jax.engine.rows import RowsOfSize, encode_snapshots, lanes_to_run, rows_by_size
 from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state.global_state import EXCLUDE, exclusion_of, lane_bytes
+from zephon_jax.state.lane_format import with_tally
 from zephon_jax.workers.assembly import assemble, plan_workers
 from zephon_jax.workers.parent import Worker, pickle_dataset, raise_worker_error, shutdown_all
 from zephon_jax.workers.protocol import (
@@ -277,6 +278,14 @@ class WorkerRowProducer:
             )
         return answer.snapshots
 
+    def _undelivered_states(self, worker: Worker, index: int) -> Snapshots:
+        """The snapshots of ``worker``'s lanes after batch ``index``, which they completed
+        but which is not delivered (another worker's lanes found the end of the input):
+        their counters stay those before it, as :class:`RowProducer` leaves them."""
+        after = self._ask_states(worker, index)
+        before = self._ask_states(worker, index - 1)
+        return {l: with_tally(s, before[l][-1]) for l, s in after.items()}
+
     # ----- the Producer interface -----------------------------------------------------
     @_locked
     def next_batch(self) -> Any:
@@ -306,7 +315,7 @@ class WorkerRowProducer:
                 if isinstance(message, End):
                     states.update(message.snapshots)
                 else:
-                    states.update(self._ask_states(worker, message.index))
+                    states.update(self._undelivered_states(worker, message.index))
                     worker.free(message)
             self._states = states
             return None

@@ -20,6 +20,7 @@ from zephon_jax.state.lane_format import (
     encode_lane_state,
     lane_checksum,
     plain_snapshot,
+    with_tally,
 )
 
 TALLY = (1, (30, 4, 3, 1, 12, 2, 2, 1), (42,))  # skipped, two sources' counters, a stage
@@ -282,3 +283,10 @@ def test_a_bad_pointer_among_many_pieces_of_draws_is_named(bad, match):
     value = snapshot(carries=((held, None), CARRIES[1]))
     with pytest.raises(StateError, match=r"lane 5: carries\[0\] " + match):
         decode_lane_state(5, with_crc(codec.encode(value), 5), 2)
+
+
+def test_with_tally_replaces_only_the_counters():
+    snapshot = LaneSnapshot(8, 5, False, ((), None), (), 3, None, (0, (1, 2, 3, 1), ()))
+    other = with_tally(snapshot, (1, (9, 9, 9, 2), ()))
+    assert other[:-1] == snapshot[:-1] and other.tally == (1, (9, 9, 9, 2), ())
+    assert type(other) is LaneSnapshot
