@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -32,6 +32,32 @@ def make_docs(num_docs: int, max_len: int, seed: int, vocab: int = 1000, min_len
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_len, max_len + 1, size=num_docs)
     return [{"tokens": rng.integers(1, vocab, size=int(n)).astype(np.int32)} for n in lengths]
+
+
+class Joined(NamedTuple):
+    held: tuple = ()
+    tokens: int = 0
+
+
+def join_init(lane):
+    return Joined()
+
+
+def join_step(min_len, carry, element):
+    """Joins records until ``min_len`` tokens: a ``lineage_operator`` whose carry holds
+    the elements (pointers); ``join_make`` concatenates them."""
+    carry = Joined(carry.held + (element,), carry.tokens + len(element.data["tokens"]))
+    if carry.tokens < min_len:
+        return carry, []
+    return Joined(), [zj.made_from(carry.held)]
+
+
+def join_flush(carry):
+    return Joined(), [zj.made_from(carry.held)] if carry.held else []
+
+
+def join_make(recipe, records):
+    return {"tokens": np.concatenate([r["tokens"] for r in records])}
 
 
 def add_one(record):

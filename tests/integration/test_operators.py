@@ -4,12 +4,15 @@ plus the operator's own contract."""
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import numpy as np
 import pytest
 from pipelines import (
     assert_batches_equal,
+    join_flush,
+    join_init,
+    join_make,
+    join_step,
     make_docs,
     resume_across,
     run_topology,
@@ -53,31 +56,6 @@ class RunningSumEmitter(zj.Operator):
 
     def flush(self, carry):
         return carry, []
-
-
-class Joined(NamedTuple):
-    held: tuple = ()
-    tokens: int = 0
-
-
-def join_init(lane):
-    return Joined()
-
-
-def join_step(min_len, carry, element):
-    """Joins records until ``min_len`` tokens; the carry holds the elements (pointers)."""
-    carry = Joined(carry.held + (element,), carry.tokens + len(element.data["tokens"]))
-    if carry.tokens < min_len:
-        return carry, []
-    return Joined(), [zj.made_from(carry.held)]
-
-
-def join_flush(carry):
-    return Joined(), [zj.made_from(carry.held)] if carry.held else []
-
-
-def join_make(recipe, records):
-    return {"tokens": np.concatenate([r["tokens"] for r in records])}
 
 
 def join_short(min_len):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import functools
 import signal
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import numpy as np
 import pytest
+from pipelines import join_flush, join_init, join_make, join_step
 
 import zephon_jax as zj
 from zephon_jax.core.lineage import Element, Opaque, is_derived
@@ -102,31 +102,6 @@ class PointerIdentity(zj.LineageOperator):
 
     def step(self, carry, element):
         return carry, [element]
-
-
-class Joined(NamedTuple):
-    held: tuple = ()
-    tokens: int = 0
-
-
-def join_init(lane):
-    return Joined()
-
-
-def join_step(min_len, carry, element):
-    """Joins records until ``min_len`` tokens (the functional contract, pointers kept)."""
-    carry = Joined(carry.held + (element,), carry.tokens + len(element.data["tokens"]))
-    if carry.tokens < min_len:
-        return carry, []
-    return Joined(), [zj.made_from(carry.held)]
-
-
-def join_flush(carry):
-    return Joined(), [zj.made_from(carry.held)] if carry.held else []
-
-
-def join_make(recipe, records):
-    return {"tokens": np.concatenate([r["tokens"] for r in records])}
 
 
 OPERATORS = {
