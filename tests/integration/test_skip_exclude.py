@@ -102,6 +102,20 @@ def test_explain_command_accepts_a_skipped_state(tmp_path, monkeypatch, capsys):
 # ----- excluding ----------------------------------------------------------------------------
 
 
+def _runs_without(ds, steps: int, state, excluded) -> list:
+    """The batches of ``steps`` global steps from ``state`` on 1 process, 4 processes and
+    1 process with 2 workers, none of whose rows holds an ``excluded`` record."""
+    runs = []
+    for processes, kw in ((1, {}), (4, {}), (1, {"num_workers": 2})):
+        its, batches, provenance, _ = run_global(ds, steps, processes, state=state, **kw)
+        for it in its:
+            getattr(it, "close", lambda: None)()
+        for step in provenance:
+            assert not _records(step) & set(excluded)
+        runs.append(batches)
+    return runs
+
+
 def _records(provenance) -> set:
     return {(s["label"], s["record"]) for row in provenance for s in row}
 
@@ -124,14 +138,7 @@ def test_excluded_records_never_appear_again_on_any_topology(kind):
     soon = _later_documents(ds, state, after)
     excluded = sorted(soon[0])[:3] + sorted(soon[3] - soon[0])[:1]
     cut = zj.exclude(state, excluded)
-    runs = []
-    for processes, kw in ((1, {}), (4, {}), (1, {"num_workers": 2})):
-        its, batches, provenance, _ = run_global(ds, after, processes, state=cut, **kw)
-        for it in its:
-            getattr(it, "close", lambda: None)()
-        for step in provenance:
-            assert not _records(step) & set(excluded)
-        runs.append(batches)
+    runs = _runs_without(ds, after, cut, excluded)
     assert_batches_equal(runs[1], runs[0])
     assert_batches_equal(runs[2], runs[0])
     # The exclusion changed what follows (the records were due), not what came before.
@@ -313,14 +320,7 @@ def test_excluding_under_concat_keeps_the_stream_in_order(split, which):
     cut = zj.exclude(state, excluded)
     stream = _token_stream(whole)
     want = stream[~np.isin(stream // 1000, records)]
-    runs = []
-    for processes, kw in ((1, {}), (4, {}), (1, {"num_workers": 2})):
-        its, batches, provenance, _ = run_global(ds, after, processes, state=cut, **kw)
-        for it in its:
-            getattr(it, "close", lambda: None)()
-        for step in provenance:
-            assert not _records(step) & set(excluded)
-        runs.append(batches)
+    runs = _runs_without(ds, after, cut, excluded)
     got = _token_stream(runs[0])
     np.testing.assert_array_equal(got[: len(want)], want)
     assert_batches_equal(runs[1], runs[0])
