@@ -455,24 +455,19 @@ class stateless(ContractOperator):
         self.fn = fn
         super().__init__(
             name,
-            _no_carry,
+            no_carry,
             self._outputs_of,
             make=self._output_of,
             trace=_output_trace,
             describe=f"{name}({callable_name(fn)})",
             carry_bound="none (outputs are emitted at once)",
             step_block=self._block_outputs,
-            save=_saved_nothing,  # the saved form of an operator without carry, as always
+            save=save_nothing,  # the saved form of an operator without carry, as always
             load=self._load_nothing,
         )
 
     def _load_nothing(self, saved: Saved, lane: int) -> None:
-        if saved.held or saved.aux is not None:
-            raise StateError(
-                f"the saved carry of {self.describe()} holds {len(saved.held)} elements and "
-                f"{saved.aux!r:.80}; it has no carry: the state was altered"
-            )
-        return None
+        return load_nothing(self, saved)
 
     def _block_outputs(self, carry: None, elements: Sequence[Element]):
         """What ``step`` over each of ``elements`` gives, as the engine's elements."""
@@ -509,12 +504,25 @@ class stateless(ContractOperator):
         )
 
 
-def _no_carry(lane: int) -> None:
+def no_carry(lane: int) -> None:
+    """``init`` of an operator without carry: ``None``."""
     return None
 
 
-def _saved_nothing(carry: None) -> Saved:
+def save_nothing(carry: None) -> Saved:
+    """The saved form of no carry, ``Saved((), None)`` (what an operator without carry
+    has always saved)."""
     return Saved((), None)
+
+
+def load_nothing(op: LineageOperator, saved: Saved) -> None:
+    """No carry, from its saved form: a :class:`StateError` if ``saved`` holds anything."""
+    if saved.held or saved.aux is not None:
+        raise StateError(
+            f"the saved carry of {op.describe()} holds {len(saved.held)} elements and "
+            f"{saved.aux!r:.80}; it has no carry: the state was altered"
+        )
+    return None
 
 
 def _output_trace(recipe: Any, parents: tuple, start: Any, stop: Any) -> list:

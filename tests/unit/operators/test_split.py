@@ -1,5 +1,6 @@
 """``split``: the pieces of a record (bounds by hand), which fields are cut, the fast path
-of ``step_block``, ``remake`` and ``trace`` of a piece, and the errors for bad records."""
+of ``step_block``, ``remake`` and ``trace`` of a piece, and the errors for bad records;
+made through the functional contract without carry (saved as ``Saved((), None)``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, StateError
+from zephon_jax.operators.base import Saved, StepFailed, fold_steps
+from zephon_jax.operators.contract import ContractOperator
 from zephon_jax.operators.split import SplitOperator
 
 
@@ -93,3 +96,37 @@ def test_key_names_the_field_to_cut():
     assert [p["ids"] for p in pieces] == [[1, 2], [3]]
     assert [p["tokens"].tolist() for p in pieces] == [[0, 1], [2]]
     assert op.describe() == "split(max_len=2, key='ids')"
+
+
+def test_split_is_made_through_the_contract_without_carry():
+    op = SplitOperator(8, key="ids")
+    assert isinstance(op, ContractOperator) and op.name == "split" and not op.user_code
+    assert (op.cuts_records, op.cut_key, op.may_pack, op.passthrough) == (8, "ids", False, False)
+    assert op.init(3) is None
+    assert op.carry_bound() == "none (pieces are emitted at once)"
+
+
+def test_step_block_is_the_fold_of_step():
+    op = SplitOperator(4)
+    elements = [Element(_record(n), p) for p, n in enumerate([3, 0, 10, 4, 5, 1])]
+    elements.append(Element({"tokens": np.arange(2), "name": "x"}, 6))  # no quick pass
+    carry, want = fold_steps(op.step, None, elements)
+    got = op.step_block(None, elements)[1]
+    assert carry is None and [e.lineage for e in got] == [e.lineage for e in want]
+    assert [_plain(e.data) for e in got] == [_plain(e.data) for e in want]
+    bad = Element({"text": "a"}, 9)
+    with pytest.raises(StepFailed) as failed:
+        op.step_block(None, elements[:3] + [bad])
+    assert failed.value.index == 3 and len(failed.value.outputs) == 4
+
+
+def test_the_saved_form_is_no_carry_as_before():
+    op = SplitOperator(4)
+    assert op.save(op.init(0)) == Saved((), None)
+    assert op.load(op.save(None), 2) is None
+
+
+@pytest.mark.parametrize("saved", [Saved((Element(_record(2), 0),), None), Saved((), 5)])
+def test_load_refuses_a_saved_carry_it_cannot_have(saved):
+    with pytest.raises(StateError, match="it has no carry: the state was altered"):
+        SplitOperator(4).load(saved, 0)
