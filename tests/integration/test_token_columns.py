@@ -23,7 +23,7 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
-from zephon_jax.engine import column_sources, columns
+from zephon_jax.engine import columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray

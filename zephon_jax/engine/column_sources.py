@@ -75,7 +75,7 @@ class StoreTokens(ArrayTokens):
         super().__init__(self, np.concatenate(offsets), bases)  # type: ignore[arg-type]
 
     def materialize(
-        self, starts: Sequence[int], lengths: Sequence[int], leaves: Sequence[int] | None
+        self, starts: Any, lengths: Any, leaves: Any
     ) -> tuple[tuple[np.ndarray], np.ndarray]:
         """Reads pieces ``[starts[k], starts[k] + lengths[k])`` of stores ``leaves[k]``
         (None: all of the first): one batched read per store. Returns ``(tokens, at)``:

@@ -200,18 +200,6 @@ class TokenBins(OpenRows):
             at += c
 
 
-def _starts_once(
-    reader: Any, leaves: np.ndarray, records: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``reader.starts(leaves, records)``, each distinct document located (or read) once:
-    the pieces of one document in open rows then point to one copy of its tokens."""
-    span = int(records.max()) + 1
-    distinct, inverse = np.unique(leaves * span + records, return_inverse=True)
-    starts, where = reader.starts(distinct // span, distinct % span)
-    inverse = inverse.reshape(-1)
-    return starts[inverse], where[inverse]
-
-
 class SavedRows(NamedTuple):
     """A lane state's open rows of ``pack``, as it holds them: the lineages of the held
     pieces, row after row, and each row's piece count (its ``Saved`` form, lineages not
@@ -256,6 +244,7 @@ def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
     their drawn roots, a list); None if they hold none."""
     if bins is None:
         return None
+    contents: Iterable[tuple[int, Any, int]]
     if type(bins) is SavedRows:
         rows_of = np.repeat(np.arange(len(bins.counts)), bins.counts).tolist()
         contents = zip(rows_of, map(held_lineage, bins.lineages), itertools.repeat(-1))
@@ -267,7 +256,7 @@ def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
     rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
     roots = [h[1] for h in held]
     if type(bins) is SavedRows:
-        lengths = None
+        lengths = None  # type: ignore[assignment]
         furthest = max(map(position_of, roots))
         if furthest >= bins.next_position:
             raise StateError(

@@ -488,16 +488,16 @@ class TokenStore:
         documents: returns ``(flat, at)``, span ``k`` being ``flat[at[k]:at[k] +
         lengths[k]]``. Spans may repeat and overlap; spans within one read chunk of each
         other are covered by one range (``flat`` may hold tokens between them)."""
-        starts = np.asarray(starts, np.int64).reshape(-1)
-        stops = starts + np.asarray(lengths, np.int64).reshape(-1)
+        first = np.asarray(starts, np.int64).reshape(-1)
+        stops = first + np.asarray(lengths, np.int64).reshape(-1)
         s = self._s
-        if starts.size and (int(starts.min()) < 0 or int(stops.max()) > int(s.offsets[-1])):
+        if first.size and (int(first.min()) < 0 or int(stops.max()) > int(s.offsets[-1])):
             raise IndexError(
                 f"token spans reach outside the {int(s.offsets[-1])} tokens of {self._loc}"
             )
-        if starts.size == 0:
+        if first.size == 0:
             return np.empty(0, dtype=s.dtype), np.zeros(0, np.int64)
-        return self._locate_spans(s, starts, stops)
+        return self._locate_spans(s, first, stops)
 
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
