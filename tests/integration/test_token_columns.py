@@ -23,7 +23,7 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
-from zephon_jax.engine import column_sources, columns
+from zephon_jax.engine import columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -427,9 +427,8 @@ def stores(tmp_path_factory):
 def test_token_stores_read_column_wise_equal_the_general_path(
     general, stores, monkeypatch, mix, training
 ):
-    """Token stores, alone or mixed by records, read block by block into the arena: the
-    same batches, states and provenance; a small arena is replaced many times."""
-    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
+    """Token stores, alone or mixed by records, placed from their offsets and read when a
+    batch is gathered: the same batches, states and provenance as the general path."""
     if mix:
         source = zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
     else:
@@ -498,7 +497,6 @@ def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, 
     """A mixture drawn lane by lane (by tokens or with weight stages) over token arrays or
     stores: the same batches, states and provenance, across the stage changes, and
     states restore on either path."""
-    monkeypatch.setattr(column_sources, "_FIRST_ARENA", 64)
     case = dict(case)
     if case.pop("stores", False):
         sources = stores
@@ -590,12 +588,12 @@ def test_restoring_store_lanes_reads_each_store_together_not_lane_by_lane(tmp_pa
     state = it.get_state()
     expected = next(it)
     reads = []
-    for name in ("read_flat", "__getitems__"):
+    for name in ("read_flat", "read_spans", "__getitems__"):
         original = getattr(TokenStore, name)
 
-        def counted(self, indices, _original=original, _name=name):
+        def counted(self, *args, _original=original, _name=name):
             reads.append(_name)
-            return _original(self, indices)
+            return _original(self, *args)
 
         monkeypatch.setattr(TokenStore, name, counted)
     it2 = iter(zj.Loader(ds))

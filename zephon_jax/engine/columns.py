@@ -311,7 +311,6 @@ def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
         lane.carries[stage] = carry
         if columns.drawn:
             carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
-        columns.reader.register(carry)
 
 
 def _held_records(lanes: Sequence[Any], drawn: bool, ks: list[int], held: list) -> list[tuple]:
@@ -394,7 +393,7 @@ def _take_drawn(lane: Any, n: int) -> list | None:
     stage = drawer.node.stages.index_at(lane.step)
     roots = lane.drawn_roots
     reader = columns.reader
-    bases = np.zeros(len(reader.tokens), np.int64)  # a document's span: spans[0:2]
+    bases = np.zeros(len(reader.bases), np.int64)  # a document's span: spans[0:2]
     while len(pending) < n:
         if lane.input_done:
             return None

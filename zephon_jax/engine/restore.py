@@ -31,10 +31,12 @@ from zephon_jax.core.lineage import (
     position_of,
     recipe_of,
 )
+from zephon_jax.engine.columns import open_rows_of_lanes
 from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
 from zephon_jax.operators.base import Saved
+from zephon_jax.operators.token_bins import SavedRows
 from zephon_jax.sampler.scheduled_mixture import regenerate_lanes
 from zephon_jax.state.envelope import is_int
 from zephon_jax.state.lane_format import LaneSnapshot
@@ -63,9 +65,13 @@ def _restore_lanes(
     for lane, snapshot in zip(lanes, snapshots):
         _set_mixture_carry(lane, snapshot)
     rebuilders = [Rebuilder(lane) for lane in lanes]
+    columns = lanes[0].plan.columnar if lanes and not lanes[0].plan.excluded else None
+    kept = -1 if columns is None else columns.stage  # open rows kept as pointers, unread
     wanted = [
         rebuild.positions(
-            [held for held, _ in snapshot.carries], snapshot.pending, snapshot.next_position
+            [() if k == kept else held for k, (held, _) in enumerate(snapshot.carries)],
+            snapshot.pending,
+            snapshot.next_position,
         )
         for rebuild, snapshot in zip(rebuilders, snapshots)
     ]
@@ -77,7 +83,9 @@ def _restore_lanes(
                 restored.append(_without_excluded(lane, rebuild, snapshot))
                 continue
             carries = [
-                op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)
+                _saved_rows(op, held, aux, lane.lane, snapshot.next_position)
+                if stage == kept
+                else op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane)
                 for stage, (op, (held, aux)) in enumerate(
                     zip(lane.plan.operators, snapshot.carries)
                 )
@@ -102,6 +110,8 @@ def _restore_lanes(
         fed += [k for k, elements in enumerate(again) if elements]
         if fed and snapshot.input_done:  # flushed at its end: what came back is flushed too
             lane.finish_input(min(fed))
+    if kept >= 0 and lanes:
+        open_rows_of_lanes(lanes)  # the open rows as arrays, from their pointers alone
     if read_ahead:  # the first blocks the lanes read next, read together too
         read_ahead_together([l for l in lanes if l.drawer is None and not l.input_done])
 
@@ -153,6 +163,16 @@ def _without_excluded(lane: Lane, rebuild: Rebuilder, snapshot: LaneSnapshot) ->
                 lane, rebuild, stage, snapshot.carries[stage], taken, again, from_rows
             )
     return carries, pending, again, recut
+
+
+def _saved_rows(op: Any, held: Sequence, aux: Any, lane: int, next_position: int) -> Any:
+    """The saved open rows of a column-wise lane's ``pack`` as a :class:`SavedRows` (checked
+    as ``op.load`` checks them), which :func:`open_rows_of_lanes` turns into its open
+    rows without reading the documents they point to; None where it holds none."""
+    op.check_counts(aux, len(held), lane)
+    if aux is None or not held:
+        return None
+    return SavedRows(held, aux, next_position)
 
 
 def cuts_stream(op: Any) -> bool:

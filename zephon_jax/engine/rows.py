@@ -32,7 +32,8 @@ def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     if isinstance(first, PackedRow):
         if all(isinstance(row, PackedRow) for row in rows):
             return assemble_rows(rows, pool)
-        rows = [plain(row) for row in rows]
+    if any(isinstance(row, PackedRow) for row in rows):
+        rows = _plain_rows(rows)
         first = rows[0]
     if isinstance(first, Mapping):
         keys = tuple(first)
@@ -44,6 +45,26 @@ def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
                 )
         return {k: _stack_field(k, [row[k] for row in rows]) for k in keys}
     return _stack_field("row", list(rows))
+
+
+def _plain_rows(rows: Sequence[Any]) -> list:
+    """``rows`` with the packed rows among them as plain dicts (as :func:`plain` makes
+    them), those of one kind (type, spec, token arrays, transform after pack) assembled by
+    one call (one gather, one read of the tokens they point to), not one by one."""
+    out = list(rows)
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        if isinstance(row, PackedRow):
+            key = (type(row), id(row.spec), id(getattr(row, "tokens", None)))
+            groups.setdefault(key + (id(getattr(row, "training", None)),), []).append(i)
+    for at in groups.values():
+        if len(at) == 1:
+            out[at[0]] = plain(rows[at[0]])
+            continue
+        batch = assemble_rows([rows[i] for i in at])
+        for j, i in enumerate(at):
+            out[i] = {k: v[j] for k, v in batch.items()}
+    return out
 
 
 def _stack_field(name: str, values: list) -> np.ndarray:

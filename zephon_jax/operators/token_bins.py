@@ -13,7 +13,8 @@ arrays, gathered into the batch by one kernel call per batch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+import itertools
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from zephon_jax.core.lineage import (
     is_position,
     piece_code,
     piece_parts,
+    position_of,
 )
 from zephon_jax.core.packed import (
     POSITIONS,
@@ -62,7 +64,6 @@ class TokenBins(OpenRows):
         "_form",
         "translate",
         "_translated",
-        "__weakref__",  # a reader that moves tokens keeps the rows pointing into them
     )
 
     def __init__(self, num_bins: int, tokens: tuple[np.ndarray, ...], field: str, cut: int):
@@ -104,20 +105,29 @@ class TokenBins(OpenRows):
         return out
 
     def to_bins(self) -> Any:
-        """The same open rows as :class:`~zephon_jax.operators.pack.Bins`."""
+        """The same open rows as :class:`~zephon_jax.operators.pack.Bins` (tokens not in
+        memory are read, once for all the rows)."""
 
         num_bins = len(self.fill)
         bins = Bins(num_bins)
         bins.fields = (self.field,)
         bins.compact = self.cut > 0 and self.translate is None
-        tokens = self.tokens
-        for a, i in enumerate(self.slots.tolist()):  # row a of the Bins: row i here
-            c = int(self.count[i])
+        order = self.slots.tolist()  # row a of the Bins: row i here
+        held = [self.piece_array[:, i, : int(self.count[i])] for i in order]
+        codes, starts, lengths, leaves = np.concatenate(held, axis=1) if held else ((),) * 4
+        tokens, starts, leaves = concrete(self.tokens, starts, lengths, leaves)
+        at = 0
+        for a, pieces in enumerate(held):
+            c = pieces.shape[1]
+            part = slice(at, at + c)
+            at += c
             if not c:
                 continue
-            codes, starts, lengths, leaves = self.piece_array[:, i, :c].tolist()
-            lineages = codes if self.translate is None else self.translate(codes)
-            for lineage, s, n, l in zip(lineages, starts, lengths, leaves):
+            row_codes = codes[part].tolist()
+            lineages = row_codes if self.translate is None else self.translate(row_codes)
+            for lineage, s, n, l in zip(
+                lineages, starts[part].tolist(), lengths[part].tolist(), leaves[part].tolist()
+            ):
                 bins.add(a, tokens[l][s : s + n], lineage, n)
         return bins
 
@@ -147,26 +157,30 @@ class TokenBins(OpenRows):
         ``records_of(ks, held)`` gives, for each ``lanes[ks[i]]``, whose open rows hold
         ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, a list of drawn
         roots), the codes the lane gives them, their leaves and documents. The documents
-        all the lanes' open rows hold are located (or read) by one ``plan.reader.starts``
-        call: the same TokenBins as adopting them one by one."""
+        all the lanes' open rows hold are located by one ``plan.reader.starts`` call: the
+        same TokenBins as adopting them one by one.
+
+        ``bins`` may also be a lane state's :class:`SavedRows` (its lineages not
+        regenerated): the pieces' lengths then come from the documents' lengths, and
+        nothing is read."""
         pieces = [_held_pieces_of(bins, plan, lane) for bins, lane in lanes]
         ks = [k for k, p in enumerate(pieces) if p is not None]
         located = records_of(ks, [pieces[k][3] for k in ks]) if ks else []  # type: ignore[index]
         if ks:
-            starts, where = _starts_once(
-                plan.reader,
-                np.concatenate([leaves for _, leaves, _ in located]),
-                np.concatenate([records for _, _, records in located]),
-            )
+            leaves = np.concatenate([leaves for _, leaves, _ in located])
+            records = np.concatenate([records for _, _, records in located])
+            starts, where = _starts_once(plan.reader, leaves, records)
+            documents = plan.reader.lengths(leaves, records)
         carries = [cls(num_bins, plan.tokens, plan.field, plan.cut) for _ in lanes]
         at = 0
         for k, (codes, leaves, _) in zip(ks, located, strict=True):
             rows, js, lengths, _ = pieces[k]  # type: ignore[misc]
             part = slice(at, at + len(leaves))
             at = part.stop
-            carry = carries[k]
-            carry.tokens = plan.tokens  # where the reader put the documents
-            carry._fill_held((rows, js, lengths, codes), starts[part] + js * plan.cut, where[part])
+            if lengths is None:
+                lengths = _piece_lengths(documents[part], js, plan, lanes[k][1])
+            held = (rows, js, lengths, codes)
+            carries[k]._fill_held(held, starts[part] + js * plan.cut, where[part])
         return carries
 
     def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
@@ -186,11 +200,36 @@ class TokenBins(OpenRows):
             at += c
 
 
+class SavedRows(NamedTuple):
+    """A lane state's open rows of ``pack``, as it holds them: the lineages of the held
+    pieces, row after row, and each row's piece count (its ``Saved`` form, lineages not
+    regenerated); ``next_position``: the lane's, which every piece's must precede."""
+
+    lineages: Sequence[Any]
+    counts: tuple[int, ...]
+    next_position: int
+
+
+def _piece_lengths(documents: np.ndarray, js: np.ndarray, plan: Any, lane: int) -> np.ndarray:
+    """The lengths of pieces ``js`` of documents of ``documents`` tokens (the documents
+    themselves without a cut); raises if a piece is not one of its document's."""
+    cut = plan.cut
+    lengths = np.minimum(documents - js * cut, cut) if cut else documents
+    bad = np.flatnonzero(lengths <= 0)
+    if bad.size:
+        k = int(bad[0])
+        raise StateError(
+            f"lane {lane}: the state holds piece {int(js[k])} of a document of "
+            f"{int(documents[k])} tokens in an open row of pack, which this pipeline never "
+            "makes; the state was altered or the sources changed"
+        )
+    return lengths
+
+
 def _starts_once(
     reader: Any, leaves: np.ndarray, records: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``reader.starts(leaves, records)``, each distinct document located (or read) once:
-    the pieces of one document in open rows then point to one copy of its tokens."""
+    """``reader.starts(leaves, records)``, each distinct document located once."""
     span = int(records.max()) + 1
     distinct, inverse = np.unique(leaves * span + records, return_inverse=True)
     starts, where = reader.starts(distinct // span, distinct % span)
@@ -199,38 +238,59 @@ def _starts_once(
 
 
 def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
-    """``(rows, pieces, lengths, roots)`` of the pieces ``bins`` hold, by row (arrays;
-    ``roots``: their lane positions, an array, or with ``plan.drawn`` their drawn
-    roots, a list); None if they hold none."""
+    """``(rows, pieces, lengths, roots)`` of the pieces ``bins`` (a Bins, a
+    :class:`SavedRows` or None) hold, by row (arrays; ``lengths`` None for a
+    ``SavedRows``; ``roots``: their lane positions, an array, or with ``plan.drawn``
+    their drawn roots, a list); None if they hold none."""
     if bins is None:
         return None
-    held = _held_pieces(bins, plan.cut, plan.drawn, lane)
+    contents: Iterable[tuple[int, Any, int]]
+    if type(bins) is SavedRows:
+        rows_of = np.repeat(np.arange(len(bins.counts)), bins.counts).tolist()
+        contents = zip(rows_of, map(held_lineage, bins.lineages), itertools.repeat(-1))
+    else:
+        contents = _contents(bins)
+    held = _held_pieces(contents, plan.cut, plan.drawn, lane)
     if not held:
         return None
     rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
     roots = [h[1] for h in held]
+    if type(bins) is SavedRows:
+        lengths = None  # type: ignore[assignment]
+        furthest = max(map(position_of, roots))
+        if furthest >= bins.next_position:
+            raise StateError(
+                f"lane {lane}: the state points to lane-local position {furthest}, but the "
+                f"lane has read only positions before {bins.next_position}; the state was "
+                "altered"
+            )
     return rows, js, lengths, roots if plan.drawn else np.array(roots, np.int64)
 
 
-def _held_pieces(bins: Any, cut: int, drawn: bool, lane: int) -> list[tuple]:
-    """``(row, position or drawn root, piece, length)`` of each piece ``bins`` hold;
-    raises if a lineage is not one this pipeline makes."""
-    held = []
+def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:
+    """``(row, lineage, length)`` of each piece a Bins holds, row by row."""
     for i in range(len(bins.fill)):
         for _, lineage, n in bins.contents(i):
-            lineage = held_lineage(lineage)
-            root: Any = None
-            j = 0
-            if cut and is_piece(lineage):
-                root, j = piece_parts(lineage)
-            elif not cut:
-                root = lineage
-            if not (is_draw(root) if drawn else is_position(root)):
-                raise StateError(
-                    f"lane {lane}: the state holds {lineage!r} in an open row of "
-                    f"pack, which this pipeline never makes; the state was altered"
-                )
-            held.append((i, root, j, n))
+            yield i, held_lineage(lineage), n
+
+
+def _held_pieces(contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool, lane: int):
+    """``(row, position or drawn root, piece, length)`` of each piece of ``contents``
+    (``(row, lineage, length)``); raises if a lineage is not one this pipeline makes."""
+    held = []
+    for i, lineage, n in contents:
+        root: Any = None
+        j = 0
+        if cut and is_piece(lineage):
+            root, j = piece_parts(lineage)
+        elif not cut:
+            root = lineage
+        if not (is_draw(root) if drawn else is_position(root)):
+            raise StateError(
+                f"lane {lane}: the state holds {lineage!r} in an open row of "
+                f"pack, which this pipeline never makes; the state was altered"
+            )
+        held.append((i, root, j, n))
     return held
 
 
@@ -277,10 +337,11 @@ class TokenRow(PackedRow):
     @property
     def pieces(self) -> tuple:  # type: ignore[override]
         """The pieces as views of the token arrays (for the general assembly)."""
-        tokens, starts, lengths = self.tokens, self.starts, self.lengths or ()
-        if self.leaves is None:
+        lengths = self.lengths or ()
+        tokens, starts, leaves = concrete(self.tokens, self.starts, lengths, self.leaves)
+        if leaves is None:
             return tuple(tokens[0][s : s + n] for s, n in zip(starts, lengths))
-        return tuple(tokens[l][s : s + n] for s, n, l in zip(starts, lengths, self.leaves))
+        return tuple(tokens[l][s : s + n] for s, n, l in zip(starts, lengths, leaves))
 
     @staticmethod
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
@@ -323,6 +384,7 @@ class TokenRow(PackedRow):
                 leaves += row.leaves or ()
         if compiled is None:
             return None
+        tokens, starts, leaves = concrete(tokens, starts, lengths, leaves)
         (field,) = fields
         shape = (len(rows), spec.seq_len)
 
@@ -350,6 +412,20 @@ class TokenRow(PackedRow):
         if not fits:  # a token the output dtype cannot hold: the general assembly says which
             return None
         return {field: values, field + SEGMENT_IDS: segment_ids, field + POSITIONS: positions}
+
+
+def concrete(
+    tokens: Any, starts: Any, lengths: Any, leaves: Any
+) -> tuple[tuple[np.ndarray, ...], Any, Any]:
+    """``(tokens, starts, leaves)`` of pieces ``[starts[k], starts[k] + lengths[k])`` of
+    ``tokens[leaves[k]]`` (``leaves`` None: all of ``tokens[0]``), with the token arrays
+    in memory: as given where ``tokens`` is a tuple of arrays, else read now by
+    ``tokens.materialize`` (a reader whose pieces are read when rows are gathered, see
+    :mod:`zephon_jax.engine.column_sources`), which gives new starts into one array."""
+    if type(tokens) is tuple:
+        return tokens, starts, leaves
+    tokens, at = tokens.materialize(starts, lengths, leaves)
+    return tokens, at, None if leaves is None else np.zeros(len(at), np.int64)
 
 
 def value_bounds(source: np.dtype, out: np.dtype) -> tuple[int, int]:

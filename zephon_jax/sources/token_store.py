@@ -480,29 +480,60 @@ class TokenStore:
         spans = [flat[a : a + n] for a, n in zip(at.tolist(), lengths.tolist(), strict=True)]
         return np.concatenate(spans).astype(s.dtype, copy=False)
 
+    def read_spans(
+        self, starts: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token spans ``[starts[k], starts[k] + lengths[k])`` of the store's token stream
+        (``offsets`` index it), read with one TensorStore read as :meth:`read_flat` reads
+        documents: returns ``(flat, at)``, span ``k`` being ``flat[at[k]:at[k] +
+        lengths[k]]``. Spans may repeat and overlap; spans within one read chunk of each
+        other are covered by one range (``flat`` may hold tokens between them)."""
+        first = np.asarray(starts, np.int64).reshape(-1)
+        stops = first + np.asarray(lengths, np.int64).reshape(-1)
+        s = self._s
+        if first.size and (int(first.min()) < 0 or int(stops.max()) > int(s.offsets[-1])):
+            raise IndexError(
+                f"token spans reach outside the {int(s.offsets[-1])} tokens of {self._loc}"
+            )
+        if first.size == 0:
+            return np.empty(0, dtype=s.dtype), np.zeros(0, np.int64)
+        return self._locate_spans(s, first, stops)
+
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
-        requested document starts in them and its length.
-
-        Documents whose ranges lie within one read chunk of each other are covered by
-        one range (so the tokens read may hold tokens of documents not requested);
-        each distinct document is read once.
-        """
+        requested document starts in them and its length (each distinct document is
+        read once; see :meth:`_locate_spans`)."""
         uniq, inverse = np.unique(idx, return_inverse=True)
         starts, stops = s.offsets[uniq], s.offsets[uniq + 1]
-        new_group = np.empty(uniq.size, dtype=bool)
+        flat, at = self._locate_spans(s, starts, stops)
+        inverse = inverse.reshape(-1)
+        return flat, at[inverse], (stops - starts)[inverse]
+
+    def _locate_spans(
+        self, s: _Opened, starts: np.ndarray, stops: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Reads the token spans ``[starts[k], stops[k])`` (within the store): the tokens
+        read and where each span starts in them.
+
+        Spans that overlap or lie within one read chunk of each other are covered by one
+        range, so the tokens read may hold tokens of no span.
+        """
+        order = np.argsort(starts, kind="stable")
+        first_start, first_stop = starts[order], stops[order]
+        reach = np.maximum.accumulate(first_stop)  # the end of the ranges so far
+        new_group = np.empty(order.size, dtype=bool)
         new_group[0] = True
-        new_group[1:] = starts[1:] - stops[:-1] > s.coalesce_gap
+        new_group[1:] = first_start[1:] - reach[:-1] > s.coalesce_gap
         group_of = np.cumsum(new_group) - 1
         first = np.flatnonzero(new_group)
-        last = np.append(first[1:], uniq.size) - 1
-        g_start, g_stop = starts[first], stops[last]
+        last = np.append(first[1:], order.size) - 1
+        g_start, g_stop = first_start[first], reach[last]
         flat = self._fetch_flat(s, g_start, g_stop)
         g_len = g_stop - g_start
         g_at = np.cumsum(g_len) - g_len
-        at = g_at[group_of] + starts - g_start[group_of]
-        inverse = inverse.reshape(-1)
-        return flat, at[inverse], (stops - starts)[inverse]
+        at = np.empty(order.size, np.int64)
+        at[order] = g_at[group_of] + first_start - g_start[group_of]
+        return flat, at
 
     def _fetch_flat(self, s: _Opened, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """Token spans ``[starts[k], stops[k])`` one after the other, read as one virtual

@@ -1,5 +1,5 @@
 """Column-wise readers: where documents' tokens are for token arrays (in place) and token
-stores (read into a shared arena, with open rows' pieces moved when it is replaced)."""
+stores (placed from their offsets, read when a batch's pieces are gathered)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,20 @@ from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
 
 
 class FakeStore:
-    """A token store: documents ``docs``, read in batches (each read noted)."""
+    """A token store: documents ``docs``; reads of token spans noted (one per call)."""
 
     def __init__(self, docs):
         self.docs = [np.asarray(d, np.int32) for d in docs]
+        self.stream = np.concatenate(self.docs)
         self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in self.docs])])
-        self.reads: list[list[int]] = []
+        self.reads: list[list[tuple[int, int]]] = []
 
-    def read_flat(self, records):
-        self.reads.append(list(records))
-        return np.concatenate([self.docs[r] for r in records])
-
-
-class FakeBins:
-    """Open rows' pieces: ``piece_array[1]`` starts, ``[2]`` lengths, ``count`` per row."""
-
-    def __init__(self, starts, lengths, count):
-        self.piece_array = np.array([np.zeros_like(starts), starts, lengths], np.int64)
-        self.count = np.asarray(count)
-        self.tokens = None
+    def read_spans(self, starts, lengths):
+        spans = list(zip(np.asarray(starts).tolist(), np.asarray(lengths).tolist()))
+        self.reads.append(spans)
+        at = np.cumsum([0] + [n for _, n in spans[:-1]]).astype(np.int64)
+        flat = [self.stream[s : s + n] for s, n in spans]
+        return (np.concatenate(flat) if flat else self.stream[:0]), at
 
 
 def array_tokens():
@@ -51,50 +46,38 @@ def test_array_tokens_lengths_starts_and_one():
     assert offsets is reader.offsets and bases is reader.bases and got_leaves is leaves
 
 
-def test_store_tokens_read_documents_into_the_arena_one_read_per_store():
+def test_store_tokens_place_from_offsets_and_read_nothing():
     a = FakeStore([[1, 2], [3, 4, 5]])
     b = FakeStore([[9], [8, 7]])
     reader = StoreTokens([a, b], np.dtype(np.int32))
     leaves, records = np.array([1, 0, 1, 0]), np.array([1, 1, 0, 0])
     assert reader.lengths(leaves, records).tolist() == [2, 3, 1, 2]
-    starts, zeros = reader.starts(leaves, records)
-    # store 0's documents first (1, then 0), then store 1's (1, then 0)
-    assert a.reads == [[1, 0]] and b.reads == [[1, 0]]
-    assert starts.tolist() == [5, 0, 7, 3] and zeros.tolist() == [0, 0, 0, 0]
-    arena = reader.tokens[0]
-    assert arena[:8].tolist() == [3, 4, 5, 1, 2, 8, 7, 9]
-    assert reader.used == 8
-    spans, bases, zero_leaves, index = reader.block(np.array([0]), np.array([1]))
-    assert spans.tolist() == [8, 11] and index.tolist() == [0]
-    assert bases.tolist() == [0] and zero_leaves.tolist() == [0]
-    assert arena[8:11].tolist() == [3, 4, 5]
+    assert reader.ahead(leaves, records).tolist() == [2, 3, 1, 2]
+    starts, which = reader.starts(leaves, records)
+    assert starts.tolist() == [1, 2, 0, 0] and which.tolist() == [1, 0, 1, 0]
+    assert reader.one(1, 1) == (1, 2, 1) and reader.one(0, 1) == (2, 3, 0)
+    offsets, bases, got_leaves, _ = reader.block(leaves, records)
+    index = bases[leaves] + records
+    assert (offsets[index + 1] - offsets[index]).tolist() == [2, 3, 1, 2]
+    assert reader.several and reader.tokens is reader
+    assert a.reads == [] and b.reads == []  # nothing is read to place documents
 
 
-def test_store_tokens_documents_read_ahead_are_found_by_one():
+def test_store_tokens_materialize_reads_each_store_once_in_piece_order():
+    a = FakeStore([[1, 2], [3, 4, 5]])
+    b = FakeStore([[9], [8, 7]])
+    reader = StoreTokens([a, b], np.dtype(np.int32))
+    # pieces: store 1 tokens 1:3 (8 7), store 0 tokens 3:5 (4 5), store 1 token 0 (9)
+    (flat,), at = reader.materialize([1, 3, 0], [2, 2, 1], [1, 0, 1])
+    assert len(a.reads) == 1 and len(b.reads) == 1
+    got = [flat[s : s + n].tolist() for s, n in zip(at.tolist(), [2, 2, 1])]
+    assert got == [[8, 7], [4, 5], [9]]
+    assert flat.dtype == np.int32
+
+
+def test_store_tokens_materialize_of_one_store_needs_no_leaves():
     store = FakeStore([[1, 2], [3, 4, 5]])
     reader = StoreTokens([store], np.dtype(np.int32))
-    assert reader.ahead(np.array([0]), np.array([1])).tolist() == [3]
-    assert store.reads == [[1]]
-    assert reader.one(0, 1) == (0, 3, 0)
-    assert store.reads == [[1]]  # found read ahead: not read again
-    assert reader.one(0, 1) == (3, 3, 0)  # no longer ahead: read now
-    assert store.reads == [[1], [1]]
-
-
-def test_a_full_arena_is_replaced_keeping_open_rows_pieces():
-    big = 1 << 20  # more than the first arena holds
-    store = FakeStore([[5, 6, 7], np.ones(big)])
-    reader = StoreTokens([store], np.dtype(np.int32))
-    reader.starts(np.array([0, 0]), np.array([0, 0]))  # arena: 5 6 7 5 6 7
-    # one open row holds a piece of the second copy (start 4, length 2: tokens 6 7);
-    # a second piece slot, beyond the row's count, is not live
-    bins = FakeBins(np.array([[4, 0]]), np.array([[2, 3]]), [1])
-    reader.register(bins)
-    old = reader.tokens
-    starts, _ = reader.starts(np.array([0]), np.array([1]))
-    assert reader.tokens is not old and bins.tokens is reader.tokens
-    arena = reader.tokens[0]
-    assert bins.piece_array[1].tolist() == [[0, 0]]  # the live piece moved to the start
-    assert arena[:2].tolist() == [6, 7]
-    assert starts.tolist() == [2] and reader.used == 2 + big
-    assert len(arena) >= 2 * (2 + big)
+    assert not reader.several
+    (flat,), at = reader.materialize([2, 0], [3, 2], None)
+    assert [flat[s : s + n].tolist() for s, n in zip(at.tolist(), [3, 2])] == [[3, 4, 5], [1, 2]]

@@ -15,6 +15,7 @@ from zephon_jax.engine.rows import (
     rows_by_size,
     stack_rows,
 )
+from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError
 from zephon_jax.state.global_state import make_state
 
@@ -84,3 +85,22 @@ def test_row_checks():
     assert rows_by_size(ENDLESS, [2]) == {4: [2]}
     assert rows_by_size(ENDLESS, lambda size: range(size // 2)) == {4: [0, 1]}
     assert rows_by_size(ENDLESS, {4: [3]}) == {4: [3]}
+
+
+def test_stack_rows_assembles_packed_rows_among_plain_ones_together():
+    spec = PackSpec(4, "pack")
+    calls = []
+
+    class CountedRow(PackedRow):
+        @staticmethod
+        def assemble_batch(rows, pool=None):
+            calls.append(len(rows))
+            return None  # the general assembly
+
+    packed = [CountedRow(spec, ("t",), [np.array([k, k + 1])], (2,)) for k in range(3)]
+    plain_row = {"t": np.array([7, 7, 7, 0]), "t_segment_ids": np.array([1, 1, 1, 0])}
+    plain_row["t_positions"] = np.array([0, 1, 2, 0])
+    batch = stack_rows([packed[0], plain_row, packed[1], packed[2]])
+    assert calls == [3]  # one assembly for the three packed rows, not one each
+    assert batch["t"].tolist() == [[0, 1, 0, 0], [7, 7, 7, 0], [1, 2, 0, 0], [2, 3, 0, 0]]
+    assert batch["t_segment_ids"].tolist()[0] == [1, 1, 0, 0]

@@ -12,7 +12,7 @@ from zephon_jax.core.lineage import piece_code
 from zephon_jax.engine.column_sources import ArrayTokens
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins
-from zephon_jax.operators.token_bins import TokenBins, TokenRow, value_bounds
+from zephon_jax.operators.token_bins import SavedRows, TokenBins, TokenRow, value_bounds
 
 TOKENS = (np.arange(100, dtype=np.int32), np.arange(1000, 1050, dtype=np.int32))
 
@@ -127,3 +127,32 @@ def test_a_token_row_reads_its_pieces_from_the_arrays():
 )
 def test_value_bounds(source, out, bounds):
     assert value_bounds(np.dtype(source), np.dtype(out)) == bounds
+
+
+def test_adopt_of_saved_rows_takes_lengths_from_the_documents_and_reads_nothing():
+    # row 0: document 1 whole; row 1: piece 3 of document 3 (cut 16: tokens 88..100) and
+    # piece 0 of document 2
+    saved = SavedRows((((1,), 0), ((3,), 3), ((2,), 0)), (1, 2), 4)
+    carry = TokenBins.adopt(saved, 2, columnar_plan(16), 0, records_of)
+    assert carry.count.tolist() == [1, 2] and carry.fill.tolist() == [15, 12 + 15]
+    assert carry.piece_array[1:3, 1, :2].tolist() == [[40 + 48, 25], [12, 15]]
+    bins = Bins(2)  # what a restore that regenerates the records makes
+    bins.add(0, TOKENS[0][10:25], ((1,), 0), 15)
+    bins.add(1, TOKENS[0][88:100], ((3,), 3), 12)
+    bins.add(1, TOKENS[0][25:40], ((2,), 0), 15)
+    same = TokenBins.adopt(bins, 2, columnar_plan(16), 0, records_of)
+    assert same.piece_array.tolist() == carry.piece_array.tolist()
+    assert carry.lineage_form()[1] == same.lineage_form()[1] == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "saved, error",
+    [
+        # piece 4 of a document of 60 tokens cut every 16: it has pieces 0..3
+        (SavedRows((((3,), 4),), (1,), 9), "piece 4 of a document of 60 tokens"),
+        (SavedRows((((3,), 0),), (1,), 3), "position 3, but the lane has read only"),
+    ],
+)
+def test_adopt_of_saved_rows_refuses_what_the_pipeline_never_makes(saved, error):
+    with pytest.raises(StateError, match=error):
+        TokenBins.adopt(saved, 1, columnar_plan(16), 7, records_of)

@@ -477,3 +477,28 @@ def test_write_token_range_refuses_bad_ranges_and_values(tmp_path):
         write_token_range(tmp_path / "s", -1, [1])
     with pytest.raises(TokenStoreError, match="do not fit the store dtype uint16"):
         write_token_range(tmp_path / "s", 0, [70_000])
+
+
+@pytest.mark.parametrize("layers", [1024, 3])
+def test_read_spans_reads_any_token_spans_in_one_read(scattered_store, monkeypatch, layers):
+    """Spans of the token stream, in any order, repeated, overlapping, across documents and
+    shards, empty: each is the stream's tokens there."""
+    monkeypatch.setattr(token_store_module, "_CONCAT_LAYERS", layers)
+    store, docs = scattered_store
+    stream = np.concatenate([d.astype(np.uint16) for d in docs])
+    total = int(store.offsets[-1])
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        starts = rng.integers(0, total, int(rng.integers(1, 200)))
+        lengths = np.minimum(rng.integers(0, 300, len(starts)), total - starts)
+        starts = np.concatenate([starts, starts[:3], [0, total - 1]])
+        lengths = np.concatenate([lengths, lengths[:3] // 2, [total, 1]])
+        flat, at = store.read_spans(starts, lengths)
+        assert flat.dtype == store.dtype
+        got = [flat[a : a + n].tobytes() for a, n in zip(at.tolist(), lengths.tolist())]
+        assert got == [
+            stream[s : s + n].tobytes() for s, n in zip(starts.tolist(), lengths.tolist())
+        ]
+    assert store.read_spans([], [])[0].size == 0
+    with pytest.raises(IndexError, match=f"outside the {total} tokens"):
+        store.read_spans([total - 1], [2])
