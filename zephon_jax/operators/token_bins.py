@@ -179,25 +179,25 @@ class TokenBins(OpenRows):
             at = part.stop
             if lengths is None:
                 lengths = _piece_lengths(documents[part], js, plan, lanes[k][1])
+                _check_fill(rows, lengths, plan.packing.spec.seq_len, lanes[k][1])
             held = (rows, js, lengths, codes)
             carries[k]._fill_held(held, starts[part] + js * plan.cut, where[part])
         return carries
 
     def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
         """Sets the open rows to ``held``: ``(rows, pieces, lengths, codes)`` of the held
-        pieces, by row, which start at ``starts`` in ``tokens[leaves]``."""
+        pieces, by row (``rows`` ascending), which start at ``starts`` in ``tokens[leaves]``."""
         rows, js, lengths, positions = held[:4]
         codes = piece_code(positions, js) if self.cut else positions
-        while int(np.bincount(rows).max()) > self.piece_array.shape[2]:
+        num_bins = len(self.fill)
+        counts = np.bincount(rows, minlength=num_bins)
+        while int(counts.max()) > self.piece_array.shape[2]:
             self.grow_rows()
-        at = 0
-        for i in range(len(self.fill)):
-            c = int(np.count_nonzero(rows == i))
-            part = slice(at, at + c)
-            self.piece_array[:, i, :c] = (codes[part], starts[part], lengths[part], leaves[part])
-            self.count[i] = c
-            self.fill[i] = int(lengths[part].sum())
-            at += c
+        first = np.cumsum(counts) - counts  # where each row's pieces begin in ``held``
+        slot = np.arange(len(rows)) - first[rows]  # each piece's place in its row
+        self.piece_array[:, rows, slot] = (codes, starts, lengths, leaves)
+        self.count[:] = counts
+        self.fill[:] = np.bincount(rows, weights=lengths, minlength=num_bins).astype(np.int64)
 
 
 class SavedRows(NamedTuple):
@@ -224,6 +224,17 @@ def _piece_lengths(documents: np.ndarray, js: np.ndarray, plan: Any, lane: int) 
             "makes; the state was altered or the sources changed"
         )
     return lengths
+
+
+def _check_fill(rows: np.ndarray, lengths: np.ndarray, seq_len: int, lane: int) -> None:
+    """Raises unless each open row's pieces fit in a row of ``seq_len``."""
+    fill = np.bincount(rows, weights=lengths)
+    if fill.size and int(fill.max()) > seq_len:
+        row = int(fill.argmax())
+        raise StateError(
+            f"lane {lane}: the state's open row {row} of pack holds {int(fill[row])} tokens, "
+            f"more than a row of {seq_len}; the state was altered or the sources changed"
+        )
 
 
 def _starts_once(

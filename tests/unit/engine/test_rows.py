@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
+from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.engine.rows import (
     RowProducer,
     checked_rows,
@@ -15,7 +16,6 @@ from zephon_jax.engine.rows import (
     rows_by_size,
     stack_rows,
 )
-from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.errors import PipelineError
 from zephon_jax.state.global_state import make_state
 

@@ -73,7 +73,10 @@ def columnar_plan(cut):
     """A plan over one token array of documents [0, 10), [10, 25), [25, 40), [40, 100)."""
     offsets = np.array([0, 10, 25, 40, 100], np.int64)
     reader = ArrayTokens(TOKENS[:1], offsets, np.array([0], np.int64))
-    return SimpleNamespace(tokens=TOKENS[:1], field="tokens", cut=cut, reader=reader, drawn=False)
+    packing = SimpleNamespace(spec=SimpleNamespace(seq_len=32))
+    return SimpleNamespace(
+        tokens=TOKENS[:1], field="tokens", cut=cut, reader=reader, drawn=False, packing=packing
+    )
 
 
 def records_of(positions):
@@ -151,6 +154,8 @@ def test_adopt_of_saved_rows_takes_lengths_from_the_documents_and_reads_nothing(
         # piece 4 of a document of 60 tokens cut every 16: it has pieces 0..3
         (SavedRows((((3,), 4),), (1,), 9), "piece 4 of a document of 60 tokens"),
         (SavedRows((((3,), 0),), (1,), 3), "position 3, but the lane has read only"),
+        # pieces 0 and 1 of document 3 (16 tokens each) and document 2 (15) in one row of 32
+        (SavedRows((((3,), 0), ((3,), 1), ((2,), 0)), (3,), 4), "holds 47 tokens, more than"),
     ],
 )
 def test_adopt_of_saved_rows_refuses_what_the_pipeline_never_makes(saved, error):
