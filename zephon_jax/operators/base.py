@@ -202,7 +202,9 @@ class LineageOperator(Protocol):
     rows_list_pieces: bool = False
     #: ``s > 0``: the operator has ``place_split(carry, elements, cut, key, compact)``, which
     #: does exactly what an operator with ``cuts_records = cut <= s`` (and ``cut_key =
-    #: key``) right before it does, then this operator's ``step_block``; 0: none.
+    #: key``) right before it does, then this operator's ``step_block``, for the leading
+    #: elements it takes; it returns ``(carry, rows, taken, empty)`` (see
+    #: :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`); 0: none.
     fuses_after_split: int = 0
     #: A :class:`BinPacking`: the rows and the carry are exactly those of ``pack`` with these
     #: parameters, so the column path may place them with the compiled kernel (adopting
