@@ -641,25 +641,9 @@ class BinPackOperator(ContractOperator):
 
     def _load(self, saved: Saved, lane: int) -> Bins | None:
         counts = saved.aux
+        self.check_counts(counts, len(saved.held), lane)
         if counts is None:
             return None
-        if not (
-            isinstance(counts, tuple)
-            and len(counts) == self.num_bins
-            and all(is_int(c) and c >= 0 for c in counts)
-            and sum(counts) == len(saved.held)
-        ):
-            raise StateError(
-                f"lane {lane}: the saved carry of {self.describe()} counts {counts!r} records "
-                f"per row for {len(saved.held)} held records; the state was altered or written "
-                "by another pipeline"
-            )
-        if self.method == "first_fit" and 0 in counts[: self.num_bins - counts.count(0)]:
-            raise StateError(
-                f"lane {lane}: the saved carry of {self.describe()} has an empty row before "
-                f"an open one ({counts!r} records per row), which first_fit never leaves (its "
-                "open rows come first, in the order they opened); the state was altered"
-            )
         carry = Bins(self.num_bins)
         record = self.spec.record
         at = 0
@@ -671,6 +655,34 @@ class BinPackOperator(ContractOperator):
                 carry.add(a, arrays[0] if len(arrays) == 1 else arrays, element.lineage, n)
             at += count
         return carry.loaded_from(saved)
+
+    def check_counts(self, counts: Any, held: int, lane: int) -> None:
+        """Raises a :class:`StateError` unless ``counts`` (a saved carry's records per
+        row, None: no carry) fits ``held`` held records and this pack's rows."""
+        if counts is None:
+            if held:
+                raise StateError(
+                    f"lane {lane}: the saved carry of {self.describe()} holds {held} records "
+                    "without rows; the state was altered"
+                )
+            return
+        if not (
+            isinstance(counts, tuple)
+            and len(counts) == self.num_bins
+            and all(is_int(c) and c >= 0 for c in counts)
+            and sum(counts) == held
+        ):
+            raise StateError(
+                f"lane {lane}: the saved carry of {self.describe()} counts {counts!r} records "
+                f"per row for {held} held records; the state was altered or written "
+                "by another pipeline"
+            )
+        if self.method == "first_fit" and 0 in counts[: self.num_bins - counts.count(0)]:
+            raise StateError(
+                f"lane {lane}: the saved carry of {self.describe()} has an empty row before "
+                f"an open one ({counts!r} records per row), which first_fit never leaves (its "
+                "open rows come first, in the order they opened); the state was altered"
+            )
 
     def _make(self, recipe: Any, inputs: Sequence[Any]) -> PackedRow:
         """The row of ``inputs`` (records) packed with lengths ``recipe``."""

@@ -588,7 +588,7 @@ def test_save_then_load_gives_a_carry_that_saves_and_steps_the_same(method):
 
 @pytest.mark.parametrize(
     "aux",
-    [(1, 1), (1, 1, 0, 0), (1, -1, 2), (2, 1, 0), (1, 0.5, 0.5), [1, 1, 0], "110"],
+    [(1, 1), (1, 1, 0, 0), (1, -1, 2), (2, 1, 0), (1, 0.5, 0.5), [1, 1, 0], "110", None],
 )
 def test_a_malformed_saved_carry_raises_state_error(aux):
     op = BinPackOperator(16, "best_fit", num_bins=3)
