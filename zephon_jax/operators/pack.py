@@ -25,8 +25,10 @@ two operators one after the other.
 Its carry (:class:`Bins`) is never changed once returned: ``step``, ``step_block``,
 ``place_split`` and ``flush`` copy the carry they are given (its small arrays and
 its two dicts of held records, once per block) and return the copy, so a carry
-can be saved, or stepped again, at any time. The saved form is cached in the
-carry and dropped only by the carry's own methods that change its rows.
+can be saved, or stepped again, at any time (the copies cost about 2 % of the
+rate of ``shuffle -> split(2048) -> pack(2048) -> batch(64)`` over a list of dicts,
+compiled kernels or not). The saved form is cached in the carry and dropped only
+by the carry's own methods that change its rows.
 """
 
 from __future__ import annotations
