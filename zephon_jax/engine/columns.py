@@ -348,7 +348,6 @@ def _place_spans(
     """:func:`_place` of documents already located: the placement kernel's arguments
     (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`)."""
     stage = columns.stage
-    carry.changed()  # the rows change
     cut, best, spec, field, training = columns.arguments
     reader = columns.reader
     tokens = reader.tokens

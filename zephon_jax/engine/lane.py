@@ -346,8 +346,10 @@ class Lane:
         fused = plan.fused[stage]
         if fused is not None:  # split, then pack, in one loop for the elements it takes
             pack, cut, key, compact = fused
-            carry = self.carries[stage + 1]
-            rows, taken, empty = pack.place_split(carry, elements, cut, key, compact)
+            carry, rows, taken, empty = pack.place_split(
+                self.carries[stage + 1], elements, cut, key, compact
+            )
+            self.carries[stage + 1] = carry
             if taken > empty and stage + 1 > self.deepest:
                 self.deepest = stage + 1
             if rows:

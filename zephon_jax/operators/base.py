@@ -41,9 +41,13 @@ returns a :class:`Saved`, immutable and plain (the input elements the carry
 holds, written as their lineages, plus ``aux``: ``None``, bools, ints, floats,
 strings, bytes, numpy arrays and tuples/lists/dicts of them).
 ``load(save(c), lane)`` must behave exactly as ``c``. In memory a carry may be
-anything (mutable buffers, caches) as long as: ``step`` may update it in place
-and returns the carry to use next; ``save`` returns data that later ``step`` s
-cannot change; nothing in it depends on the process, worker or topology.
+anything (mutable buffers, caches) as long as: ``step`` returns the carry to use
+next (an operator written against this class may update the one it was given in
+place; one made through the contract never does, see below); ``save`` returns
+data that later ``step`` s cannot change; nothing in it depends on the process,
+worker or topology. (The column path, :mod:`zephon_jax.engine.columns`, keeps
+``pack``'s open rows in a working form of its own that it updates in place;
+their saved form is ``pack``'s.)
 
 **Blocks.** A lane pushes its records through the operators in blocks (a few
 records, sized from the rows it still needs): operator ``k`` steps over a
@@ -54,7 +58,10 @@ a lane may finish a few rows ahead, which its state holds as pointers.
 
 Most operators are not written against this class directly but made from a few
 pure functions by :func:`zephon_jax.operators.contract.lineage_operator`, which
-derives ``save``/``load``, ``remake`` and ``trace`` for them.
+derives ``save``/``load``, ``remake`` and ``trace`` for them. Built-ins are made
+through the same contract (:class:`~zephon_jax.operators.contract.ContractOperator`:
+``pack`` first/best fit, ``window_shuffle``, ``flat_map``); their carries are never
+changed once returned.
 
 Record-level user operators (:class:`Operator`) run through an adapter that
 stores their carry and outputs by value (``zephon_jax.operators.user``).
@@ -195,7 +202,9 @@ class LineageOperator(Protocol):
     rows_list_pieces: bool = False
     #: ``s > 0``: the operator has ``place_split(carry, elements, cut, key, compact)``, which
     #: does exactly what an operator with ``cuts_records = cut <= s`` (and ``cut_key =
-    #: key``) right before it does, then this operator's ``step_block``; 0: none.
+    #: key``) right before it does, then this operator's ``step_block``, for the leading
+    #: elements it takes; it returns ``(carry, rows, taken, empty)`` (see
+    #: :meth:`~zephon_jax.operators.pack.BinPackOperator.place_split`); 0: none.
     fuses_after_split: int = 0
     #: A :class:`BinPacking`: the rows and the carry are exactly those of ``pack`` with these
     #: parameters, so the column path may place them with the compiled kernel (adopting

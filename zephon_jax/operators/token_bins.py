@@ -61,7 +61,6 @@ class TokenBins(OpenRows):
         "slots",
         "out",
         "row_end",
-        "_form",
         "translate",
         "_translated",
     )
@@ -71,15 +70,10 @@ class TokenBins(OpenRows):
         self.tokens = tokens
         self.field = field
         self.cut = cut
-        self._form: tuple[HeldLineages, tuple] | None = None
         # Where the codes index a lane's drawn roots: codes -> their lineages (set by
         # the lane), and the rows' lineages translated so far.
         self.translate: Callable[[list], tuple] | None = None
         self._translated: dict[tuple, tuple] = {}
-
-    def changed(self) -> None:
-        """Drops the cached :meth:`lineage_form` (call before the rows change)."""
-        self._form = None
 
     def lineage_form(self) -> tuple[HeldLineages, tuple]:
         """As :meth:`Bins.lineage_form <zephon_jax.operators.pack.Bins.lineage_form>`: the
@@ -187,6 +181,7 @@ class TokenBins(OpenRows):
     def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
         """Sets the open rows to ``held``: ``(rows, pieces, lengths, codes)`` of the held
         pieces, by row (``rows`` ascending), which start at ``starts`` in ``tokens[leaves]``."""
+        self._changed()
         rows, js, lengths, positions = held[:4]
         codes = piece_code(positions, js) if self.cut else positions
         num_bins = len(self.fill)

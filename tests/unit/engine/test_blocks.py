@@ -88,7 +88,7 @@ def test_pack_step_block_is_the_fold_of_step(name, fields):
         got += out
         assert _saved(op, carry) == saved_want[j - 1]  # the same carry after every block
     _assert_same_outputs(got, want)
-    _, left = op.flush(carry)
+    carry, left = op.flush(carry)
     _assert_same_outputs(left, want_left)
     # After a flush, and after a restore, blocks go on as one element at a time.
     more = _elements(200, 64, seed=9, fields=fields)

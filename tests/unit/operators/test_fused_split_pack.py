@@ -132,12 +132,14 @@ def test_compact_piece_lineages_decode_exactly():
 def test_place_split_takes_nothing_before_the_carry_knows_its_field():
     op = BinPackOperator(16, "best_fit", num_bins=2)
     elements = [zj.Element({"tokens": np.ones(4, np.int32)}, 0)]
-    assert op.place_split(None, elements, 16, "tokens") == ([], 0, 0)
+    assert op.place_split(None, elements, 16, "tokens") == (None, [], 0, 0)
     carry, _ = op.step_block(None, elements)
-    assert op.place_split(carry, elements, 16, "text") == ([], 0, 0)  # another field
-    assert op.place_split(carry, elements, 32, "tokens") == ([], 0, 0)  # pieces too long
-    rows, taken, empty = op.place_split(carry, elements * 3, 16, "tokens")
+    assert op.place_split(carry, elements, 16, "text") == (carry, [], 0, 0)  # another field
+    assert op.place_split(carry, elements, 32, "tokens") == (carry, [], 0, 0)  # too long
+    new, rows, taken, empty = op.place_split(carry, elements * 3, 16, "tokens")
     assert (taken, empty) == (3, 0) and len(rows) == 1  # 4 + 4 + 4 + 4 = one full row
+    assert new is not carry and op.save_lineages(carry) == ((0,), (1, 0))  # carry unchanged
+    assert op.save_lineages(new) == ((), (0, 0))
     assert rows[0].lineage == ((0, ((0,), 0), ((0,), 0), ((0,), 0)), (4, 4, 4, 4))
 
 

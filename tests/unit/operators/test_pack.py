@@ -488,3 +488,122 @@ def test_an_emitted_row_keeps_its_records_when_the_bin_fills_again():
     first = rows[0].data
     assert [len(a) for a in first.pieces] == [10, 6] and _bins(carry) == ((3, 4),)
     assert first["tokens"].tolist() == records[0]["tokens"].tolist() + records[1]["tokens"].tolist()
+
+
+# ----- made through the operator contract: carries never change once returned ---------
+
+
+def test_pack_is_made_through_the_contract_with_its_fingerprint_text_unchanged():
+    from zephon_jax.operators.contract import ContractOperator
+
+    op = BinPackOperator(16, "first_fit", num_bins=3, max_segments=2)
+    assert isinstance(op, ContractOperator) and isinstance(op, zj.LineageOperator)
+    assert op.name == "pack" and not op.user_code and not op.passthrough
+    assert op.describe() == "pack(seq_len=16, method='first_fit', num_bins=3, max_segments=2)"
+    assert op.carry_bound() == "3 open rows of 16 (held as pointers, one per record)"
+    assert op.max_held == 3 * 2 and op.rows_list_pieces and op.fuses_after_split == 16
+    assert op.column_packing == (3, False, op.spec)
+    assert op.init(0) is None
+
+
+def _blocks(seed, count=6):
+    """Blocks of elements with lengths 0..16 (empty ones too), lineages ``(i, 'x')``."""
+    rng = np.random.default_rng(seed)
+    records = _records(rng.integers(0, 17, 7 * count), seed=seed)
+    elements = [Element(d, (i, "x")) for i, d in records.items()]
+    return [elements[k : k + 7] for k in range(0, len(elements), 7)]
+
+
+def _state(op, carry):
+    """Everything a state keeps of ``carry`` and its arrays' bytes, as plain data."""
+    held, aux = op.save(carry)
+    return [e.lineage for e in held], aux, [v.tobytes() for e in held for v in e.data.values()]
+
+
+def _rows(rows):
+    return [(e.lineage, {k: v.tobytes() for k, v in _as_dict(e.data).items()}) for e in rows]
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit"])
+def test_a_carry_is_unchanged_by_stepping_and_steps_again_to_the_same_rows(method):
+    """step_block, step, place_split and flush return a new carry: the old one keeps its
+    saved form (cached before or not) and, stepped again, gives the same rows and carry."""
+    op = BinPackOperator(16, method, num_bins=3, max_segments=3)
+    carry = op.init(0)
+    for block in _blocks(1):
+        before = _state(op, carry)
+        lineages = op.save_lineages(carry)
+        new, rows = op.step_block(carry, block)
+        assert new is not carry or carry is None and not rows
+        assert _state(op, carry) == before and op.save_lineages(carry) == lineages
+        again, rows_again = op.step_block(carry, block)
+        assert _rows(rows_again) == _rows(rows) and _state(op, again) == _state(op, new)
+        one_by_one, single_rows = carry, []
+        for element in block:
+            one_by_one, out = op.step(one_by_one, element)
+            single_rows += out
+        assert _rows(single_rows) == _rows(rows) and _state(op, one_by_one) == _state(op, new)
+        assert _state(op, carry) == before
+        carry = new
+    before = _state(op, carry)
+    pieces = [Element({"tokens": np.arange(1, 40, dtype=np.int32)}, 99)]
+    split_carry, split_rows, taken, _ = op.place_split(carry, pieces, 16, "tokens")
+    assert taken == 1 and split_rows and _state(op, carry) == before
+    assert _state(op, split_carry) != before
+    flushed, left = op.flush(carry)
+    assert left and _state(op, flushed)[1] == (0, 0, 0) and _state(op, carry) == before
+    assert _rows(op.flush(carry)[1]) == _rows(left)
+
+
+def test_the_saved_form_of_a_new_carry_is_never_a_stale_cache():
+    """The saved form is cached in the carry; a stepped carry's is its own, not the
+    cached one of the carry it came from."""
+    op = BinPackOperator(16, "best_fit", num_bins=3)
+    carry, _ = op.step_block(None, [Element({"tokens": np.ones(5, np.int32)}, 0)])
+    assert op.save(carry).aux == (1, 0, 0) and op.save_lineages(carry)[1] == (1, 0, 0)
+    new, _ = op.step_block(carry, [Element({"tokens": np.ones(12, np.int32)}, 1)])
+    assert [e.lineage for e in op.save(new).held] == [0, 1] and op.save(new).aux == (1, 1, 0)
+    assert op.save_lineages(new) == ((0, 1), (1, 1, 0))
+    assert op.save(carry).aux == (1, 0, 0) and op.save_lineages(carry) == ((0,), (1, 0, 0))
+
+
+@pytest.mark.parametrize("method", ["first_fit", "best_fit"])
+def test_save_then_load_gives_a_carry_that_saves_and_steps_the_same(method):
+    op = BinPackOperator(16, method, num_bins=3)
+    blocks = _blocks(2)
+    carry = op.init(0)
+    for block in blocks[:3]:
+        carry, _ = op.step_block(carry, block)
+    saved = op.save(carry)
+    assert sum(saved.aux) == len(saved.held) > 0
+    loaded = op.load(Saved(tuple(Element(e.data, e.lineage) for e in saved.held), saved.aux), 0)
+    assert _state(op, loaded) == _state(op, carry)
+    assert op.save_lineages(loaded) == op.save_lineages(carry)
+    for block in blocks[3:]:
+        carry, rows = op.step_block(carry, block)
+        loaded, rows_loaded = op.step_block(loaded, block)
+        assert _rows(rows_loaded) == _rows(rows) and _state(op, loaded) == _state(op, carry)
+    assert op.load(op.save(None), 0) is None
+
+
+@pytest.mark.parametrize(
+    "aux",
+    [(1, 1), (1, 1, 0, 0), (1, -1, 2), (2, 1, 0), (1, 0.5, 0.5), [1, 1, 0], "110", None],
+)
+def test_a_malformed_saved_carry_raises_state_error(aux):
+    op = BinPackOperator(16, "best_fit", num_bins=3)
+    carry, _ = op.step_block(None, [Element({"tokens": np.ones(n, np.int32)}, n) for n in (9, 11)])
+    saved = op.save(carry)
+    assert saved.aux == (1, 1, 0)
+    with pytest.raises(zj.StateError, match="lane 4: the saved carry of pack.*was altered"):
+        op.load(Saved(saved.held, aux), 4)
+
+
+def test_a_row_remade_from_records_of_other_lengths_raises_state_error():
+    op = BinPackOperator(16, "best_fit", num_bins=3)
+    records = [{"tokens": np.ones(n, np.int32)} for n in (3, 4)]
+    assert op.remake((3, 4), records).lengths == (3, 4)
+    with pytest.raises(zj.StateError, match="packed with 5 items now has 4"):
+        op.remake((3, 5), records)
+    with pytest.raises(zj.StateError, match="made of no records"):
+        op.remake((), [])

@@ -56,7 +56,7 @@ def test_to_bins_gives_the_same_rows_in_the_order_bins_keeps_them():
     assert bins.pieces[2] == []
 
 
-def test_lineage_form_is_by_row_in_bins_order_and_cached_until_changed():
+def test_lineage_form_is_by_row_in_bins_order_and_cached_until_a_row_changes():
     carry = TokenBins(2, TOKENS, "tokens", 16)
     code = piece_code(4, 1)  # the second piece of the record at position 4
     put(carry, 1, [(code, 16, 5, 0)])
@@ -65,8 +65,9 @@ def test_lineage_form_is_by_row_in_bins_order_and_cached_until_changed():
     assert counts == (1, 0)
     assert tuple(held) == (((4,), 1),)  # decoded when read
     assert carry.lineage_form()[0] is held
-    carry.changed()
-    assert carry.lineage_form()[0] is not held
+    carry.put(1, piece_code(7, 0), 3)  # bin 1: row 0 here; putting drops the cached form
+    held, counts = carry.lineage_form()
+    assert counts == (1, 1) and tuple(held) == (((4,), 1), ((7,), 0))
 
 
 def columnar_plan(cut):
