@@ -39,7 +39,9 @@ from zephon_jax.sources import TokenArray
 EXAMPLES = int(os.environ.get("ZEPHON_REFERENCE_EXAMPLES", "50"))
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "gather", "permute")  # fmt: skip
-PATHS = ("columns", "records", "interpreted records", "interpreted columns")
+# "columns": a TokenArray; "list": a list of one-field dicts, which the column path also
+# takes; "records": the same records in a tuple, which only the general path takes.
+PATHS = ("columns", "list", "records", "interpreted records", "interpreted columns")
 TRAINING = (
     None,
     {},
@@ -80,8 +82,10 @@ def pipeline(spec: dict) -> zj.BatchedDataset:
     arrays = [np.array(d, spec["dtype"]) for d in spec["documents"]]
     if spec["path"].endswith("columns"):
         source = TokenArray.from_documents(arrays, dtype=np.dtype(spec["dtype"]))
-    else:
+    elif spec["path"] == "list":
         source = [{"tokens": a} for a in arrays]
+    else:
+        source = tuple({"tokens": a} for a in arrays)
     ds = zj.Dataset.source(source).repeat(1)
     if spec["max_len"] is not None:
         ds = ds.split(spec["max_len"])
@@ -113,7 +117,8 @@ def run(spec: dict) -> list:
     """Every global batch of the loader, to the end of the finite input."""
     ds = pipeline(spec)
     compiled = kernels_module.kernels() is not None
-    assert (LanePlan(ds).columnar is not None) == (spec["path"] == "columns" and compiled)
+    columns = spec["path"] in ("columns", "list") and compiled
+    assert (LanePlan(ds).columnar is not None) == columns
     return [{k: np.asarray(v) for k, v in batch.items()} for batch in zj.Loader(ds)]
 
 

@@ -603,3 +603,33 @@ def test_restoring_store_lanes_reads_each_store_together_not_lane_by_lane(tmp_pa
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])
     assert 0 < len(reads) <= 4 * 2, reads  # at most 4 reads per store, 16 lanes
+
+
+def _as_list(tokens: TokenArray) -> list:
+    """The documents of ``tokens`` as a Python list of one-field records."""
+    return [{"tokens": tokens[i]["tokens"].copy()} for i in range(len(tokens))]
+
+
+@pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
+@pytest.mark.parametrize("mix", [False, True])
+def test_lists_of_records_read_column_wise_equal_the_general_path(general, mix, training):
+    """Python lists of ``{"tokens": array}`` records, alone or mixed by records, placed from
+    their lengths and sliced when a batch is gathered: the same batches, states and
+    provenance as the general path, and states restore on either path."""
+    lists = [_as_list(TOKENS), _as_list(SHORT)]
+    if mix:
+        source = zj.Dataset.mix([zj.Dataset.source(docs) for docs in lists], [0.6, 0.4])
+    else:
+        source = zj.Dataset.source(lists[0])
+    ds = source.shuffle(seed=3).split(48).pack(48, num_bins=5)
+    if training is not None:
+        ds = ds.to_training(**training)
+    ds = ds.batch(8, num_lanes=4)
+    assert LanePlan(ds).columnar is not None
+    compiled = _run(ds, 30)
+    general()
+    assert LanePlan(ds).columnar is None
+    want = _run(ds, 30)
+    _assert_same_runs(compiled, want)
+    general(False)
+    _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])

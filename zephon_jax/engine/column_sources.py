@@ -58,32 +58,33 @@ class ArrayTokens:
         return self.offsets[self.bases[leaves] + records], leaves
 
 
-class StoreTokens(ArrayTokens):
-    """Documents of token stores, read only when rows are gathered (see the module
-    docstring).
+class StreamTokens(ArrayTokens):
+    """Documents whose tokens are read only when rows are gathered: the pieces point into
+    each leaf's token stream, the leaf's documents one after the other (``offsets``
+    give where each starts), as :class:`ArrayTokens` point into token arrays, and
+    ``tokens`` is this reader itself, whose :meth:`materialize` reads a batch's pieces.
+    A subclass reads spans of one leaf's stream (:meth:`read_spans`)."""
 
-    Pieces point into the stores' token streams, as :class:`ArrayTokens` point into token
-    arrays; ``tokens`` is this reader itself, whose :meth:`materialize` reads the pieces
-    of a batch.
-    """
-
-    def __init__(self, stores: Sequence[Any], dtype: np.dtype):
-        self.stores = tuple(stores)
+    def __init__(self, offsets: Sequence[np.ndarray], dtype: np.dtype):
         self.dtype = np.dtype(dtype)
-        offsets = [np.asarray(s.offsets, np.int64) for s in self.stores]
         bases = np.cumsum([0] + [len(o) for o in offsets[:-1]]).astype(np.int64)
         super().__init__(self, np.concatenate(offsets), bases)  # type: ignore[arg-type]
+
+    def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
+        """``(flat, at)``: span ``k`` of leaf ``leaf``'s stream is ``flat[at[k]:at[k] +
+        lengths[k]]``."""
+        raise NotImplementedError
 
     def materialize(
         self, starts: Any, lengths: Any, leaves: Any
     ) -> tuple[tuple[np.ndarray], np.ndarray]:
-        """Reads pieces ``[starts[k], starts[k] + lengths[k])`` of stores ``leaves[k]``
-        (None: all of the first): one batched read per store. Returns ``(tokens, at)``:
+        """Reads pieces ``[starts[k], starts[k] + lengths[k])`` of leaves ``leaves[k]``
+        (None: all of the first): one batched read per leaf. Returns ``(tokens, at)``:
         piece ``k`` is ``tokens[0][at[k]:at[k] + lengths[k]]``."""
         starts = np.asarray(starts, np.int64)
         lengths = np.asarray(lengths, np.int64)
         if leaves is None or not self.several:
-            flat, at = self.stores[0].read_spans(starts, lengths)
+            flat, at = self.read_spans(0, starts, lengths)
             return (flat.astype(self.dtype, copy=False),), at
         leaves = np.asarray(leaves, np.int64)
         at = np.empty(len(starts), np.int64)
@@ -91,8 +92,45 @@ class StoreTokens(ArrayTokens):
         done = 0
         for leaf in np.unique(leaves).tolist():
             where = np.flatnonzero(leaves == leaf)
-            flat, spans = self.stores[leaf].read_spans(starts[where], lengths[where])
+            flat, spans = self.read_spans(leaf, starts[where], lengths[where])
             at[where] = spans + done
-            parts.append(flat)
+            parts.append(flat.astype(self.dtype, copy=False))
             done += len(flat)
-        return (np.concatenate(parts).astype(self.dtype, copy=False),), at
+        return (np.concatenate(parts),), at
+
+
+class StoreTokens(StreamTokens):
+    """Documents of token stores (local or remote), read when rows are gathered: one
+    batched read per store (``TokenStore.read_spans``; see the module docstring)."""
+
+    def __init__(self, stores: Sequence[Any], dtype: np.dtype):
+        self.stores = tuple(stores)
+        super().__init__([np.asarray(s.offsets, np.int64) for s in self.stores], dtype)
+
+    def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
+        return self.stores[leaf].read_spans(starts, lengths)
+
+
+class RecordTokens(StreamTokens):
+    """Documents that are records ``{field: 1-D integer array}`` of in-memory sources (a
+    Python list of dicts): a leaf's stream is its records' arrays one after the other,
+    and a piece is sliced from its record's array when rows are gathered."""
+
+    def __init__(
+        self, sources: Sequence[Any], field: str, offsets: Sequence[np.ndarray], dtype: np.dtype
+    ):
+        self.sources = tuple(sources)
+        self.field = field
+        self._starts = tuple(offsets)  # each leaf's offsets
+        super().__init__(offsets, dtype)
+
+    def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
+        offsets, source, field = self._starts[leaf], self.sources[leaf], self.field
+        records = np.searchsorted(offsets, starts, side="right") - 1
+        within = (starts - offsets[records]).tolist()
+        parts = [
+            source[r][field][a : a + n]
+            for r, a, n in zip(records.tolist(), within, lengths.tolist(), strict=True)
+        ]
+        at = np.cumsum(lengths) - lengths
+        return (np.concatenate(parts) if parts else np.empty(0, self.dtype)), at

@@ -31,7 +31,7 @@ import numpy as np
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import MAX_PIECE, Element, code_position, decode_piece, piece
 from zephon_jax.engine.blocks import first_block, next_block
-from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
+from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
 from zephon_jax.engine.exclusion import excluded_columns, is_excluded
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
@@ -53,7 +53,7 @@ class ColumnarPlan:
     packing: BinPacking  # pack's column_packing
     cut: int  # split's max_len, 0 without split
     field: str
-    reader: ArrayTokens | StoreTokens
+    reader: ArrayTokens
     # What each placement needs, at once: the kernel, cut, row length, segments bound
     # (-1: none), best fit, the pack's spec, the field and the to_training after pack
     # (None: none).
@@ -133,7 +133,35 @@ def _token_reader(sources: Sequence[Any]) -> tuple | None:
             return None
         longest = max(int(np.diff(s.offsets).max(initial=0)) for s in sources)
         return functools.partial(StoreTokens, sources, dtype), "tokens", dtype, longest
+    if all(type(s) is list for s in sources):
+        return _record_reader(sources)
     return None
+
+
+def _record_reader(sources: Sequence[list]) -> tuple | None:
+    """:func:`_token_reader` for Python lists whose records are all ``{field: 1-D array}``
+    of one integer dtype (one pass over the records, which stay where they are), else
+    None."""
+    first = sources[0][0] if sources[0] else None
+    if type(first) is not dict or len(first) != 1:
+        return None
+    ((field, value),) = first.items()
+    if type(value) is not np.ndarray or value.dtype.kind not in "iu":
+        return None
+    dtype = value.dtype
+    offsets = []
+    for source in sources:
+        lengths = np.empty(len(source), np.int64)
+        for i, record in enumerate(source):
+            if type(record) is not dict or len(record) != 1:
+                return None
+            array = record.get(field)
+            if type(array) is not np.ndarray or array.ndim != 1 or array.dtype != dtype:
+                return None
+            lengths[i] = array.shape[0]
+        offsets.append(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    longest = max(int(np.diff(o).max(initial=0)) for o in offsets)
+    return functools.partial(RecordTokens, sources, field, offsets, dtype), field, dtype, longest
 
 
 def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransform | None | bool:

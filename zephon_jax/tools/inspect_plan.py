@@ -129,7 +129,7 @@ def lane_path(batched: BatchedDataset) -> str:
     from zephon_jax.engine.lane import LanePlan
 
     if LanePlan(batched).columnar is not None:
-        return "column-wise over token arrays or stores, packed by compiled kernels"
+        return "column-wise over token arrays, stores or lists of token records, packed by compiled kernels"
     token_array = sys.modules.get("zephon_jax.sources.token_array")
     sources = [leaf.source for leaf in leaves(batched.sampler)]
     if token_array and all(isinstance(s, token_array.TokenArray) for s in sources):

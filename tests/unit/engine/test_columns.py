@@ -17,6 +17,10 @@ A = TokenArray(np.arange(1, 41, dtype=np.int32), [0, 10, 25, 40])
 B = TokenArray(np.arange(1, 21, dtype=np.int32), [0, 5, 20])
 
 
+# A list of one-field records: documents of 3, 0 and 7 tokens.
+LIST = [{"tokens": np.arange(n, dtype=np.int32) + 100 * n} for n in (3, 0, 7)]
+
+
 def plan_of(ds):
     return columnar_plan(LanePlan(ds))
 
@@ -62,11 +66,36 @@ def test_integer_tokens_into_a_narrower_integer_dtype_are_read_column_wise():
         ),
         pytest.param(
             lambda: zj.Dataset.source(
-                [{"tokens": np.arange(5, dtype=np.int32)} for _ in range(10)]
+                tuple({"tokens": np.arange(5, dtype=np.int32)} for _ in range(10))
             ).pack(32),
-            id="not a token array",
+            id="records in a tuple",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source(LIST[:3] + [{"tokens": [1, 2]}]).pack(32),
+            id="a list record without an array",
+        ),  # fmt: skip
+        pytest.param(
+            lambda: zj.Dataset.source(LIST[:2] + [{"tokens": np.ones(3), "x": 1}]).pack(32),
+            id="a list record of two fields",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source(LIST + [{"tokens": np.ones(3, np.int64)}]).pack(32),
+            id="a list record of another dtype",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source([{"tokens": np.ones(3, np.float32)}]).pack(32),
+            id="a list of float tokens",
         ),
     ],
 )
 def test_other_pipelines_take_the_general_path(build):
     assert plan_of(build().batch(4)) is None
+
+
+def test_a_list_of_one_field_records_is_read_column_wise_where_it_lies():
+    plan = plan_of(zj.Dataset.source(LIST).split(4).pack(8).batch(2))
+    assert plan is not None and (plan.stage, plan.cut, plan.field) == (1, 4, "tokens")
+    assert plan.reader.offsets.tolist() == [0, 3, 3, 10] and plan.reader.bases.tolist() == [0]
+    (flat,), at = plan.reader.materialize([4, 0, 3], [2, 3, 4], None)  # pieces of 7 and 3
+    pieces = [flat[a : a + n].tolist() for a, n in zip(at.tolist(), [2, 3, 4])]
+    assert pieces == [[701, 702], [300, 301, 302], [700, 701, 702, 703]]

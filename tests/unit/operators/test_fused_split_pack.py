@@ -41,7 +41,7 @@ def _unfused(monkeypatch) -> None:
 def _pipeline(
     docs, method: str, max_len: int, num_lanes: int, max_segments=None, shuffle=True, num_bins=5
 ):
-    ds = zj.Dataset.source(docs)
+    ds = zj.Dataset.source(tuple(docs))  # records in a tuple: the general path, fused
     if shuffle:
         ds = ds.shuffle(seed=4)
     ds = ds.split(max_len)

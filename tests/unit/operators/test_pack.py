@@ -464,7 +464,8 @@ def test_a_snapshot_takes_the_open_rows_tuples_without_joining_them():
     from zephon_jax.core.lineage import HeldLineages
     from zephon_jax.state.lane_format import encode_lane_state, plain_snapshot
 
-    ds = zj.Dataset.source(make_docs(300, 200, seed=2)).shuffle(0).pack(256).batch(4, 2)
+    docs = tuple(make_docs(300, 200, seed=2))  # in a tuple: the general path's Bins
+    ds = zj.Dataset.source(docs).shuffle(0).pack(256).batch(4, 2)
     it = iter(zj.Loader(ds))
     take(it, 3)
     for number, lane in it._producer.lanes.items():

@@ -30,9 +30,15 @@ def negate(record):
     return {"tokens": -record["tokens"]}
 
 
-def mixed(seed=4):
-    a = zj.Dataset.source(DOCS)
-    b = zj.Dataset.source(DOCS[:2]).shuffle(seed)
+COLUMN_WISE = (
+    "column-wise over token arrays, stores or lists of token records, packed by compiled kernels"
+)
+
+
+def mixed(seed=4, kind=list):
+    """Two sources of ``kind`` (a list: the column path; a tuple: the general path)."""
+    a = zj.Dataset.source(kind(DOCS))
+    b = zj.Dataset.source(kind(DOCS[:2])).shuffle(seed)
     return zj.Dataset.mix([a, b], [0.75, 0.25]).split(4).pack(4).batch(2, num_lanes=1)
 
 
@@ -50,9 +56,10 @@ def test_the_plan_of_a_mixture_split_and_packed():
         "  2. pack(seq_len=4, method='best_fit', num_bins=32)",
         "     carry bound: 32 open rows of 4 (held as pointers, one per record)",
         "batch: 2 rows per global batch, 1 lanes, 2 row(s) per lane",
-        "lanes run: the general path",
+        f"lanes run: {COLUMN_WISE}",
     ]
     assert lines[-1] == f"fingerprint: {short_fingerprint(mixed())}"
+    assert describe_plan(mixed(kind=tuple)).splitlines()[-2] == "lanes run: the general path"
 
 
 def test_the_plan_of_transforms_epochs_a_ramp_and_no_operator():
@@ -77,7 +84,7 @@ def test_the_short_fingerprint_follows_the_pipeline():
 def test_lane_path_says_column_wise_compiled_or_general():
     store = TokenArray(np.arange(1, 18, dtype=np.int32), [0, 3, 8, 10, 17])
     ds = zj.Dataset.source(store).split(4).pack(4).batch(2)
-    assert lane_path(ds) == "column-wise over token arrays or stores, packed by compiled kernels"
+    assert lane_path(ds) == COLUMN_WISE
     old = set_compiled(False)
     try:
         assert lane_path(ds).startswith(
@@ -120,14 +127,14 @@ def test_load_pipeline_wants_a_batched_dataset(tmp_path, monkeypatch):
 
 
 def test_time_stages_counts_what_the_loader_delivers():
-    ds = mixed()
+    ds = mixed(kind=tuple)  # the general path: a time per operator
     result = time_stages(ds, 3)
     batches = [next(it) for it in [iter(zj.Loader(ds))] for _ in range(3)]
     assert (result["steps"], result["rows"]) == (3, 6)
     assert result["tokens"] == sum(int((b["tokens_segment_ids"] > 0).sum()) for b in batches)
     assert [name for name, _ in result["stages"]] == [
-        "read list(len=4)",
-        "read list(len=2)",
+        "read tuple(len=4)",
+        "read tuple(len=2)",
         "1. split(max_len=4, key='tokens')",
         "2. pack(seq_len=4, method='best_fit', num_bins=32)",
         "batch assembly",
