@@ -633,3 +633,28 @@ def test_lists_of_records_read_column_wise_equal_the_general_path(general, mix, 
     _assert_same_runs(compiled, want)
     general(False)
     _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])
+
+
+def test_a_store_read_failing_when_a_batch_is_gathered_skips_nothing(stores, monkeypatch):
+    """Lanes over a TokenStore read a batch's tokens when it is gathered: if that read
+    fails, the error names it, the iterator refuses to go on (its lanes passed the batch),
+    and a state taken before gives the uninterrupted run's batches."""
+    ds = zj.Dataset.source(stores[0]).shuffle(seed=3).split(48).pack(48).batch(8, num_lanes=4)
+    assert LanePlan(ds).columnar is not None
+    want = take(iter(zj.Loader(ds)), 6)
+    it = iter(zj.Loader(ds))
+    got = take(it, 2)
+    state = it.get_state()
+    read_spans = TokenStore.read_spans
+
+    def failing(self, starts, lengths):
+        raise zj.sources.StorageError("injected: the store could not be read")
+
+    monkeypatch.setattr(TokenStore, "read_spans", failing)
+    with pytest.raises(zj.sources.StorageError, match="injected: the store could not be read"):
+        next(it)
+    with pytest.raises(zj.RecordError, match="Restore a state taken before the failure"):
+        next(it)
+    monkeypatch.setattr(TokenStore, "read_spans", read_spans)
+    it.set_state(state)
+    assert_batches_equal(got + take(it, 4), want)
