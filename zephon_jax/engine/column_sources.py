@@ -46,13 +46,6 @@ class ArrayTokens:
 
     ahead = lengths  # a mixture drawer's ids read ahead: nothing to read
 
-    def one(self, leaf: int, record: int) -> tuple[int, int, int]:
-        """Document ``record`` of ``leaf``: its start in ``tokens``, its length and which
-        of ``tokens`` it is in."""
-        index = int(self.bases[leaf]) + record
-        start = int(self.offsets[index])
-        return start, int(self.offsets[index + 1]) - start, leaf
-
     def starts(self, leaves: np.ndarray, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where the documents start in ``tokens``, and which of ``tokens`` they are in."""
         return self.offsets[self.bases[leaves] + records], leaves

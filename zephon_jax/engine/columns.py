@@ -372,9 +372,11 @@ def _place_spans(
     bases: np.ndarray,
     leaves: np.ndarray,
     records: np.ndarray,
+    any_tokens: bool | None = None,
 ) -> None:
     """:func:`_place` of documents already located: the placement kernel's arguments
-    (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`)."""
+    (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`);
+    ``any_tokens``: whether any of the documents has tokens, where the caller knows."""
     stage = columns.stage
     cut, best, spec, field, training = columns.arguments
     reader = columns.reader
@@ -402,10 +404,10 @@ def _place_spans(
     if rows:
         lane.row_reached(rows, log is not None)
     else:  # the stage the records reached, for the no-progress error
-        placed = bool(
-            (offsets[bases[leaves] + records + 1] > offsets[bases[leaves] + records]).any()
-        )
-        lane.deepest = max(lane.deepest, stage if placed else 0)
+        if any_tokens is None:
+            index = bases[leaves] + records
+            any_tokens = bool((offsets[index + 1] > offsets[index]).any())
+        lane.deepest = max(lane.deepest, stage if any_tokens else 0)
 
 
 def _take_drawn(lane: Any, n: int) -> list | None:
@@ -420,7 +422,10 @@ def _take_drawn(lane: Any, n: int) -> list | None:
     stage = drawer.node.stages.index_at(lane.step)
     roots = lane.drawn_roots
     reader = columns.reader
-    bases = np.zeros(len(reader.bases), np.int64)  # a document's span: spans[0:2]
+    offsets, bases = reader.offsets, reader.bases
+    first = bases.tolist()  # where each leaf's documents begin in ``offsets``
+    # One document at a time: its code, leaf and record, in arrays reused for each.
+    code, leaf, record = (np.zeros(1, np.int64) for _ in range(3))
     while len(pending) < n:
         if lane.input_done:
             return None
@@ -434,12 +439,12 @@ def _take_drawn(lane: Any, n: int) -> list | None:
             continue  # a record a state excludes (see zephon_jax.engine.exclusion)
         index = lane.drawn_roots_base + len(roots)
         roots.append(item.lineage)
-        carry = _open_rows(lane, columns)  # (a restored lane reads its held documents)
-        start, length, leaf = reader.one(*item.data)
-        spans = np.array([start, start + length])
-        _place_spans(
-            lane, columns, carry, np.array([index]), spans, bases, np.array([leaf]), _FIRST
-        )
+        carry = _open_rows(lane, columns)  # (a restored lane adopts its open rows)
+        code[0] = index
+        leaf[0], record[0] = item.data
+        at = first[item.data[0]] + item.data[1]
+        has_tokens = bool(offsets[at + 1] > offsets[at])
+        _place_spans(lane, columns, carry, code, offsets, bases, leaf, record, has_tokens)
         if len(roots) >= _ROOTS_KEPT:
             roots = _prune_roots(lane, columns.cut)
         if lane.without_row > limit:
@@ -447,7 +452,6 @@ def _take_drawn(lane: Any, n: int) -> list | None:
     return [pending.popleft() for _ in range(n)]
 
 
-_FIRST = np.zeros(1, np.int64)
 _ROOTS_KEPT = 4096  # drawn roots a lane keeps before it drops those no open row holds
 
 

@@ -32,15 +32,13 @@ def array_tokens():
     return ArrayTokens(tokens, offsets, np.array([0, 3]))
 
 
-def test_array_tokens_lengths_starts_and_one():
+def test_array_tokens_lengths_and_starts():
     reader = array_tokens()
     leaves, records = np.array([0, 1, 1, 0]), np.array([1, 0, 1, 0])
     assert reader.lengths(leaves, records).tolist() == [3, 1, 4, 2]
     assert reader.ahead(leaves, records).tolist() == [3, 1, 4, 2]
     starts, which = reader.starts(leaves, records)
     assert starts.tolist() == [2, 0, 1, 0] and which.tolist() == [0, 1, 1, 0]
-    assert reader.one(1, 1) == (1, 4, 1)
-    assert reader.one(0, 1) == (2, 3, 0)
     assert reader.several
     offsets, bases, got_leaves, got_records = reader.block(leaves, records)
     assert offsets is reader.offsets and bases is reader.bases and got_leaves is leaves
@@ -55,7 +53,6 @@ def test_store_tokens_place_from_offsets_and_read_nothing():
     assert reader.ahead(leaves, records).tolist() == [2, 3, 1, 2]
     starts, which = reader.starts(leaves, records)
     assert starts.tolist() == [1, 2, 0, 0] and which.tolist() == [1, 0, 1, 0]
-    assert reader.one(1, 1) == (1, 2, 1) and reader.one(0, 1) == (2, 3, 0)
     offsets, bases, got_leaves, _ = reader.block(leaves, records)
     index = bases[leaves] + records
     assert (offsets[index + 1] - offsets[index]).tolist() == [2, 3, 1, 2]
