@@ -879,9 +879,20 @@ def _start_pool(workers: int, args: tuple[str | None, str, str, int | None]) -> 
         return None
     import multiprocessing
 
-    # fork is fastest, but forking a process that runs jax's threads can deadlock.
-    method = "forkserver" if "jax" in sys.modules else "fork"
-    return multiprocessing.get_context(method).Pool(workers, _init_worker, args)
+    return multiprocessing.get_context(pool_start_method()).Pool(workers, _init_worker, args)
+
+
+#: Modules whose native threads make forking this process unsafe: a child forked while
+#: one of their threads holds a lock can wait on it forever (TensorStore runs threads once
+#: a store is open, as the output store is before the pool starts).
+THREADED_MODULES = ("jax", "tensorstore")
+
+
+def pool_start_method() -> str:
+    """How the tokenizing pool starts its processes: ``fork`` (fastest) unless a module
+    of :data:`THREADED_MODULES` is loaded, then ``forkserver`` (children forked from a
+    fresh server process that runs no such threads)."""
+    return "forkserver" if any(name in sys.modules for name in THREADED_MODULES) else "fork"
 
 
 def _tokenized(

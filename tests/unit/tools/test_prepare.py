@@ -15,6 +15,7 @@ from zephon_jax.sources.token_store import TokenStoreError
 from zephon_jax.tools.prepare import (
     PrepareError,
     PrepareOptions,
+    pool_start_method,
     prepare,
 )
 from zephon_jax.tools.tokenizers import byte_detokenize
@@ -237,3 +238,16 @@ def test_status_line_rewrites_in_place_on_a_terminal_and_logs_lines_elsewhere(mo
     line.show("too soon")
     line.show("forced", force=True)
     assert log.getvalue() == "forced\n"
+
+
+@pytest.mark.parametrize("loaded", [(), ("tensorstore",), ("jax",), ("jax", "tensorstore")])
+def test_the_pool_forks_only_a_process_without_native_threads(monkeypatch, loaded):
+    """Forking a process whose TensorStore or jax threads may hold a lock can hang a
+    worker (the output store is open when the pool starts): those start a fork server."""
+    import sys
+
+    for name in ("jax", "tensorstore"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for name in loaded:
+        monkeypatch.setitem(sys.modules, name, object())
+    assert pool_start_method() == ("forkserver" if loaded else "fork")
