@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
+from pipelines import user_module
 
 PIPELINES = '''
 import itertools
@@ -86,8 +85,4 @@ def long_names():
 
 @pytest.fixture
 def pipelines(tmp_path, monkeypatch):
-    (tmp_path / "user_pipelines.py").write_text(PIPELINES)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("user_pipelines", None)
-    yield "user_pipelines"
-    sys.modules.pop("user_pipelines", None)
+    yield from user_module(tmp_path, monkeypatch, "user_pipelines", PIPELINES)

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator, NamedTuple
 
 import numpy as np
 
 import zephon_jax as zj
 from zephon_jax.core.kernels import kernels
+
+
+def user_module(tmp_path, monkeypatch, name: str, source: str) -> Iterator[str]:
+    """Yields ``name``, a module of ``source`` importable for the test (a generator for a
+    pytest fixture): written under ``tmp_path``, put on ``sys.path``, never cached past it."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+    yield name
+    sys.modules.pop(name, None)
 
 
 @contextlib.contextmanager

@@ -424,15 +424,19 @@ def stores(tmp_path_factory):
 
 @pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
 @pytest.mark.parametrize("mix", [False, True])
-def test_token_stores_read_column_wise_equal_the_general_path(
-    general, stores, monkeypatch, mix, training
+@pytest.mark.parametrize("kind", ["stores", "lists"])
+def test_stores_and_lists_read_column_wise_equal_the_general_path(
+    general, stores, kind, mix, training
 ):
-    """Token stores, alone or mixed by records, placed from their offsets and read when a
-    batch is gathered: the same batches, states and provenance as the general path."""
+    """Token stores (placed from their offsets, read when a batch is gathered) and Python
+    lists of ``{"tokens": array}`` records (placed from their lengths, sliced when a batch
+    is gathered), alone or mixed by records: the same batches, states and provenance as
+    the general path, and states restore on either path."""
+    sources = stores if kind == "stores" else [_as_list(TOKENS), _as_list(SHORT)]
     if mix:
-        source = zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+        source = zj.Dataset.mix([zj.Dataset.source(s) for s in sources], [0.6, 0.4])
     else:
-        source = zj.Dataset.source(stores[0])
+        source = zj.Dataset.source(sources[0])
     ds = source.shuffle(seed=3).split(48).pack(48, num_bins=5)
     if training is not None:
         ds = ds.to_training(**training)
@@ -447,15 +451,26 @@ def test_token_stores_read_column_wise_equal_the_general_path(
     _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])
 
 
-def test_token_stores_on_processes_and_workers(general, stores):
+def _as_list(tokens: TokenArray) -> list:
+    """The documents of ``tokens`` as a Python list of one-field records."""
+    return [{"tokens": tokens[i]["tokens"].copy()} for i in range(len(tokens))]
+
+
+@pytest.mark.parametrize("kind", ["stores", "lists"])
+def test_stores_and_lists_on_processes_and_workers(general, stores, kind):
+    """The column path over stores or lists gives the single-process batches on 2 jax
+    processes, resumed from 4 processes onto 2 and 1, with 2 workers, and on the general
+    path."""
+    sources = stores if kind == "stores" else [_as_list(TOKENS), _as_list(SHORT)]
     ds = (
-        zj.Dataset.mix([zj.Dataset.source(s) for s in stores], [0.6, 0.4])
+        zj.Dataset.mix([zj.Dataset.source(s) for s in sources], [0.6, 0.4])
         .shuffle(seed=3)
         .split(48)
         .pack(48)
         .to_training()
         .batch(8)
     )
+    assert LanePlan(ds).columnar is not None
     single = take(iter(zj.Loader(ds)), 10)
     assert_batches_equal(run_topology(ds, 2, 10), single)
     assert_batches_equal(resume_across(ds, 10, 4, 2, 1), single[4:])
@@ -603,36 +618,6 @@ def test_restoring_store_lanes_reads_each_store_together_not_lane_by_lane(tmp_pa
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])
     assert 0 < len(reads) <= 4 * 2, reads  # at most 4 reads per store, 16 lanes
-
-
-def _as_list(tokens: TokenArray) -> list:
-    """The documents of ``tokens`` as a Python list of one-field records."""
-    return [{"tokens": tokens[i]["tokens"].copy()} for i in range(len(tokens))]
-
-
-@pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
-@pytest.mark.parametrize("mix", [False, True])
-def test_lists_of_records_read_column_wise_equal_the_general_path(general, mix, training):
-    """Python lists of ``{"tokens": array}`` records, alone or mixed by records, placed from
-    their lengths and sliced when a batch is gathered: the same batches, states and
-    provenance as the general path, and states restore on either path."""
-    lists = [_as_list(TOKENS), _as_list(SHORT)]
-    if mix:
-        source = zj.Dataset.mix([zj.Dataset.source(docs) for docs in lists], [0.6, 0.4])
-    else:
-        source = zj.Dataset.source(lists[0])
-    ds = source.shuffle(seed=3).split(48).pack(48, num_bins=5)
-    if training is not None:
-        ds = ds.to_training(**training)
-    ds = ds.batch(8, num_lanes=4)
-    assert LanePlan(ds).columnar is not None
-    compiled = _run(ds, 30)
-    general()
-    assert LanePlan(ds).columnar is None
-    want = _run(ds, 30)
-    _assert_same_runs(compiled, want)
-    general(False)
-    _assert_same_runs(_run(ds, 30 - 13, want[12][3]), want[13:])
 
 
 def test_a_store_read_failing_when_a_batch_is_gathered_skips_nothing(stores, monkeypatch):

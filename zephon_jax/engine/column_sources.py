@@ -114,11 +114,12 @@ class RecordTokens(StreamTokens):
     ):
         self.sources = tuple(sources)
         self.field = field
-        self._starts = tuple(offsets)  # each leaf's offsets
         super().__init__(offsets, dtype)
 
     def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
-        offsets, source, field = self._starts[leaf], self.sources[leaf], self.field
+        source, field = self.sources[leaf], self.field
+        first = int(self.bases[leaf])
+        offsets = self.offsets[first : first + len(source) + 1]  # the leaf's offsets (a view)
         records = np.searchsorted(offsets, starts, side="right") - 1
         within = (starts - offsets[records]).tolist()
         parts = [

@@ -110,19 +110,24 @@ def test_lane_states_decode_alike_and_tampered_ones_fail_alike():
     for body in bodies:
         assert body.count(codec._ONE_PARENT) > 3  # the inline path is taken
         assert same(codec.decode(body), general(body))
-    body = bodies[0]
-    rng = np.random.default_rng(0)
+    assert_tampered_fail_alike(bodies[0], general, seed=0)
+
+
+def assert_tampered_fail_alike(body: bytes, reference, seed: int) -> None:
+    """Every truncation of ``body`` and 300 altered bytes decode (or fail) exactly as
+    ``reference`` decodes them; every truncation, and more, is rejected."""
+    rng = np.random.default_rng(seed)
     tampered = [body[:cut] for cut in range(len(body))]  # every truncation
     for at in rng.integers(0, len(body), size=300).tolist():  # altered bytes
         for byte in (0x00, 0x01, 0x03, 0x08, 0x7F, 0x80, 0xFF, int(rng.integers(256))):
             tampered.append(body[:at] + bytes([byte]) + body[at + 1 :])
     errors = 0
     for data in tampered:
-        got, want = outcome(codec.decode, data), outcome(general, data)
+        got, want = outcome(codec.decode, data), outcome(reference, data)
         assert got[0] == want[0], data
         assert same(got[1], want[1])
         errors += got[0] == "error"
-    assert errors > len(body)  # every truncation, and more, is rejected
+    assert errors > len(body)
 
 
 def _reference_encoding(value) -> bytes:
@@ -211,15 +216,4 @@ def test_mixture_lane_states_decode_alike_and_tampered_ones_fail_alike():
         assert same(codec.decode(body), fully_general(body))
     body = max(bodies, key=lambda b: b.count(codec._DRAW_PIECE))
     assert body.count(codec._DRAW_PIECE) > 3  # the inline path is taken
-    rng = np.random.default_rng(1)
-    tampered = [body[:cut] for cut in range(len(body))]  # every truncation
-    for at in rng.integers(0, len(body), size=300).tolist():  # altered bytes
-        for byte in (0x00, 0x01, 0x03, 0x08, 0x7F, 0x80, 0xFF, int(rng.integers(256))):
-            tampered.append(body[:at] + bytes([byte]) + body[at + 1 :])
-    errors = 0
-    for data in tampered:
-        got, want = outcome(codec.decode, data), outcome(fully_general, data)
-        assert got[0] == want[0], data
-        assert same(got[1], want[1])
-        errors += got[0] == "error"
-    assert errors > len(body)
+    assert_tampered_fail_alike(body, fully_general, seed=1)

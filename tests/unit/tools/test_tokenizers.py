@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from pipelines import user_module
 
 from zephon_jax.errors import PipelineError
 from zephon_jax.tools.tokenizers import (
@@ -60,11 +61,7 @@ class Namespace:
 
 @pytest.fixture
 def word_module(tmp_path, monkeypatch):
-    (tmp_path / "word_tok.py").write_text(WORD_TOKENIZER)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("word_tok", None)
-    yield "word_tok"
-    sys.modules.pop("word_tok", None)
+    yield from user_module(tmp_path, monkeypatch, "word_tok", WORD_TOKENIZER)
 
 
 def test_byte_tokens_are_utf8_bytes_plus_two():
