@@ -532,6 +532,26 @@ def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, 
     _assert_same_runs(_run(ds, 30 - 7, compiled[6][3]), want[7:])
 
 
+@pytest.mark.parametrize("unit", ["tokens", "records"])
+def test_a_mixture_that_never_makes_a_row_fails_alike_on_both_paths(general, unit):
+    """By tokens, a component of empty documents is named once it gave no tokens too many
+    times; by records, the lane's bound on draws without a row; the same words from the
+    drawing kernel as from the per-record path."""
+    empty = TokenArray.from_documents([np.zeros(0, np.uint16)] * 5, dtype=np.uint16)
+    other = SHORT if unit == "tokens" else empty
+    parts = [zj.Dataset.source(empty), zj.Dataset.source(other)]
+    ds = zj.Dataset.mix(parts, [0.5, 0.5], unit=unit).split(48).pack(48).batch(4)
+    assert LanePlan(ds).columnar is not None
+    match = "mixture component 0 .* gave no tokens" if unit == "tokens" else "produced no row"
+    messages = []
+    for _ in range(2):
+        with pytest.raises(zj.RecordError, match=match) as raised:
+            take(iter(zj.Loader(ds)), 1)
+        messages.append(str(raised.value))
+        general()
+    assert LanePlan(ds).columnar is None and messages[0] == messages[1]
+
+
 def test_drawn_roots_are_dropped_once_no_open_row_holds_them(monkeypatch):
     """A lane keeps only the drawn roots its open rows point to (memory stays bounded);
     the batches do not depend on when it drops them."""

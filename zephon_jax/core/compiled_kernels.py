@@ -267,6 +267,161 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
 
 
 @jit
+def pick_component(quanta, credits, next_sub, ends, rotation):
+    """A mixture's next component (see :mod:`~zephon_jax.sampler.scheduled_mixture`): of
+    those with a weight (``quanta[j] > 0``) and draws left (``ends[j] < 0``: no end, else
+    ``next_sub[j] < ends[j]``), the one with the largest credit, ties going to the first
+    at or after ``rotation``; -1 if none is left."""
+    k = quanta.shape[0]
+    best = -1
+    for j in range(k):
+        if quanta[j] == 0 or (ends[j] >= 0 and next_sub[j] >= ends[j]):
+            continue
+        if best < 0 or credits[j] > credits[best]:
+            best = j
+        elif credits[j] == credits[best] and (j - rotation) % k < (best - rotation) % k:
+            best = j
+    return best
+
+
+@jit
+def pay_credits(quanta, credits, next_sub, ends, best, n):
+    """Credits ``n`` tokens (or records) drawn from component ``best`` (its ``next_sub``
+    already moved past the draw): every weighted component with draws left, ``best``
+    included, gains ``quanta[j] * n``, and ``best`` pays their sum."""
+    total = 0
+    for j in range(quanta.shape[0]):
+        q = quanta[j]
+        if q > 0 and (ends[j] < 0 or next_sub[j] < ends[j] or j == best):
+            credits[j] += q * n
+            total += q
+    credits[best] -= total * n
+
+
+# Stop codes of ``draw_place`` besides ``place``'s: the rows asked for are made; the
+# read-ahead of component ``state[COMPONENT]`` is used up; every weighted component is
+# past its end; too many draws without a row; too many draws of one component without
+# tokens; the log of draws is full; a draw counts more tokens than credits can hold.
+ROWS_MADE, NEED_AHEAD, INPUT_END, NO_PROGRESS, DRY, DRAWN_FULL, TOO_LONG = 3, 4, 5, 6, 7, 8, 9
+# ``draw_place``'s ``state``: the lane's next position, draws since its last row, the
+# drawn-root index of the next draw, whether a document is being placed and its code,
+# leaf, record and next piece, whether a draw since the last row had tokens, and the
+# component a stop concerns.
+(POSITION, WITHOUT_ROW, NEXT_CODE, PLACING, CODE, LEAF, RECORD, PIECE, ANY_TOKENS,
+ COMPONENT) = range(10)  # fmt: skip
+
+
+@jit
+def next_draw(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_limit,
+              max_tokens, ahead_first, ahead_size, ahead_leaf, ahead_tokens):  # fmt: skip
+    """The mixture's next draw that has a record (see :func:`draw_place`), its credits
+    paid: ``(DONE, component, its index in the read-ahead)``, or ``(stop, component,
+    -1)`` (``INPUT_END``, ``NEED_AHEAD``, ``DRY`` or ``TOO_LONG``: more than
+    ``max_tokens``)."""
+    while True:
+        c = pick_component(quanta, credits, next_sub, ends, rotation)
+        if c < 0:
+            return INPUT_END, c, -1
+        sub = next_sub[c]
+        i = sub - ahead_first[c]
+        if i < 0 or i >= ahead_size[c]:
+            return NEED_AHEAD, c, -1
+        next_sub[c] = sub + 1
+        if ahead_leaf[c, i] < 0:
+            continue
+        n = ahead_tokens[c, i]
+        if n == 0 and by_tokens:
+            dry[c] += 1
+            if dry[c] > dry_limit[c]:
+                return DRY, c, -1
+        elif n > 0:
+            if n > max_tokens:
+                return TOO_LONG, c, -1
+            dry[c] = 0
+            pay_credits(quanta, credits, next_sub, ends, c, n)
+        return DONE, c, i
+
+
+@jit
+def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_limit,
+               max_tokens, ahead_first, ahead_size, ahead_leaf, ahead_record, ahead_tokens, excluded,
+               offsets, bases, fill, count, pieces, slots, cut, seq_len, max_segments, best,
+               out, row_end, rows_wanted, limit, state, drawn):  # fmt: skip
+    """Draws documents of a mixture one at a time and places each into the open rows
+    (as :func:`place` places one document), until ``rows_wanted`` rows are emitted to
+    ``out``/``row_end`` (from their start).
+
+    Component ``j``'s draws ``ahead_first[j]`` to ``ahead_first[j] + ahead_size[j] - 1``
+    are read ahead: global leaf ``ahead_leaf[j, i]`` (-1: no record, the draw is passed
+    over), document ``ahead_record[j, i]``, ``ahead_tokens[j, i]`` tokens (what the
+    draw counts: 1 per record by records). A draw of a document in ``excluded``
+    (sorted ``leaf << 40 | record`` keys) moves the lane on but is not placed. Each
+    placed draw is logged in ``drawn[:, m]`` as (position, component, sub). Returns
+    ``(stop, pieces out, rows out, draws logged)``; ``state`` (see its indices above)
+    says where to go on from, ``state[COMPONENT]`` which component a stop concerns.
+    """
+    n_out = 0
+    n_rows = 0
+    n_drawn = 0
+    one_leaf = np.zeros(1, np.int64)
+    one_record = np.zeros(1, np.int64)
+    one_code = np.zeros(1, np.int64)
+    while True:
+        if state[PLACING]:
+            one_leaf[0] = state[LEAF]
+            one_record[0] = state[RECORD]
+            one_code[0] = state[CODE]
+            rows_before = n_rows
+            _, j, n_out, n_rows, stop = place(
+                fill, count, pieces, slots, offsets, bases, one_leaf, one_record, one_code, 0,
+                state[PIECE], cut, seq_len, max_segments, best, out, row_end, n_out, n_rows,
+            )  # fmt: skip
+            if n_rows > rows_before:
+                state[WITHOUT_ROW] = 0
+                state[ANY_TOKENS] = 0
+            if stop != DONE:
+                state[PIECE] = j
+                return stop, n_out, n_rows, n_drawn
+            state[PLACING] = 0
+            if state[WITHOUT_ROW] > limit:
+                return NO_PROGRESS, n_out, n_rows, n_drawn
+        if n_rows >= rows_wanted:
+            return ROWS_MADE, n_out, n_rows, n_drawn
+        if n_drawn == drawn.shape[1]:
+            return DRAWN_FULL, n_out, n_rows, n_drawn
+        stop, c, i = next_draw(
+            quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_limit, max_tokens,
+            ahead_first, ahead_size, ahead_leaf, ahead_tokens,
+        )  # fmt: skip
+        state[COMPONENT] = c
+        if stop != DONE:
+            return stop, n_out, n_rows, n_drawn
+        sub = next_sub[c] - 1
+        leaf = ahead_leaf[c, i]
+        record = ahead_record[c, i]
+        position = state[POSITION]
+        state[POSITION] = position + 1
+        state[WITHOUT_ROW] += 1
+        key = (leaf << 40) | record
+        k = np.searchsorted(excluded, key)
+        if k < excluded.shape[0] and excluded[k] == key:
+            continue  # (the bound on draws without a row is checked after a placement)
+        drawn[0, n_drawn] = position
+        drawn[1, n_drawn] = c
+        drawn[2, n_drawn] = sub
+        n_drawn += 1
+        r = bases[leaf] + record
+        if offsets[r + 1] > offsets[r]:
+            state[ANY_TOKENS] = 1
+        state[CODE] = state[NEXT_CODE]
+        state[NEXT_CODE] += 1
+        state[LEAF] = leaf
+        state[RECORD] = record
+        state[PIECE] = 0
+        state[PLACING] = 1
+
+
+@jit
 def mix64(x):
     """SplitMix64's finalizer: a bijective avalanche hash of a uint64 (wraps mod 2**64);
     interpreted, of every element of a uint64 array (:func:`interpreted`)."""

@@ -95,6 +95,7 @@ def _compiled() -> Any:
 def _kernel_namespace() -> SimpleNamespace:
     return SimpleNamespace(
         place=compiled.place,
+        draw_place=compiled.draw_place,
         gather=compiled.gather,
         permute=compiled.permute,
         mix64=compiled.mix64,

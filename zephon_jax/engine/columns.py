@@ -28,11 +28,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import MAX_PIECE, Element, code_position, decode_piece, piece
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
-from zephon_jax.engine.exclusion import excluded_columns, is_excluded
+from zephon_jax.engine.exclusion import excluded_columns
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
@@ -378,18 +379,31 @@ def _place_spans(
     (see :meth:`ArrayTokens.block <zephon_jax.engine.column_sources.ArrayTokens.block>`);
     ``any_tokens``: whether any of the documents has tokens, where the caller knows."""
     stage = columns.stage
-    cut, best, spec, field, training = columns.arguments
-    reader = columns.reader
-    tokens = reader.tokens
-    several = reader.several
-    translate = carry.translate
-    rows: list[Element] = []
+    cut, best, spec, _, _ = columns.arguments
     # The accounting keeps the rows' pieces as the kernel writes them; codes that index
     # a lane's drawn roots are counted from the rows' lineages instead.
-    log = lane.tally.emitted_log() if translate is None else None
+    log = lane.tally.emitted_log() if carry.translate is None else None
     (codes, starts, lengths, sources), ends = carry.place(
         (offsets, bases, leaves, records, positions), cut, spec, best, log
     )
+    rows = _token_rows(columns, carry, (codes, starts, lengths, sources), ends)
+    if rows:
+        lane.row_reached(rows, log is not None)
+    else:  # the stage the records reached, for the no-progress error
+        if any_tokens is None:
+            index = bases[leaves] + records
+            any_tokens = bool((offsets[index + 1] > offsets[index]).any())
+        lane.deepest = max(lane.deepest, stage if any_tokens else 0)
+
+
+def _token_rows(columns: ColumnarPlan, carry: TokenBins, pieces: Any, ends: list) -> list:
+    """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
+    four lists (codes, starts, lengths, leaves) and each row's end in them."""
+    codes, starts, lengths, sources = pieces
+    _, _, spec, field, training = columns.arguments
+    reader = columns.reader
+    tokens, several, translate = reader.tokens, reader.several, carry.translate
+    rows = []
     begin = 0
     for end in ends:
         held = tuple(lengths[begin:end])
@@ -401,55 +415,97 @@ def _place_spans(
         parents = tuple(parents) if translate is None else translate(parents)
         rows.append(Element(row, (parents, held)))
         begin = end
-    if rows:
-        lane.row_reached(rows, log is not None)
-    else:  # the stage the records reached, for the no-progress error
-        if any_tokens is None:
-            index = bases[leaves] + records
-            any_tokens = bool((offsets[index + 1] > offsets[index]).any())
-        lane.deepest = max(lane.deepest, stage if any_tokens else 0)
+    return rows
 
 
 def _take_drawn(lane: Any, n: int) -> list | None:
     """:func:`take_columns` where a mixture drawer draws the documents: one at a time and
     placed at once, as the general path pushes each drawn record (the draws depend on
-    the step, so a lane draws exactly the records its rows need)."""
+    the step, so a lane draws exactly the records its rows need), by one kernel
+    (:func:`~zephon_jax.core.compiled_kernels.draw_place`) that returns only to read
+    draws ahead, grow an array or stop."""
     pending = lane.pending
+    if len(pending) < n:
+        if lane.input_done or not _draw_rows(lane, n - len(pending)):
+            return None
+    return [pending.popleft() for _ in range(n)]
+
+
+def _draw_rows(lane: Any, wanted: int) -> bool:
+    """Draws and places documents until the lane has made ``wanted`` more rows (False:
+    its input ended first)."""
+    compiled = kernels()
     drawer = lane.drawer
     plan = lane.plan
     columns = plan.columnar
-    limit = plan.max_records_without_row
     stage = drawer.node.stages.index_at(lane.step)
-    roots = lane.drawn_roots
+    drawer.enter_stage(stage)
+    carry = _open_rows(lane, columns)  # (a restored lane adopts its open rows)
     reader = columns.reader
-    offsets, bases = reader.offsets, reader.bases
-    first = bases.tolist()  # where each leaf's documents begin in ``offsets``
-    # One document at a time: its code, leaf and record, in arrays reused for each.
-    code, leaf, record = (np.zeros(1, np.int64) for _ in range(3))
-    while len(pending) < n:
-        if lane.input_done:
-            return None
-        item = drawer.draw(stage, lane.next_position)
-        if item is None:
+    cut, best, spec, _, _ = columns.arguments
+    ahead = drawer.ids_ahead
+    state = np.zeros(_DRAW_STATE, np.int64)
+    state[kc.POSITION] = lane.next_position
+    state[kc.WITHOUT_ROW] = lane.without_row
+    state[kc.NEXT_CODE] = lane.drawn_roots_base + len(lane.drawn_roots)
+    drawn = np.empty((3, 64), np.int64)
+    limit = plan.max_records_without_row
+    while True:
+        draws = (
+            drawer.quanta[stage], drawer.credits, drawer.next_sub, drawer.ends,
+            drawer.rotation, drawer.node.unit == "tokens", drawer.dry, drawer.dry_limit,
+            drawer.max_tokens, ahead.first, ahead.size, ahead.leaf, ahead.record, ahead.tokens,
+            _excluded_keys(plan), reader.offsets, reader.bases,
+        )  # fmt: skip
+        stop, n_out, n_rows, n_drawn = carry.place_draws(
+            compiled.draw_place, draws, cut, spec, best, (wanted, limit, state, drawn)
+        )
+        lane.drawn_roots.extend(zip(*drawn[:, :n_drawn].tolist()))
+        lane.next_position = int(state[kc.POSITION])
+        if n_rows:
+            pieces = carry.out[:, :n_out].tolist()
+            lane.row_reached(_token_rows(columns, carry, pieces, carry.row_end[:n_rows].tolist()))
+            wanted -= n_rows
+        lane.without_row = int(state[kc.WITHOUT_ROW])
+        if len(lane.drawn_roots) >= _ROOTS_KEPT:
+            _prune_roots(lane, cut)
+        component = int(state[kc.COMPONENT])
+        if stop == kc.ROWS_MADE:
+            return True
+        if stop == kc.NEED_AHEAD:
+            drawer.read_ids_ahead(component, int(drawer.next_sub[component]))
+        elif stop == kc.INPUT_END:
             lane.finish_input()
-            continue
-        lane.next_position += 1
-        lane.without_row += 1  # reset when a row reaches ``pending``
-        if plan.excluded and is_excluded(plan.excluded, *item.data):
-            continue  # a record a state excludes (see zephon_jax.engine.exclusion)
-        index = lane.drawn_roots_base + len(roots)
-        roots.append(item.lineage)
-        carry = _open_rows(lane, columns)  # (a restored lane adopts its open rows)
-        code[0] = index
-        leaf[0], record[0] = item.data
-        at = first[item.data[0]] + item.data[1]
-        has_tokens = bool(offsets[at + 1] > offsets[at])
-        _place_spans(lane, columns, carry, code, offsets, bases, leaf, record, has_tokens)
-        if len(roots) >= _ROOTS_KEPT:
-            roots = _prune_roots(lane, columns.cut)
-        if lane.without_row > limit:
+            return False
+        elif stop == kc.NO_PROGRESS:
+            lane.deepest = max(lane.deepest, stage if state[kc.ANY_TOKENS] else 0)
             lane.raise_no_progress()
-    return [pending.popleft() for _ in range(n)]
+        elif stop == kc.DRY:
+            drawer.raise_dry(component, int(drawer.next_sub[component]) - 1)
+        elif stop == kc.TOO_LONG:
+            sub = int(drawer.next_sub[component]) - 1
+            tokens = int(ahead.tokens[component, sub - int(ahead.first[component])])
+            drawer.raise_too_long(component, sub, tokens)
+        elif stop == kc.DRAWN_FULL:
+            drawn = np.empty((3, 2 * drawn.shape[1]), np.int64)
+        elif stop == kc.OUT_FULL:
+            carry.grow_out()
+        else:
+            carry.grow_rows()
+
+
+_DRAW_STATE = 10  # the entries of draw_place's state
+_NO_KEYS = np.zeros(0, np.int64)
+
+
+def _excluded_keys(plan: Any) -> np.ndarray:
+    """The documents a state excludes as sorted ``leaf << 40 | record`` keys (see
+    :func:`~zephon_jax.core.compiled_kernels.draw_place`)."""
+    excluded = plan.excluded
+    if not excluded:
+        return _NO_KEYS
+    keys = [(leaf << 40) | record for leaf, found in excluded.items() for record in found]
+    return np.array(sorted(keys), np.int64)
 
 
 _ROOTS_KEPT = 4096  # drawn roots a lane keeps before it drops those no open row holds

@@ -155,6 +155,21 @@ class OpenRows:
             else:
                 self.grow_rows()
 
+    def place_draws(
+        self, kernel: Any, draws: tuple, cut: int, spec: PackSpec, best: bool, run: tuple
+    ) -> tuple[int, int, int, int]:
+        """Draws documents of a mixture and places them with ``kernel`` (the compiled
+        :func:`~zephon_jax.core.compiled_kernels.draw_place`): ``draws`` are its
+        arguments from the mixture's weights to the documents' offsets and bases,
+        ``run`` those from the rows wanted on. The emitted rows are in :attr:`out` and
+        :attr:`row_end` from their start. Returns ``(stop, pieces out, rows out,
+        draws logged)``; the caller grows what the stop asks and calls again."""
+        self._changed()
+        return kernel(
+            *draws, self.fill, self.count, self.piece_array, self.slots, cut, spec.seq_len,
+            spec.max_segments or -1, best, self.out, self.row_end, *run,
+        )  # fmt: skip
+
     def put(self, a: int, code: int, n: int) -> None:
         """Puts a piece of length ``n`` with ``code`` (start and leaf 0) into bin ``a``."""
         self._changed()

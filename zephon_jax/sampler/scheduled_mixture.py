@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from zephon_jax.core.compiled_kernels import pay_credits, pick_component
 from zephon_jax.core.lineage import Element, draw_component, draw_parts, draw_sub
 from zephon_jax.core.lineage import draw as draw_lineage
 from zephon_jax.core.permutation import derive_key
@@ -106,6 +107,18 @@ def parse_weight_stages(weights: Any, num_components: int) -> StepSchedule:
     return StepSchedule.parse(weights, "Dataset.mix weights", _check_stage_weights(num_components))
 
 
+# Credits and draws in a carry stay within int64 (what the draw kernels count in).
+_CARRY_BOUND = 1 << 62
+
+
+def max_draw_tokens(quanta: Sequence[np.ndarray]) -> int:
+    """The most tokens one draw may count so that credits stay within int64: each credit
+    stays within ``K * L * Q`` for ``K`` components, ``L`` the most tokens of a draw and
+    ``Q`` the weights' sum in units of ``2**-32`` (see the module docstring)."""
+    k = len(quanta[0])
+    return _CARRY_BOUND // (k * max(int(q.sum()) for q in quanta))
+
+
 def quantize(weights: Sequence[float]) -> tuple[int, ...]:
     """Weights in units of ``2**-32``; positive weights stay positive."""
     return tuple(0 if w == 0 else max(1, round(w * _ONE)) for w in weights)
@@ -141,6 +154,55 @@ class ScheduledMixtureNode:
             "order_seed": self.order_seed,
             "transforms": [t.describe() for t in self.transforms],
         }
+
+
+class IdsAhead:
+    """A drawer's read-ahead when draws read no records (``ids``), as arrays the draw
+    kernel (:func:`~zephon_jax.core.compiled_kernels.draw_place`) reads: component
+    ``j``'s draws ``first[j]`` to ``first[j] + size[j] - 1``, each a global sampler
+    ``leaf`` (-1: the draw has no record), a ``record`` and the ``tokens`` it counts."""
+
+    def __init__(self, num_components: int):
+        self.first = np.zeros(num_components, np.int64)
+        self.size = np.zeros(num_components, np.int64)
+        shape = (num_components, _MAX_CHUNK)
+        self.leaf = np.zeros(shape, np.int64)
+        self.record = np.zeros(shape, np.int64)
+        self.tokens = np.zeros(shape, np.int64)
+
+    def has(self, component: int, sub: int) -> bool:
+        """Whether draw ``sub`` of ``component`` is read ahead."""
+        return 0 <= sub - int(self.first[component]) < int(self.size[component])
+
+    def entry(self, component: int, sub: int) -> _Entry:
+        """Draw ``sub`` of ``component`` (read ahead) as an entry."""
+        i = sub - int(self.first[component])
+        leaf = int(self.leaf[component, i])
+        if leaf < 0:
+            return _Entry(None, 0)
+        return _Entry((leaf, int(self.record[component, i])), int(self.tokens[component, i]))
+
+    def put(
+        self,
+        component: int,
+        subs: np.ndarray,
+        valid: np.ndarray,
+        leaf_ids: np.ndarray,
+        records: np.ndarray,
+        counts: np.ndarray,
+    ) -> None:
+        """Holds draws ``subs`` (consecutive) of ``component`` from now on: those at
+        ``valid`` are ``records`` of ``leaf_ids`` counting ``counts``, the others none."""
+        n = len(subs)
+        self.first[component] = subs[0] if n else 0
+        self.size[component] = n
+        self.leaf[component, :n] = -1
+        self.leaf[component, valid] = leaf_ids
+        self.record[component, valid] = records
+        self.tokens[component, valid] = counts
+
+    def clear(self) -> None:
+        self.size[:] = 0
 
 
 class _Entry:
@@ -197,23 +259,29 @@ class MixtureDrawer:
             base += len(leaves(child))
         self._child_transforms = [leaf_paths(child) for child in node.children]
         self._ends = [end_position(child, lane, num_lanes) for child in node.children]
-        self._quanta = [quantize(ws) for ws in node.stages.values]
-        self._rotation = derive_key(node.node_key, lane) % k
+        # The same for the kernels: int64 arrays, -1 for no end.
+        self.ends = np.array([-1 if e is None else e for e in self._ends], np.int64)
+        self.quanta = [np.array(quantize(ws), np.int64) for ws in node.stages.values]
+        self.max_tokens = max_draw_tokens(self.quanta)
+        self.rotation = derive_key(node.node_key, lane) % k
         self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
+        self.ids_ahead = IdsAhead(k) if ids is not None else None
         self._chunk = [_FIRST_CHUNK] * k
         # Draws of each component in a row that gave no tokens (not state: a guard).
-        self._dry = [0] * k
-        self._dry_limit = [
-            16 * sum(leaf.size for leaf in leaves(child)) + DRY_DRAWS for child in node.children
-        ]
+        self.dry = np.zeros(k, np.int64)
+        self.dry_limit = np.array(
+            [16 * sum(leaf.size for leaf in leaves(child)) + DRY_DRAWS for child in node.children],
+            np.int64,
+        )
         self.stage = 0
-        self.credits = [0] * k
-        self.next_sub = [0] * k
+        # The carry (int64 arrays, which the draw kernels update in place).
+        self.credits = np.zeros(k, np.int64)
+        self.next_sub = np.zeros(k, np.int64)
 
     # ----- state ---------------------------------------------------------------------
     def carry(self) -> tuple:
         """The carry as plain ints: ``(stage, credits, next_sub)``."""
-        return (self.stage, tuple(self.credits), tuple(self.next_sub))
+        return (self.stage, tuple(self.credits.tolist()), tuple(self.next_sub.tolist()))
 
     def set_carry(self, saved: Any) -> None:
         k = len(self.node.children)
@@ -225,18 +293,21 @@ class MixtureDrawer:
             and all(isinstance(x, tuple) and len(x) == k for x in saved[1:])
             and all(type(c) is int for c in saved[1])
             and sum(saved[1]) == 0  # the credits' invariant (see the module docstring)
-            and all(type(s) is int and s >= 0 for s in saved[2])
+            and all(abs(c) < _CARRY_BOUND for c in saved[1])
+            and all(type(s) is int and 0 <= s < _CARRY_BOUND for s in saved[2])
         ):
             raise StateError(
                 f"lane {self.lane}: the state's mixture carry {saved!r:.80} does not fit this "
                 f"pipeline's mixture of {k} datasets and {len(self.node.stages.values)} stages"
             )
         self.stage = saved[0]
-        self.credits = [int(c) for c in saved[1]]
-        self.next_sub = [int(s) for s in saved[2]]
-        self._dry = [0] * k
+        self.credits = np.array(saved[1], np.int64)
+        self.next_sub = np.array(saved[2], np.int64)
+        self.dry[:] = 0
         for ahead in self._ahead:
             ahead.clear()
+        if self.ids_ahead is not None:
+            self.ids_ahead.clear()
 
     # ----- drawing -------------------------------------------------------------------
     def draw(self, stage: int, position: int) -> Element | Any | None:
@@ -246,47 +317,50 @@ class MixtureDrawer:
         ``DROP`` if a filter dropped it, or ``None`` once every component with a
         positive weight in ``stage`` is past its last epoch.
         """
-        if stage != self.stage:
-            self.stage = stage
-            self.credits = [0] * len(self.credits)
-        quanta = self._quanta[stage]
-        credits, next_sub, ends = self.credits, self.next_sub, self._ends
+        self.enter_stage(stage)
+        quanta = self.quanta[stage]
+        credits, next_sub, ends = self.credits, self.next_sub, self.ends
         while True:
-            best = -1
-            for j, q in enumerate(quanta):
-                if q == 0 or ((end := ends[j]) is not None and next_sub[j] >= end):
-                    continue
-                if best < 0 or credits[j] > credits[best]:
-                    best = j
-                elif credits[j] == credits[best]:
-                    rot = self._rotation
-                    if (j - rot) % len(quanta) < (best - rot) % len(quanta):
-                        best = j
+            best = pick_component(quanta, credits, next_sub, ends, self.rotation)
             if best < 0:
                 return None
-            sub = next_sub[best]
+            sub = int(next_sub[best])
             entry = self._entry(best, sub)
             next_sub[best] = sub + 1
             if entry.data is None:  # a draw of a nested mixture past one source's epochs
                 continue
             n = entry.tokens
             if not n and self.node.unit == "tokens":
-                self._dry[best] += 1
-                if self._dry[best] > self._dry_limit[best]:
-                    self._raise_dry(best, sub)
+                self.dry[best] += 1
+                if self.dry[best] > self.dry_limit[best]:
+                    self.raise_dry(best, sub)
             elif n:
-                self._dry[best] = 0
-                total = 0
-                for j, q in enumerate(quanta):
-                    if q and ((end := ends[j]) is None or next_sub[j] < end or j == best):
-                        credits[j] += q * n
-                        total += q
-                credits[best] -= total * n
+                self.dry[best] = 0
+                if n > self.max_tokens:
+                    self.raise_too_long(best, sub, n)
+                pay_credits(quanta, credits, next_sub, ends, best, n)
             return self._finish(entry.data, position, best, sub)
 
-    def _raise_dry(self, component: int, sub: int) -> None:
+    def enter_stage(self, stage: int) -> None:
+        """Draws from now on follow ``stage``'s weights (a new stage's credits start from
+        zero)."""
+        if stage != self.stage:
+            self.stage = stage
+            self.credits = np.zeros(len(self.credits), np.int64)
 
-        count = self._dry[component]
+    def raise_too_long(self, component: int, sub: int, n: int) -> None:
+        """Raises the error for draw ``sub`` of ``component`` counting ``n`` tokens, more
+        than :attr:`max_tokens`."""
+        raise RecordError(
+            f"{self._where(component, sub)} has {n} tokens, more than a mixture of "
+            f"{len(self.credits)} datasets by tokens can count ({self.max_tokens}); "
+            "cut such records shorter before mixing (e.g. with a map)"
+        )
+
+    def raise_dry(self, component: int, sub: int) -> None:
+        """Raises the error for too many draws of ``component`` without tokens, the last
+        being draw ``sub``."""
+        count = int(self.dry[component])
         labels = ", ".join(
             leaf.name if leaf.name is not None else source_label(leaf.source)
             for leaf in leaves(self.node.children[component])
@@ -315,13 +389,17 @@ class MixtureDrawer:
         return Element(data, lineage)
 
     def _entry(self, component: int, sub: int) -> _Entry:
+        ids_ahead = self.ids_ahead
+        if ids_ahead is not None:
+            if not ids_ahead.has(component, sub):
+                self.read_ids_ahead(component, sub)
+            return ids_ahead.entry(component, sub)
         ahead = self._ahead[component]
         entry = ahead.pop(sub, None)
         if entry is not None:
             return entry
         subs = self._next_chunk(component, sub)
-        read = self._read_component if self._ids is None else self._read_ids
-        ahead.update(zip(subs.tolist(), read(component, subs)))
+        ahead.update(zip(subs.tolist(), self._read_component(component, subs)))
         return ahead.pop(sub)
 
     def _next_chunk(self, component: int, sub: int) -> np.ndarray:
@@ -334,37 +412,33 @@ class MixtureDrawer:
         stop = sub + count if end is None else min(sub + count, end)
         return np.arange(sub, max(stop, sub + 1), dtype=np.int64)
 
-    def _read_ids(self, component: int, subs: np.ndarray) -> list[_Entry]:
-        """Component-local draws ``subs`` as ``(leaf_id, record)`` and their lengths (see
-        ``ids``): nothing is read."""
+    def read_ids_ahead(self, component: int, sub: int) -> None:
+        """Reads ahead the next chunk of draws of ``component`` from ``sub`` on as ids
+        and lengths (see ``ids``): nothing is read."""
+        subs = self._next_chunk(component, sub)
         located = self._ids_of(component, subs)
         assert self._ids is not None
-        return self._id_entries(*located, self._ids(*located[2:]))
+        self._put_ids(component, subs, located, self._ids(*located[1:]))
+
+    def _put_ids(
+        self, component: int, subs: np.ndarray, located: tuple, lengths: np.ndarray
+    ) -> None:
+        """Holds draws ``subs`` of ``component`` read ahead as ids (see :class:`IdsAhead`):
+        ``located`` is what :meth:`_ids_of` gave, ``lengths`` the documents' lengths."""
+        valid, leaf_ids, records = located
+        counts = np.ones(len(valid), np.int64) if self.node.unit == "records" else lengths
+        assert self.ids_ahead is not None
+        self.ids_ahead.put(component, subs, valid, leaf_ids, records, counts)
 
     def _ids_of(
         self, component: int, subs: np.ndarray, res: Resolution | None = None
-    ) -> tuple[list[_Entry], np.ndarray, np.ndarray, np.ndarray]:
-        """Entries for draws ``subs`` (none with data yet), which of them are valid, and
-        those's sampler leaves and records (``res``: where ``subs`` resolve, if known)."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Which of draws ``subs`` have a record, and those's global sampler leaves and
+        records (``res``: where ``subs`` resolve, if known)."""
         if res is None:
             res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
-        out: list[_Entry] = [_Entry(None, 0)] * len(subs)
         valid = np.flatnonzero(res.valid)
-        return out, valid, self._leaf_base[component] + res.leaf[valid], res.record[valid]
-
-    def _id_entries(
-        self,
-        out: list[_Entry],
-        valid: np.ndarray,
-        leaf_ids: np.ndarray,
-        records: np.ndarray,
-        lengths: np.ndarray,
-    ) -> list[_Entry]:
-        """``out`` with the valid draws' entries set: ``(leaf_id, record)`` and their lengths."""
-        counts = [1] * len(valid) if self.node.unit == "records" else lengths.tolist()
-        for i, leaf, record, n in zip(valid.tolist(), leaf_ids.tolist(), records.tolist(), counts):
-            out[i] = _Entry((leaf, record), n)
-        return out
+        return valid, self._leaf_base[component] + res.leaf[valid], res.record[valid]
 
     def _read_component(self, component: int, subs: np.ndarray) -> list[_Entry]:
         """Component-local draws ``subs``, read and transformed (batched per source)."""
@@ -520,12 +594,12 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
     if len(drawers) < 2:
         return
     first = drawers[0]
-    asked = []  # (drawer, component, subs, entries, valid, leaf ids, records)
+    asked = []  # (drawer, component, subs, valid, leaf ids, records)
     for component, child in enumerate(first.node.children):
         todo = [d for d in drawers if _reads_next(d, component)]
         if not todo:
             continue
-        subs = [d._next_chunk(component, d.next_sub[component]) for d in todo]
+        subs = [d._next_chunk(component, int(d.next_sub[component])) for d in todo]
         resolved = resolve_lanes(child, [d.lane for d in todo], subs, first.num_lanes)
         for d, wanted, res in zip(todo, subs, resolved, strict=True):
             asked.append((d, component, wanted, *d._ids_of(component, wanted, res)))
@@ -533,22 +607,24 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
         return
     assert first._ids is not None
     lengths = first._ids(
-        np.concatenate([a[5] for a in asked]), np.concatenate([a[6] for a in asked])
+        np.concatenate([a[4] for a in asked]), np.concatenate([a[5] for a in asked])
     )
     at = 0
-    for d, component, wanted, out, valid, leaf_ids, records in asked:
-        entries = d._id_entries(out, valid, leaf_ids, records, lengths[at : at + len(records)])
-        d._ahead[component].update(zip(wanted.tolist(), entries))
-        at += len(records)
+    for d, component, wanted, *located in asked:
+        count = len(located[2])
+        d._put_ids(component, wanted, tuple(located), lengths[at : at + count])
+        at += count
 
 
 def _reads_next(drawer: MixtureDrawer, component: int) -> bool:
     """Whether ``drawer``'s next draw of ``component`` (weighted now) would read ahead."""
     end = drawer._ends[component]
+    sub = int(drawer.next_sub[component])
+    assert drawer.ids_ahead is not None
     return (
-        not drawer._ahead[component]
-        and drawer._quanta[drawer.stage][component] > 0
-        and (end is None or drawer.next_sub[component] < end)
+        not drawer.ids_ahead.has(component, sub)
+        and drawer.quanta[drawer.stage][component] > 0
+        and (end is None or sub < end)
     )
 
 

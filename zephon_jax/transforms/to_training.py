@@ -84,20 +84,20 @@ def shifted(
     """:func:`training_arrays` of packed arrays: one row (1-D) or a batch of rows (2-D,
     row by row along the last axis, the same values as row by row)."""
     segment_ids = segment_ids.astype(np.int32, copy=False)
-    has_next = np.zeros(tokens.shape, bool)
-    has_next[..., :-1] = (segment_ids[..., 1:] == segment_ids[..., :-1]) & (
-        segment_ids[..., :-1] != 0
-    )
     inputs = tokens.astype(np.int32)
+    # has_next[t]: position t + 1 lies in t's segment, which is not padding.
+    has_next = np.empty(tokens.shape, bool)
+    np.equal(segment_ids[..., 1:], segment_ids[..., :-1], out=has_next[..., :-1])
+    has_next[..., :-1] &= segment_ids[..., :-1] != 0
+    has_next[..., -1] = False
     targets = np.full(tokens.shape, pad_id, np.int32)
-    targets[..., :-1] = np.where(has_next[..., :-1], inputs[..., 1:], np.int32(pad_id))
-    loss = has_next.copy()
+    np.copyto(targets[..., :-1], inputs[..., 1:], where=has_next[..., :-1])
     if mask is not None:
-        loss[..., :-1] &= mask[..., 1:] == 1
+        has_next[..., :-1] &= mask[..., 1:] == 1
     return {
         "inputs": inputs,
         "targets": targets,
-        "loss_mask": loss.astype(np.float32),
+        "loss_mask": has_next.astype(np.float32),
         "segment_ids": segment_ids,
         "positions": positions.astype(np.int32, copy=False),
     }
@@ -196,7 +196,7 @@ class ToTrainingTransform:
         else:
             out = shifted(tokens, segment_ids, positions, mask, self.pad_id)
             loss_mask = out["loss_mask"]
-            weights = np.where(loss_mask > 0, out["segment_ids"], 0).astype(np.int32)
+            weights = None
         if self.field_names == "default":
             return {
                 "inputs": out["inputs"],
@@ -205,6 +205,8 @@ class ToTrainingTransform:
                 "segment_ids": out["segment_ids"],
                 "positions": out["positions"],
             }
+        if weights is None:
+            weights = np.where(loss_mask > 0, out["segment_ids"], 0).astype(np.int32)
         return {
             "inputs": out["inputs"],
             "inputs_segmentation": out["segment_ids"],

@@ -25,7 +25,8 @@ from zephon_jax.operators import pack, token_bins
 
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
-           "cut_piece", "place", "mix64")  # fmt: skip
+           "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
+           "draw_place")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -218,3 +219,151 @@ def test_compiled_interpreted_and_interpreted_over_lists_agree(monkeypatch, best
     assert _place_all(ck.place, *arrays(), *args) == compiled
     assert _place_all(ck.place, [0] * 5, [0] * 5, list(range(5)), *args) == compiled
     assert len(compiled[1]) > 20  # rows came out
+
+
+# ----- the mixture's draws -------------------------------------------------------------
+
+
+def _arrays(*rows):
+    return tuple(np.array(r, np.int64) for r in rows)
+
+
+def test_the_largest_credit_is_picked_ties_by_rotation_ends_and_zero_weights_skipped(kernels):
+    quanta, credits, next_sub, ends = _arrays([1, 1, 1], [5, 7, 7], [0, 0, 0], [-1, -1, -1])
+    assert kernels.pick_component(quanta, credits, next_sub, ends, 0) == 1
+    assert kernels.pick_component(quanta, credits, next_sub, ends, 2) == 2  # 2 comes first
+    ends[1] = 0  # component 1 has no draws left
+    assert kernels.pick_component(quanta, credits, next_sub, ends, 0) == 2
+    quanta[2] = 0  # and component 2 no weight
+    assert kernels.pick_component(quanta, credits, next_sub, ends, 0) == 0
+    ends[0] = 0
+    assert kernels.pick_component(quanta, credits, next_sub, ends, 0) == -1
+
+
+def test_a_draw_pays_every_weighted_component_with_draws_left(kernels):
+    quanta, credits, next_sub, ends = _arrays([1, 3, 2], [0, 0, 0], [1, 1, 4], [-1, 1, 4])
+    # component 1 drew its last record (next_sub reached its end) and is still paid;
+    # component 2 is past its end and is not
+    kernels.pay_credits(quanta, credits, next_sub, ends, 1, 2)
+    assert credits.tolist() == [2, 6 - 8, 0]
+    assert int(credits.sum()) == 0
+
+
+def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, seq_len=8,
+               cut=0, wanted=3, drawn_cap=2, bins=2):  # fmt: skip
+    """Runs ``draw_place`` over components whose draw ``s`` is their document ``s`` (of
+    ``lengths[c][s]`` tokens, leaf ``c``), reading ``chunk`` draws ahead and growing
+    what it asks for; returns the drawn (position, component, sub), the emitted rows'
+    codes, the stops and the final credits."""
+    k = len(lengths)
+    offsets = np.concatenate([[0], np.cumsum([n for ls in lengths for n in ls])]).astype(np.int64)
+    bases = np.cumsum([0] + [len(ls) for ls in lengths[:-1]]).astype(np.int64)
+    quanta, credits, next_sub = _arrays(quanta, [0] * k, [0] * k)
+    ends = np.array([len(ls) for ls in lengths], np.int64)
+    dry, dry_limit = np.zeros(k, np.int64), np.full(k, 100, np.int64)
+    first, size = np.zeros(k, np.int64), np.zeros(k, np.int64)
+    leaf, record, tokens = (np.zeros((k, 256), np.int64) for _ in range(3))
+    fill, count, slots = np.zeros(bins, np.int64), np.zeros(bins, np.int64), np.arange(bins)
+    pieces = np.zeros((4, bins, 1), np.int64)
+    out, row_end = np.empty((4, 1), np.int64), np.empty(1, np.int64)
+    keys = np.array(sorted((c << 40) | s for c, s in excluded), np.int64)
+    state = np.zeros(10, np.int64)
+    drawn = np.empty((3, drawn_cap), np.int64)
+    log, rows, stops = [], [], []
+    while True:
+        stop, n_out, n_rows, n_drawn = kernels.draw_place(
+            quanta, credits, next_sub, ends, 0, by_tokens, dry, dry_limit, 1 << 40, first, size,
+            leaf, record, tokens, keys, offsets, bases, fill, count, pieces, slots, cut, seq_len,
+            -1, True, out, row_end, wanted - len(rows), 1000, state, drawn,
+        )  # fmt: skip
+        stops.append(int(stop))
+        log += drawn[:, :n_drawn].T.tolist()
+        begin = 0
+        for end in row_end[:n_rows].tolist():
+            rows.append(out[0, begin:end].tolist())
+            begin = end
+        c = int(state[ck.COMPONENT])
+        if stop == ck.NEED_AHEAD:
+            s0 = int(next_sub[c])
+            subs = np.arange(s0, min(s0 + chunk, ends[c]))
+            first[c], size[c] = s0, len(subs)
+            leaf[c, : len(subs)], record[c, : len(subs)] = c, subs
+            tokens[c, : len(subs)] = [lengths[c][s] if by_tokens else 1 for s in subs]
+        elif stop == ck.DRAWN_FULL:
+            drawn = np.empty((3, 2 * drawn.shape[1]), np.int64)
+        elif stop == ck.OUT_FULL:
+            out = np.empty((4, 2 * out.shape[1]), np.int64)
+            row_end = np.empty(2 * len(row_end), np.int64)
+        elif stop == ck.ROW_FULL:
+            grown = np.zeros((4, bins, 2 * pieces.shape[2]), np.int64)
+            grown[:, :, : pieces.shape[2]] = pieces
+            pieces = grown
+        else:
+            return SimpleNamespace(drawn=log, rows=rows, stops=stops, credits=credits.tolist(),
+                                   state=state)  # fmt: skip
+
+
+def test_draws_by_tokens_are_placed_one_by_one_until_the_rows_wanted(kernels):
+    # component 0: documents of 2 tokens, component 1: of 1 token; equal token shares.
+    # Credits (units of q = 1): draw 0 takes component 0 (tie, rotation 0): [-2, 2];
+    # then 1, 1 ([-1, 1], [0, 0]); then 0 again, and so on: 0, 1, 1, 0, 1, 1, ...
+    got = _draw_case(kernels, [[2] * 9, [1] * 9], [1, 1], seq_len=4, wanted=2, drawn_cap=1)
+    assert [c for _, c, _ in got.drawn] == [0, 1, 1, 0, 1, 1]
+    assert [p for p, _, _ in got.drawn] == list(range(6))
+    assert [s for _, c, s in got.drawn if c == 1] == [0, 1, 2, 3]
+    # Codes are the draws' indices: row 0 holds draws 0, 1, 2 (2 + 1 + 1 tokens: full),
+    # row 1 draws 3, 4, 5.
+    assert got.rows == [[0, 1, 2], [3, 4, 5]]
+    assert got.stops[-1] == ck.ROWS_MADE
+    assert {ck.NEED_AHEAD, ck.DRAWN_FULL, ck.OUT_FULL, ck.ROW_FULL} <= set(got.stops)
+    assert got.credits == [0, 0]
+
+
+def test_an_excluded_draw_moves_the_lane_on_unplaced_and_the_end_is_told(kernels):
+    got = _draw_case(kernels, [[2, 2], [1, 1, 1]], [1, 1], excluded=[(1, 1)], wanted=9)
+    subs = [(c, s) for _, c, s in got.drawn]
+    assert (1, 1) not in subs and len(subs) == 4
+    assert [p for p, _, _ in got.drawn] == [0, 1, 3, 4]  # position 2 was the excluded draw
+    assert got.stops[-1] == ck.INPUT_END and int(got.state[ck.POSITION]) == 5
+
+
+def test_by_records_each_draw_counts_one(kernels):
+    got = _draw_case(kernels, [[5] * 4, [1] * 4], [1, 1], by_tokens=False, wanted=1, seq_len=8)
+    assert [c for _, c, _ in got.drawn][:4] == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_draw_place_equals_the_drawer_and_place_one_draw_at_a_time(kernels, seed):
+    """The drawer's Python draws placed one by one with ``place`` give the same draws and
+    rows as the kernel (split documents included)."""
+    rng = np.random.default_rng(seed)
+    lengths = [rng.integers(0, 30, 60).tolist(), rng.integers(1, 12, 60).tolist()]
+    quanta = [int(q) for q in rng.integers(1, 5, 2)]
+    got = _draw_case(kernels, lengths, quanta, seq_len=16, cut=8, wanted=12, bins=3)
+    # the reference: pick, pay and place one draw at a time
+    q, credits, next_sub = _arrays(quanta, [0, 0], [0, 0])
+    ends = np.array([60, 60], np.int64)
+    fill, count, slots = np.zeros(3, np.int64), np.zeros(3, np.int64), np.arange(3)
+    pieces = np.zeros((4, 3, 64), np.int64)
+    out, row_end = np.empty((4, 512), np.int64), np.empty(512, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths[0] + lengths[1])]).astype(np.int64)
+    bases = np.array([0, 60], np.int64)
+    rows, drawn, n_out, n_rows = [], [], 0, 0
+    while n_rows < 12:
+        c = kernels.pick_component(q, credits, next_sub, ends, 0)
+        s = int(next_sub[c])
+        next_sub[c] += 1
+        if lengths[c][s]:
+            kernels.pay_credits(q, credits, next_sub, ends, c, lengths[c][s])
+        drawn.append([len(drawn), c, s])
+        one = np.array([c], np.int64), np.array([s], np.int64), np.array([len(drawn) - 1])
+        _, _, n_out, n_rows, stop = kernels.place(
+            fill, count, pieces, slots, offsets, bases, *one, 0, 0, 8, 16, -1, True, out,
+            row_end, n_out, n_rows,
+        )  # fmt: skip
+        assert stop == ck.DONE
+    begin = 0
+    for end in row_end[:n_rows].tolist():
+        rows.append(out[0, begin:end].tolist())
+        begin = end
+    assert got.drawn == drawn and got.rows == rows

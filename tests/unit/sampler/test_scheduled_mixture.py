@@ -94,7 +94,9 @@ def test_set_carry_round_trips_and_refuses_a_foreign_carry():
     fresh = make()
     fresh.set_carry(carry)
     assert components(fresh, 6, start=7) == components(drawer, 6, start=7)
-    for bad in [(0, (1, 0), (0, 0)), (2, (0, 0), (0, 0)), (0, (0,), (0,)), (0, (0, 0), (-1, 0))]:
+    too_big = 1 << 62  # credits and draws are counted in int64 by the kernels
+    for bad in [(0, (1, 0), (0, 0)), (2, (0, 0), (0, 0)), (0, (0,), (0,)), (0, (0, 0), (-1, 0)),
+                (0, (too_big, -too_big), (0, 0)), (0, (0, 0), (too_big, 0))]:  # fmt: skip
         with pytest.raises(StateError, match="mixture carry"):
             fresh.set_carry(bad)
 
@@ -104,6 +106,14 @@ def test_a_component_that_never_gives_tokens_is_named():
     with pytest.raises(RecordError, match="mixture component 0 .* gave no tokens"):
         for position in range(5000):
             drawer.draw(0, position)
+
+
+def test_a_draw_of_more_tokens_than_the_credits_can_count_is_refused():
+    drawer = make()
+    assert drawer.max_tokens == (1 << 62) // (2 * sum(quantize([0.5, 0.5])))
+    drawer.max_tokens = 1  # component 0's records have 2 tokens
+    with pytest.raises(RecordError, match="has 2 tokens, more than a mixture of 2 datasets"):
+        components(drawer, 3)
 
 
 def test_by_tokens_a_record_without_tokens_is_refused():
