@@ -19,6 +19,7 @@ batches do not depend on the reader.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -114,17 +115,21 @@ class RecordTokens(StreamTokens):
     ):
         self.sources = tuple(sources)
         self.field = field
+        self._getter = operator.itemgetter(field)
         super().__init__(offsets, dtype)
 
     def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
-        source, field = self.sources[leaf], self.field
+        source = self.sources[leaf]
         first = int(self.bases[leaf])
         offsets = self.offsets[first : first + len(source) + 1]  # the leaf's offsets (a view)
         records = np.searchsorted(offsets, starts, side="right") - 1
-        within = (starts - offsets[records]).tolist()
-        parts = [
-            source[r][field][a : a + n]
-            for r, a, n in zip(records.tolist(), within, lengths.tolist(), strict=True)
-        ]
+        within = starts - offsets[records]
+        # The records' arrays, fetched without a Python loop; those of pieces that are
+        # not their whole record are then sliced one by one.
+        parts = list(map(self._getter, map(source.__getitem__, records.tolist())))
+        whole = offsets[records + 1] - offsets[records]
+        partial = np.flatnonzero((within != 0) | (lengths != whole))
+        for k, a, n in zip(partial.tolist(), within[partial].tolist(), lengths[partial].tolist()):
+            parts[k] = parts[k][a : a + n]
         at = np.cumsum(lengths) - lengths
         return (np.concatenate(parts) if parts else np.empty(0, self.dtype)), at
