@@ -174,14 +174,6 @@ class IdsAhead:
         """Whether draw ``sub`` of ``component`` is read ahead."""
         return 0 <= sub - int(self.first[component]) < int(self.size[component])
 
-    def entry(self, component: int, sub: int) -> _Entry:
-        """Draw ``sub`` of ``component`` (read ahead) as an entry."""
-        i = sub - int(self.first[component])
-        leaf = int(self.leaf[component, i])
-        if leaf < 0:
-            return _Entry(None, 0)
-        return _Entry((leaf, int(self.record[component, i])), int(self.tokens[component, i]))
-
     def put(
         self,
         component: int,
@@ -227,10 +219,12 @@ class MixtureDrawer:
     growing blocks; only the carry is state.
 
     ``ids(leaf_ids, records)``, when given, gives the lengths (in tokens) of records of
-    sampler leaves (arrays), called once per block of draws read ahead (the caller may
-    read their tokens then): draws then read no records, and a drawn record's data is
-    ``(leaf_id, record)`` (for lanes that read the documents column-wise; only without
-    transforms). Restoring (:meth:`regenerate`) reads the records as without it.
+    sampler leaves (arrays), called once per block of draws read ahead: the drawer then
+    reads no records but keeps the draws' ids and lengths in :attr:`ids_ahead`, which
+    the draw kernel reads (:func:`~zephon_jax.core.compiled_kernels.draw_place`; for
+    lanes that read the documents column-wise, only without transforms), and
+    :meth:`draw` is not used. Restoring (:meth:`regenerate`) reads the records as
+    without it.
     """
 
     def __init__(
@@ -389,11 +383,6 @@ class MixtureDrawer:
         return Element(data, lineage)
 
     def _entry(self, component: int, sub: int) -> _Entry:
-        ids_ahead = self.ids_ahead
-        if ids_ahead is not None:
-            if not ids_ahead.has(component, sub):
-                self.read_ids_ahead(component, sub)
-            return ids_ahead.entry(component, sub)
         ahead = self._ahead[component]
         entry = ahead.pop(sub, None)
         if entry is not None:
