@@ -508,7 +508,10 @@ def _excluded_keys(plan: Any) -> np.ndarray:
     return np.array(sorted(keys), np.int64)
 
 
-_ROOTS_KEPT = 4096  # drawn roots a lane keeps before it drops those no open row holds
+# Drawn roots a lane keeps before it drops those no open row holds: a root is a tuple of
+# about 136 bytes (with its list slot), so at most about 70 KB a lane beyond those its
+# open rows hold (at 4096 it was up to 560 KB).
+_ROOTS_KEPT = 512
 
 
 def _prune_roots(lane: Any, cut: int) -> list:
