@@ -455,7 +455,7 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
             drawer.quanta[stage], drawer.credits, drawer.next_sub, drawer.ends,
             drawer.rotation, drawer.node.unit == "tokens", drawer.dry, drawer.dry_limit,
             drawer.max_tokens, ahead.first, ahead.size, ahead.leaf, ahead.record, ahead.tokens,
-            _excluded_keys(plan), reader.offsets, reader.bases,
+            plan.excluded_keys, reader.offsets, reader.bases,
         )  # fmt: skip
         stop, n_out, n_rows, n_drawn = carry.place_draws(
             compiled.draw_place, draws, cut, spec, best, (wanted, limit, state, drawn)
@@ -467,7 +467,7 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
             lane.row_reached(_token_rows(columns, carry, pieces, carry.row_end[:n_rows].tolist()))
             wanted -= n_rows
         lane.without_row = int(state[kc.WITHOUT_ROW])
-        if len(lane.drawn_roots) >= _ROOTS_KEPT:
+        if len(lane.drawn_roots) >= max(_ROOTS_KEPT, lane.drawn_roots_limit):
             _prune_roots(lane, cut)
         component = int(state[kc.COMPONENT])
         if stop == kc.ROWS_MADE:
@@ -495,28 +495,18 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
 
 
 _DRAW_STATE = 10  # the entries of draw_place's state
-_NO_KEYS = np.zeros(0, np.int64)
-
-
-def _excluded_keys(plan: Any) -> np.ndarray:
-    """The documents a state excludes as sorted ``leaf << 40 | record`` keys (see
-    :func:`~zephon_jax.core.compiled_kernels.draw_place`)."""
-    excluded = plan.excluded
-    if not excluded:
-        return _NO_KEYS
-    keys = [(leaf << 40) | record for leaf, found in excluded.items() for record in found]
-    return np.array(sorted(keys), np.int64)
 
 
 # Drawn roots a lane keeps before it drops those no open row holds: a root is a tuple of
 # about 136 bytes (with its list slot), so at most about 70 KB a lane beyond those its
-# open rows hold (at 4096 it was up to 560 KB).
+# open rows hold (at 4096 it was up to 560 KB). Where the open rows hold more, the next
+# drop waits until the roots have doubled (a drop scans the open rows).
 _ROOTS_KEPT = 512
 
 
 def _prune_roots(lane: Any, cut: int) -> list:
-    """Drops the lane's drawn roots that no piece in its open rows points to; returns
-    the roots kept."""
+    """Drops the lane's drawn roots that no piece in its open rows points to (the next
+    drop waits for twice as many as it keeps); returns the roots kept."""
     carry = lane.carries[lane.plan.columnar.stage]
     held = carry.piece_array[0][np.arange(carry.piece_array.shape[2]) < carry.count[:, None]]
     end = lane.drawn_roots_base + len(lane.drawn_roots)
@@ -525,6 +515,7 @@ def _prune_roots(lane: Any, cut: int) -> list:
         first = int(code_position(held).min()) if cut else int(held.min())
     del lane.drawn_roots[: first - lane.drawn_roots_base]
     lane.drawn_roots_base = first
+    lane.drawn_roots_limit = 2 * len(lane.drawn_roots)
     return lane.drawn_roots
 
 

@@ -61,6 +61,13 @@ def excluded_records(labels: Sequence[str], pairs: Sequence[tuple]) -> Excluded:
     return {leaf: frozenset(records) for leaf, records in out.items()}
 
 
+def excluded_keys(excluded: Excluded) -> np.ndarray:
+    """The excluded records as sorted ``leaf << 40 | record`` keys, as the draw kernel
+    looks them up (:func:`~zephon_jax.core.compiled_kernels.draw_place`)."""
+    keys = [(leaf << 40) | record for leaf, found in excluded.items() for record in found]
+    return np.array(sorted(keys), np.int64)
+
+
 def is_excluded(excluded: Excluded, leaf: int, record: int) -> bool:
     found = excluded.get(leaf)
     return found is not None and record in found

@@ -43,7 +43,7 @@ from zephon_jax.engine.columns import (
     take_column_lanes,
     take_columns,
 )
-from zephon_jax.engine.exclusion import Excluded, drop_excluded
+from zephon_jax.engine.exclusion import Excluded, drop_excluded, excluded_keys
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -107,8 +107,10 @@ class LanePlan:
         )
         # Set where lanes read a token array column-wise (see zephon_jax.engine.columns).
         self.columnar = columnar_plan(self)
-        # Records a state excludes, per leaf (see zephon_jax.engine.exclusion).
+        # Records a state excludes, per leaf (see zephon_jax.engine.exclusion), and as
+        # the draw kernel's sorted keys (set together).
         self.excluded: Excluded = {}
+        self.excluded_keys = excluded_keys(self.excluded)
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
@@ -159,6 +161,7 @@ class Lane:
         # drawn_roots_base on: the placement kernel codes pieces by these indices.
         self.drawn_roots: list[tuple] = []
         self.drawn_roots_base = 0
+        self.drawn_roots_limit = 0  # twice the roots the last drop kept
         self.without_row = 0  # records read since a row last reached ``pending``
         self.deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
@@ -622,6 +625,7 @@ class Lane:
         self.documents_ahead = None
         self.drawn_roots = []
         self.drawn_roots_base = 0
+        self.drawn_roots_limit = 0
         self.without_row = 0
         self.deepest = -1
 

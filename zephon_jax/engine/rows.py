@@ -12,7 +12,7 @@ from zephon_jax.core.gc_pause import paused_gc
 from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.engine.accounting import stage_check
-from zephon_jax.engine.exclusion import excluded_records
+from zephon_jax.engine.exclusion import excluded_keys, excluded_records
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
@@ -373,6 +373,7 @@ class RowProducer:
         snapshots = self.check_state(state) if checked is None else checked
         plan = copy.copy(self.plan)  # this one's lanes go on if the restore fails
         plan.excluded = excluded_records(plan.leaf_labels, exclusion_of(state))
+        plan.excluded_keys = excluded_keys(plan.excluded)
         lanes = {l: Lane(plan, l) for l in self.lane_ids}
         restore_lanes(list(lanes.values()), [snapshots[l] for l in lanes], read_ahead=True)
         steps = {lane.step for lane in lanes.values()}

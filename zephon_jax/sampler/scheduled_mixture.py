@@ -329,9 +329,9 @@ class MixtureDrawer:
                 if self.dry[best] > self.dry_limit[best]:
                     self.raise_dry(best, sub)
             elif n:
-                self.dry[best] = 0
                 if n > self.max_tokens:
                     self.raise_too_long(best, sub, n)
+                self.dry[best] = 0
                 pay_credits(quanta, credits, next_sub, ends, best, n)
             return self._finish(entry.data, position, best, sub)
 

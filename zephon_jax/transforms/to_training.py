@@ -86,10 +86,9 @@ def shifted(
     segment_ids = segment_ids.astype(np.int32, copy=False)
     inputs = tokens.astype(np.int32)
     # has_next[t]: position t + 1 lies in t's segment, which is not padding.
-    has_next = np.empty(tokens.shape, bool)
+    has_next = np.zeros(tokens.shape, bool)
     np.equal(segment_ids[..., 1:], segment_ids[..., :-1], out=has_next[..., :-1])
     has_next[..., :-1] &= segment_ids[..., :-1] != 0
-    has_next[..., -1] = False
     targets = np.full(tokens.shape, pad_id, np.int32)
     np.copyto(targets[..., :-1], inputs[..., 1:], where=has_next[..., :-1])
     if mask is not None:
@@ -189,14 +188,13 @@ class ToTrainingTransform:
         mask: np.ndarray | None,
     ) -> dict[str, np.ndarray]:
         """The output fields of packed arrays (one row, or rows along the last axis)."""
-        if self.convention == "maxtext":
+        maxtext = self.convention == "maxtext"
+        if maxtext:
             out = maxtext_shifted(tokens, segment_ids, positions, mask, self.pad_id)
-            weights = out["targets_segmentation"]
-            loss_mask = (weights != 0).astype(np.float32)
+            loss_mask = (out["targets_segmentation"] != 0).astype(np.float32)
         else:
             out = shifted(tokens, segment_ids, positions, mask, self.pad_id)
             loss_mask = out["loss_mask"]
-            weights = None
         if self.field_names == "default":
             return {
                 "inputs": out["inputs"],
@@ -205,7 +203,9 @@ class ToTrainingTransform:
                 "segment_ids": out["segment_ids"],
                 "positions": out["positions"],
             }
-        if weights is None:
+        if maxtext:
+            weights = out["targets_segmentation"]
+        else:  # the default convention's loss weights, only for MaxText's names
             weights = np.where(loss_mask > 0, out["segment_ids"], 0).astype(np.int32)
         return {
             "inputs": out["inputs"],

@@ -12,6 +12,7 @@ from zephon_jax.core.lineage import Element
 from zephon_jax.engine.exclusion import (
     drop_excluded,
     excluded_columns,
+    excluded_keys,
     excluded_records,
     holds_excluded,
     is_excluded,
@@ -78,3 +79,10 @@ def test_holds_excluded_for_an_element_before_any_operator():
     lane = FakeLane({1: frozenset({3})})
     assert holds_excluded(lane, 0, 3)
     assert not holds_excluded(lane, 0, 2)
+
+
+def test_excluded_keys_are_sorted_leaf_and_record_pairs():
+    keys = excluded_keys({1: frozenset({5, 2}), 0: frozenset({7})})
+    assert keys.dtype == np.int64
+    assert keys.tolist() == [7, (1 << 40) | 2, (1 << 40) | 5]
+    assert excluded_keys({}).tolist() == []
