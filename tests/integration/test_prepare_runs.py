@@ -145,7 +145,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, sig):
 
 @pytest.mark.parametrize("to", ["store", "both"])
 def test_disk_full_fails_clearly_and_a_rerun_with_room_is_identical(tmp_path, to):
-    """`prepare` onto a real filesystem that fills up (a 320 KB tmpfs; mounted as root, or
+    """`prepare` onto a real filesystem that fills up (a 900 KB tmpfs; mounted as root, or
     in a user and mount namespace otherwise: tests/full_disk.py): an error naming ENOSPC,
     the output and the fix, fast (no retries); readers refuse the partial output; the same
     command rerun once the filesystem has room finishes a store byte-identical to an
@@ -160,7 +160,7 @@ def test_disk_full_fails_clearly_and_a_rerun_with_room_is_identical(tmp_path, to
         os.path.join(TESTS, "full_disk.py"),
         str(tmp_path / "mnt"),
         str(tmp_path),
-        "--small=320k",
+        "--small=900k",
         "--big=64m",
         f"--pythonpath={os.path.dirname(TESTS)}",
         "--",

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from zephon_jax.sources.shard_files import CorruptShard, ShardFiles, shard_layout
 from zephon_jax.sources.storage import Location, retry_call, ts_context
 from zephon_jax.sources.token_array import TokenArray
 
@@ -51,6 +52,7 @@ PREPARE_RECORD = "prepare.json"  # the job record of `zephon-jax prepare`, besid
 TOKENS_DIR = "tokens"
 OFFSETS_DIR = "offsets"
 SUPPORTED_DTYPES = ("uint16", "uint32", "int32")
+COMPRESSIONS = (None, "zstd")
 DEFAULT_CHUNK_TOKENS = 1 << 20
 DEFAULT_READ_CHUNK_TOKENS = 1 << 13
 OFFSETS_CHUNK = 1 << 17
@@ -96,14 +98,30 @@ def _array_spec(loc: Location, name: str) -> dict[str, Any]:
     return {"driver": "zarr3", "kvstore": loc.kvstore(name)}
 
 
+def _check_compression(compression: Any) -> str | None:
+    if compression not in COMPRESSIONS:
+        raise TokenStoreError(
+            f"unsupported compression {compression!r}; use None (plain tokens, read through "
+            f"memory maps when local) or 'zstd' (smaller files, decoded on every read)"
+        )
+    return compression
+
+
 def _tokens_create_spec(
-    loc: Location, dtype: np.dtype, chunk_tokens: int, read_chunk_tokens: int
+    loc: Location,
+    dtype: np.dtype,
+    chunk_tokens: int,
+    read_chunk_tokens: int,
+    compression: str | None,
 ) -> dict[str, Any]:
+    codecs = [_bytes_codec()]
+    if compression is not None:
+        codecs.append(_compression_codec(dtype))
     sharding = {
         "name": "sharding_indexed",
         "configuration": {
             "chunk_shape": [read_chunk_tokens],
-            "codecs": [_bytes_codec(), _compression_codec(dtype)],
+            "codecs": codecs,
             "index_codecs": [_bytes_codec(), {"name": "crc32c"}],
         },
     }
@@ -247,6 +265,7 @@ class _Opened:
     offsets: np.ndarray
     dtype: np.dtype
     coalesce_gap: int
+    direct: ShardFiles | None  # reads the tokens without TensorStore (a local plain store)
 
 
 def _open_store(loc: Location) -> _Opened:
@@ -286,9 +305,18 @@ def _open_store(loc: Location) -> _Opened:
     )
     _validate_offsets(path, offsets, num_tokens)
     offsets.setflags(write=False)
+    direct = _direct_reader(loc, tokens, num_tokens)
     chunk = tokens.chunk_layout.read_chunk.shape
     gap = int((chunk[0] if chunk else None) or DEFAULT_READ_CHUNK_TOKENS)
-    return _Opened(os.getpid(), meta, tokens, offsets, dtype, gap)
+    return _Opened(os.getpid(), meta, tokens, offsets, dtype, 0 if direct else gap, direct)
+
+
+def _direct_reader(loc: Location, tokens: ts.TensorStore, num_tokens: int) -> ShardFiles | None:
+    """Reads of a local store's uncompressed tokens from their files, or None."""
+    if loc.local is None:
+        return None
+    layout = shard_layout(tokens.spec().to_json()["metadata"], loc.local / TOKENS_DIR)
+    return None if layout is None else ShardFiles(layout, num_tokens)
 
 
 class TokenStore:
@@ -423,6 +451,11 @@ class TokenStore:
 
     def _fetch(self, s: _Opened, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
         """Token spans ``[start, stop)``, read concurrently; transient errors are retried."""
+        if s.direct is not None:
+            return [
+                self._fetch_flat(s, np.array([a], np.int64), np.array([b], np.int64))
+                for a, b in ranges
+            ]
 
         def read_all() -> list[np.ndarray]:
             futures = [self._read(s, a, b) for a, b in ranges]
@@ -539,6 +572,8 @@ class TokenStore:
         """Token spans ``[starts[k], stops[k])`` one after the other, read as one virtual
         concatenation (of at most ``_CONCAT_LAYERS`` spans per read, the reads
         concurrent); transient errors are retried."""
+        if s.direct is not None:
+            return self._read_direct(s.direct, starts, stops, s.dtype)
         spans = [(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True) if b > a]
         if not spans:
             return np.empty(0, dtype=s.dtype)
@@ -550,6 +585,18 @@ class TokenStore:
             return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
         return retry_call(read_all, self._loc.child(TOKENS_DIR))
+
+    def _read_direct(
+        self, direct: ShardFiles, starts: np.ndarray, stops: np.ndarray, dtype: np.dtype
+    ) -> np.ndarray:
+        """The non-empty of spans ``[starts[k], stops[k])`` read from the shard files."""
+        keep = stops > starts
+        if not keep.any():
+            return np.empty(0, dtype=dtype)
+        try:
+            return direct.read(starts[keep], stops[keep])
+        except CorruptShard as e:
+            raise TokenStoreError(f"{e}; rewrite the store with TokenStoreWriter") from e
 
     _getitems = __getitems__
 
@@ -652,17 +699,23 @@ class TokenStoreWriter:
         read_chunk_tokens: int = DEFAULT_READ_CHUNK_TOKENS,
         flush_tokens: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        compression: str | None = None,
     ) -> None:
         """Create (or with ``resume=True`` reopen) the store at ``path``.
 
         ``chunk_tokens`` is the token count per stored file (a zarr shard);
-        ``read_chunk_tokens`` (which must divide it) is the independently compressed unit a
-        random read decodes. ``flush_tokens`` (default ``8 * chunk_tokens``) bounds buffering.
+        ``read_chunk_tokens`` (which must divide it) is the independently stored unit a
+        random read fetches. ``flush_tokens`` (default ``8 * chunk_tokens``) bounds buffering.
+        ``compression`` is None (the default: plain little-endian tokens, which a local
+        store reads straight from memory-mapped files) or ``"zstd"`` (blosc/zstd per read
+        chunk: smaller files, decoded through TensorStore on every read, several times
+        slower). A resumed store keeps the compression it was created with.
         """
         self._loc = Location(path, storage_options)
         self._path: Path | str = self._loc.local if self._loc.local is not None else self._loc.name
         self._dtype = _check_dtype(dtype)
         self._check_layout(chunk_tokens, read_chunk_tokens)
+        self._compression = _check_compression(compression)
         self._flush_tokens = int(flush_tokens or 8 * chunk_tokens)
         self._buffer: list[np.ndarray] = []
         self._buffer_lengths: list[int] = []
@@ -706,7 +759,9 @@ class TokenStoreWriter:
     def _create(self, chunk_tokens: int, read_chunk_tokens: int, attrs: dict[str, Any]) -> None:
         self._loc.mkdir()
         ctx = _ts_context()
-        spec = _tokens_create_spec(self._loc, self._dtype, chunk_tokens, read_chunk_tokens)
+        spec = _tokens_create_spec(
+            self._loc, self._dtype, chunk_tokens, read_chunk_tokens, self._compression
+        )
         self._tokens = retry_call(
             lambda: ts.open(spec, create=True, delete_existing=True, context=ctx).result(),
             self._loc.child(TOKENS_DIR),
@@ -869,6 +924,7 @@ def create_token_store(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     read_chunk_tokens: int = DEFAULT_READ_CHUNK_TOKENS,
     storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
 ) -> None:
     """Lay out a TokenStore of known size at ``path``, for writers in many processes.
 
@@ -878,7 +934,7 @@ def create_token_store(
     Replaces arrays already there. Nothing is visible to readers until
     :func:`commit_token_store`; fill the tokens with :func:`write_token_range` first.
     The store is byte-identical to one :class:`TokenStoreWriter` writes with the same
-    documents, dtype and chunk sizes.
+    documents, dtype, chunk sizes and ``compression`` (as the writer's).
 
     Raises TokenStoreError for bad offsets, dtype or chunk sizes, a file at ``path``, or
     a committed store there (``meta.json``): delete it first or choose another path.
@@ -886,6 +942,7 @@ def create_token_store(
     loc = Location(path, storage_options)
     dt = _check_dtype(dtype)
     TokenStoreWriter._check_layout(chunk_tokens, read_chunk_tokens)
+    compression = _check_compression(compression)
     offs = _check_new_offsets(offsets)
     if loc.is_file():
         raise TokenStoreError(f"cannot write a TokenStore at {loc.name!r}: it is a file")
@@ -895,7 +952,7 @@ def create_token_store(
             "choose another path"
         )
     loc.mkdir()
-    tspec = _tokens_create_spec(loc, dt, chunk_tokens, read_chunk_tokens)
+    tspec = _tokens_create_spec(loc, dt, chunk_tokens, read_chunk_tokens, compression)
     tspec["metadata"]["shape"] = [int(offs[-1])]
     ospec = _offsets_create_spec(loc)
     ospec["metadata"]["shape"] = [offs.size]

@@ -183,6 +183,13 @@ def _add_prepare_token_arguments(prep: argparse.ArgumentParser) -> None:
         help="token dtype (default: uint16 for bytes, uint32 for a tokenizer)",
     )
     prep.add_argument(
+        "--compression",
+        default="none",
+        choices=("none", "zstd"),
+        help="the TokenStore's tokens: none (default; a local store is read from memory "
+        "maps, fastest) or zstd (smaller files, decoded on every read)",
+    )
+    prep.add_argument(
         "--append-eos",
         action="store_true",
         help="end every document with the end-of-document id (see --eos-id)",
@@ -371,6 +378,7 @@ def _cmd_prepare(args) -> int:
         lines=args.lines,
         tokenizer=args.tokenizer,
         dtype=args.dtype,
+        compression=None if args.compression == "none" else args.compression,
         append_eos=args.append_eos,
         eos_id=args.eos_id,
         strict=args.strict,

@@ -97,8 +97,9 @@ class PrepareOptions:
     ``"jsonl"``/``"text"``/``"parquet"`` (default: from each extension);
     ``lines``: one document per line of a text file; ``tokenizer``:
     ``module:function`` (default: bytes); ``dtype``: default uint16 for bytes,
-    uint32 otherwise; ``workers``: tokenizer processes (None: all cores, 0: in
-    this process). A resume must use the same inputs and the same options, except
+    uint32 otherwise; ``compression``: the store's, None (plain tokens, the fastest
+    to read) or ``"zstd"`` (a resumed job keeps its store's); ``workers``: tokenizer
+    processes (None: all cores, 0: in this process). A resume must use the same inputs and the same options, except
     ``workers``, ``chunk_records``, ``commit_every`` and ``max_reported_bad``.
     """
 
@@ -110,6 +111,7 @@ class PrepareOptions:
     lines: bool = False
     tokenizer: str | None = None
     dtype: str | None = None
+    compression: str | None = None
     append_eos: bool = False
     eos_id: int | None = None
     strict: bool = False
@@ -522,7 +524,10 @@ class _Outputs:
         if manifest is None:
             if self.want_store:
                 self.store = TokenStoreWriter(
-                    out, dtype=self.dtype.name, storage_options=self.opts.storage_options
+                    out,
+                    dtype=self.dtype.name,
+                    storage_options=self.opts.storage_options,
+                    compression=self.opts.compression,
                 )
             loc.mkdir()
             self._write_manifest(self.position, None)
@@ -794,6 +799,8 @@ def prepare(opts: PrepareOptions, stream: TextIO | None | str = "stderr") -> Pre
         np.iinfo(opts.out_dtype)
     except ValueError as e:
         raise PrepareError(f"--dtype {opts.dtype!r} is not an integer dtype") from e
+    if opts.compression not in (None, "zstd"):
+        raise PrepareError(f"--compression {opts.compression!r} is unknown; use none or zstd")
     load_tokenizer(opts.tokenizer)  # fail early on a bad module:function
     worker_args(opts)  # and on --append-eos without an id
     check_output(opts)

@@ -185,7 +185,13 @@ def layout(stats: list[dict[str, Any]], opts: PrepareOptions) -> dict[str, Any]:
         np.frombuffer(tmp.read(f"unit-{s['unit']:08d}.lengths") or b"", dtype="<i8") for s in stats
     ]
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths + [np.zeros(0, "<i8")]))])
-    create_token_store(opts.output, offsets, opts.out_dtype, storage_options=opts.storage_options)
+    create_token_store(
+        opts.output,
+        offsets,
+        opts.out_dtype,
+        storage_options=opts.storage_options,
+        compression=opts.compression,
+    )
     return {
         "token_base": token_base.tolist(),
         "units": [s["unit"] for s in stats],

@@ -120,14 +120,17 @@ def test_getitems_returns_independent_arrays(shared_store):
     np.testing.assert_array_equal(c["tokens"], docs[i + 1])
 
 
-@pytest.fixture(scope="module")
-def scattered_store(tmp_path_factory) -> tuple[TokenStore, list[np.ndarray]]:
+@pytest.fixture(scope="module", params=[None, "zstd"])
+def scattered_store(tmp_path_factory, request) -> tuple[TokenStore, list[np.ndarray]]:
     """Documents of 0..80 tokens in read chunks of 16 and stored shards of 64 tokens: most
-    documents span read chunks, many span shards, and a random pick rarely coalesces."""
+    documents span read chunks, many span shards, and a random pick rarely coalesces.
+    Plain (read from the shard files) and compressed (read through TensorStore)."""
     docs = random_docs(7, 600, max_len=80)
     path = tmp_path_factory.mktemp("scattered") / "store"
     opts = {"chunk_tokens": 64, "read_chunk_tokens": 16, "flush_tokens": 500}
-    return write_token_store(path, docs, dtype="uint16", **opts), docs
+    store = write_token_store(path, docs, dtype="uint16", compression=request.param, **opts)
+    assert (store._s.direct is None) == (request.param == "zstd")
+    return store, docs
 
 
 def one_by_one(store: TokenStore, indices) -> list[np.ndarray]:

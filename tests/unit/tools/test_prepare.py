@@ -251,3 +251,19 @@ def test_the_pool_forks_only_a_process_without_native_threads(monkeypatch, loade
     for name in loaded:
         monkeypatch.setitem(sys.modules, name, object())
     assert pool_start_method() == ("forkserver" if loaded else "fork")
+
+
+def test_compression_is_the_stores_and_both_read_the_same_documents(tmp_path):
+    """``--compression``: none (default) writes plain tokens that a local reader maps,
+    zstd compressed ones read through TensorStore; an unknown name is refused."""
+    from zephon_jax.sources.token_store import TokenStore
+
+    inputs, texts = write_inputs(tmp_path)
+    plain, packed = str(tmp_path / "plain"), str(tmp_path / "zstd")
+    prepare(PrepareOptions(tuple(inputs), plain, workers=0), None)
+    prepare(PrepareOptions(tuple(inputs), packed, compression="zstd", workers=0), None)
+    assert TokenStore(plain)._s.direct is not None and TokenStore(packed)._s.direct is None
+    got = [[byte_detokenize(d) for d in store_docs(out)] for out in (plain, packed)]
+    assert got[0] == got[1] == texts
+    with pytest.raises(PrepareError, match="--compression 'lz4' is unknown"):
+        prepare(PrepareOptions(tuple(inputs), str(tmp_path / "x"), compression="lz4"), None)

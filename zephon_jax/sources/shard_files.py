@@ -1,0 +1,239 @@
+"""Reading an uncompressed, local TokenStore's tokens straight from its shard files.
+
+A TokenStore's ``tokens`` array is a zarr v3 array of one dimension whose stored files
+(shards) each hold ``shard_tokens`` tokens as independent inner chunks of
+``chunk_tokens``, with an index of ``(byte offset, byte count)`` per inner chunk at the
+end (or the start) of the file. When the inner chunks are stored as plain little-endian
+bytes (a store written with ``compression=None``), a token span is a slice of a shard
+file: :class:`ShardFiles` memory-maps the shard files it touches and copies the spans
+out with slicing, which costs a small fraction of a TensorStore read of the same spans
+(TensorStore's per-chunk work dominates reads of a few thousand tokens).
+
+:func:`shard_layout` says from an array's zarr metadata whether it has that layout; a
+store of any other layout (compressed, remote, another key encoding) is read through
+TensorStore. The shard index's checksum is not verified here (TensorStore verifies it
+on its reads); an index whose entries do not fit its file raises :class:`CorruptShard`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CorruptShard", "ShardFiles", "ShardLayout", "shard_layout"]
+
+_UNKNOWN = -2  # a chunk whose shard index has not been read yet
+_ABSENT = -1  # a chunk never written: it holds the fill value
+_NO_CHUNK = np.uint64(2**64 - 1)  # the index entry of an absent inner chunk
+_LITTLE_BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
+_INDEX_CODECS = [_LITTLE_BYTES, {"name": "crc32c"}]
+_INDEX_CHECKSUM_BYTES = 4
+_MAPS_KEPT = 4096  # open shard maps at most (each is one kernel mapping)
+
+
+class CorruptShard(ValueError):
+    """A shard file's index does not fit the file."""
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where a sharded array of plain-bytes inner chunks keeps its tokens."""
+
+    directory: Path  # the folder of the shard files (``c`` of the array)
+    shard_tokens: int
+    chunk_tokens: int
+    dtype: np.dtype  # the stored (little-endian) dtype
+    index_at_end: bool
+    fill_value: int
+
+    @property
+    def chunks_per_shard(self) -> int:
+        """Inner chunks in one shard file."""
+        return self.shard_tokens // self.chunk_tokens
+
+
+def shard_layout(metadata: dict[str, Any], array_dir: Path) -> ShardLayout | None:
+    """The layout of the 1-D zarr v3 array at ``array_dir`` with ``metadata`` (its
+    ``zarr.json``) when its shard files can be read directly, else None."""
+    grid = metadata.get("chunk_grid", {})
+    codecs = metadata.get("codecs", [])
+    key = metadata.get("chunk_key_encoding", {})
+    if key.get("name") != "default" or key.get("configuration", {}).get("separator", "/") != "/":
+        return None
+    if grid.get("name") != "regular" or len(codecs) != 1:
+        return None
+    shard = grid.get("configuration", {}).get("chunk_shape", [])
+    config = codecs[0].get("configuration", {})
+    inner = config.get("chunk_shape", [])
+    fill = metadata.get("fill_value")
+    if (
+        codecs[0].get("name") != "sharding_indexed"
+        or len(shard) != 1
+        or len(inner) != 1
+        or config.get("codecs") != [_LITTLE_BYTES]
+        or config.get("index_codecs") != _INDEX_CODECS
+        or config.get("index_location", "end") not in ("end", "start")
+        or not isinstance(fill, int)
+    ):
+        return None
+    dtype = np.dtype(metadata["data_type"]).newbyteorder("<")
+    at_end = config.get("index_location", "end") == "end"
+    return ShardLayout(array_dir / "c", int(shard[0]), int(inner[0]), dtype, at_end, fill)
+
+
+class ShardFiles:
+    """Token spans of a directly readable array (see :func:`shard_layout`) of
+    ``num_tokens`` tokens, copied out of memory-mapped shard files.
+
+    Each shard's index is read the first time a span touches it; at most 4096 shard
+    maps stay open (the oldest is dropped first). Thread-safe. A process keeps its own
+    maps: make one per process.
+    """
+
+    def __init__(self, layout: ShardLayout, num_tokens: int) -> None:
+        self._layout = layout
+        num_chunks = -(-num_tokens // layout.chunk_tokens)
+        self._where = np.full(num_chunks, _UNKNOWN, np.int64)  # byte offset in its shard
+        self._maps: dict[int, np.ndarray] = {}
+        self._lock = threading.RLock()
+
+    def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Token spans ``[starts[k], stops[k])`` (non-empty, within the array) one after
+        the other in one new array of the native dtype."""
+        layout = self._layout
+        size = layout.dtype.itemsize
+        chunk, lo, hi = _pieces(starts, stops, layout.chunk_tokens)
+        self._know(chunk)
+        where = self._where[chunk]
+        shard = chunk // layout.chunks_per_shard
+        byte_lo = where + (lo - chunk * layout.chunk_tokens) * size
+        first, bounds = _runs(shard, where, byte_lo, hi - lo, size)
+        out = np.empty(int(bounds[-1]), layout.dtype)
+        raw = out.view(np.uint8)
+        runs = zip(
+            shard[first].tolist(),
+            where[first].tolist(),
+            byte_lo[first].tolist(),
+            bounds[:-1].tolist(),
+            bounds[1:].tolist(),
+        )
+        for sh, written, b0, p0, p1 in runs:
+            if written < 0:  # inner chunks never written hold the fill value
+                out[p0:p1] = layout.fill_value
+            else:
+                raw[p0 * size : p1 * size] = self._map(sh)[b0 : b0 + (p1 - p0) * size]
+        return out if layout.dtype.isnative else out.astype(layout.dtype.newbyteorder("="))
+
+    def _know(self, chunks: np.ndarray) -> None:
+        """Reads the index of every shard holding one of ``chunks`` not read yet."""
+        unknown = chunks[self._where[chunks] == _UNKNOWN]
+        if unknown.size == 0:
+            return
+        with self._lock:
+            for shard in np.unique(unknown // self._layout.chunks_per_shard).tolist():
+                self._read_index(shard)
+
+    def _read_index(self, shard: int) -> None:
+        layout = self._layout
+        per = layout.chunks_per_shard
+        first = shard * per
+        count = min(per, self._where.size - first)
+        data = self._map(shard)
+        if data.size == 0:
+            self._where[first : first + count] = _ABSENT
+            return
+        self._where[first : first + count] = _index_entries(data, layout, shard)[:count]
+
+    def _map(self, shard: int) -> np.ndarray:
+        """Shard file ``shard`` as read-only bytes (empty when the file does not exist)."""
+        data = self._maps.get(shard)
+        if data is not None:
+            return data
+        with self._lock:
+            data = self._maps.get(shard)
+            if data is None:
+                data = _map_file(self._layout.directory / str(shard))
+                if len(self._maps) >= _MAPS_KEPT:
+                    del self._maps[next(iter(self._maps))]
+                self._maps[shard] = data
+        return data
+
+
+def _pieces(
+    starts: np.ndarray, stops: np.ndarray, chunk_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spans cut at inner-chunk borders: each piece's chunk and token range."""
+    first = starts // chunk_tokens
+    counts = (stops - 1) // chunk_tokens - first + 1
+    total = int(counts.sum())
+    span_of = np.repeat(np.arange(counts.size), counts)
+    ahead = np.cumsum(counts) - counts
+    chunk = first[span_of] + np.arange(total) - ahead[span_of]
+    lo = np.maximum(starts[span_of], chunk * chunk_tokens)
+    hi = np.minimum(stops[span_of], (chunk + 1) * chunk_tokens)
+    return chunk, lo, hi
+
+
+def _runs(
+    shard: np.ndarray, where: np.ndarray, byte_lo: np.ndarray, tokens: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces joined into runs that one slice copies (or one fill writes): the first
+    piece of each run, and the token bounds of the runs in the output (one more entry
+    than runs)."""
+    nbytes = tokens * size
+    written = where >= 0
+    joins = (
+        (shard[1:] == shard[:-1])
+        & written[1:]
+        & written[:-1]
+        & (byte_lo[1:] == byte_lo[:-1] + nbytes[:-1])
+    )
+    both_absent = ~written[1:] & ~written[:-1]
+    first = np.flatnonzero(np.concatenate(([True], ~(joins | both_absent))))
+    at = np.cumsum(tokens) - tokens
+    return first, np.append(at[first], int(tokens.sum()))
+
+
+def _index_entries(data: np.ndarray, layout: ShardLayout, shard: int) -> np.ndarray:
+    """Byte offset of each inner chunk of shard file ``data`` (``_ABSENT`` for none)."""
+    per = layout.chunks_per_shard
+    index_bytes = 16 * per + _INDEX_CHECKSUM_BYTES
+    chunk_bytes = layout.chunk_tokens * layout.dtype.itemsize
+    path = layout.directory / str(shard)
+    if data.size < index_bytes:
+        raise CorruptShard(f"shard file {path} is shorter ({data.size} bytes) than its index")
+    at = data.size - index_bytes if layout.index_at_end else 0
+    entries = data[at : at + 16 * per].view("<u8").reshape(per, 2)
+    absent = (entries[:, 0] == _NO_CHUNK) & (entries[:, 1] == _NO_CHUNK)
+    offset = entries[:, 0].astype(np.int64)
+    bad = ~absent & (
+        (entries[:, 1] != chunk_bytes) | (entries[:, 0] > np.uint64(data.size - chunk_bytes))
+    )
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise CorruptShard(
+            f"shard file {path} is corrupt: the index entry of inner chunk {k} "
+            f"({int(entries[k, 0])}, {int(entries[k, 1])}) does not fit its {data.size} bytes"
+        )
+    offset[absent] = _ABSENT
+    return offset
+
+
+def _map_file(path: Path) -> np.ndarray:
+    """The bytes of the file at ``path`` memory-mapped read-only (empty when absent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return np.empty(0, np.uint8)
+    try:
+        if os.fstat(fd).st_size == 0:
+            return np.empty(0, np.uint8)
+        return np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), np.uint8)
+    finally:
+        os.close(fd)
