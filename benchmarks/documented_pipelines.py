@@ -40,12 +40,15 @@ README_WEIGHTS = [0.7, 0.3]
 WINDOW = 16
 
 
-def write_stores(corpora: list[list[dict[str, np.ndarray]]], directory: str) -> list[TokenStore]:
-    """Writes each corpus into a TokenStore (int32) under ``directory``; returns them opened."""
+def write_stores(
+    corpora: list[list[dict[str, np.ndarray]]], directory: str, compression: str | None = None
+) -> list[TokenStore]:
+    """Writes each corpus into a TokenStore (int32; plain, the writer's default, or
+    ``compression``) under ``directory``; returns them opened."""
     stores = []
     for i, docs in enumerate(corpora):
         path = os.path.join(directory, f"store{i}")
-        with TokenStoreWriter(path, dtype="int32") as writer:
+        with TokenStoreWriter(path, dtype="int32", compression=compression) as writer:
             writer.extend(d["tokens"] for d in docs)
         stores.append(TokenStore(path))
     return stores

@@ -3,11 +3,13 @@
     python benchmarks/store_read.py [--docs 200] [--reps 20]
 
 Writes the ``llm`` case's two stores (``bench.py``'s corpus builders, int32) to a
-temporary directory, then times ``store.__getitems__(ids)`` of ``--docs`` random ids
-(a new draw per repetition) on each store: the median and range of ``--reps``
-repetitions, wall and process CPU time (which counts TensorStore's threads), after
-five untimed ones. Also times ``read_flat`` (the column path's read) and, for scale,
-the same documents read one TensorStore read each (issued at once, then awaited).
+temporary directory twice, plain (the writer's default: read from the memory-mapped
+shard files) and with ``compression="zstd"`` (read through TensorStore), then times
+``store.__getitems__(ids)`` of ``--docs`` random ids (a new draw per repetition) on
+each store: the median and range of ``--reps`` repetitions, wall and process CPU time
+(which counts TensorStore's threads), after five untimed ones, all cases of a store
+interleaved. Also times ``read_flat`` (the column path's read) and, for scale, the same
+documents read one TensorStore read each (issued at once, then awaited).
 """
 
 from __future__ import annotations
@@ -82,19 +84,21 @@ def main() -> None:
     docs = corpus_mod.make_lognormal_corpus(args.num_docs, seed=0)
     uniform = corpus_mod.make_corpus(args.num_docs, max_len=2048, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
-        stores = documented.write_stores([docs, uniform], tmp)
+        plain = documented.write_stores([docs, uniform], os.path.join(tmp, "plain"))
+        packed = documented.write_stores([docs, uniform], os.path.join(tmp, "zstd"), "zstd")
         rng = np.random.default_rng(0)
-        for k, store in enumerate(stores):
+        for k, (store, zstd) in enumerate(zip(plain, packed)):
 
             def draws(store=store):
                 return rng.integers(0, len(store), args.docs).tolist()
 
             cases = {
                 "getitems": store.__getitems__,
-                "one_read_each": lambda ids, s=store: one_read_each(s, ids),
+                "read_flat": store.read_flat,
+                "zstd getitems": zstd.__getitems__,
+                "zstd read_flat": zstd.read_flat,
+                "one_read_each": lambda ids, s=zstd: one_read_each(s, ids),
             }
-            if hasattr(store, "read_flat"):
-                cases["read_flat"] = store.read_flat
             for name, r in timed(cases, draws, args.reps).items():
                 lo, hi = r["wall_range"]
                 print(

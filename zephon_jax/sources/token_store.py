@@ -308,7 +308,7 @@ def _open_store(loc: Location) -> _Opened:
     direct = _direct_reader(loc, tokens, num_tokens)
     chunk = tokens.chunk_layout.read_chunk.shape
     gap = int((chunk[0] if chunk else None) or DEFAULT_READ_CHUNK_TOKENS)
-    return _Opened(os.getpid(), meta, tokens, offsets, dtype, 0 if direct else gap, direct)
+    return _Opened(os.getpid(), meta, tokens, offsets, dtype, gap, direct)
 
 
 def _direct_reader(loc: Location, tokens: ts.TensorStore, num_tokens: int) -> ShardFiles | None:
@@ -453,7 +453,7 @@ class TokenStore:
         """Token spans ``[start, stop)``, read concurrently; transient errors are retried."""
         if s.direct is not None:
             return [
-                self._fetch_flat(s, np.array([a], np.int64), np.array([b], np.int64))
+                self._read_direct(s.direct, np.array([a]), np.array([b]), s.dtype)
                 for a, b in ranges
             ]
 
@@ -535,7 +535,10 @@ class TokenStore:
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
         requested document starts in them and its length (each distinct document is
-        read once; see :meth:`_locate_spans`)."""
+        read once; see :meth:`_locate_spans`; from the shard files, each in turn)."""
+        if s.direct is not None:
+            flat, at = self._locate_spans(s, s.offsets[idx], s.offsets[idx + 1])
+            return flat, at, s.offsets[idx + 1] - s.offsets[idx]
         uniq, inverse = np.unique(idx, return_inverse=True)
         starts, stops = s.offsets[uniq], s.offsets[uniq + 1]
         flat, at = self._locate_spans(s, starts, stops)
@@ -548,9 +551,13 @@ class TokenStore:
         """Reads the token spans ``[starts[k], stops[k])`` (within the store): the tokens
         read and where each span starts in them.
 
-        Spans that overlap or lie within one read chunk of each other are covered by one
-        range, so the tokens read may hold tokens of no span.
+        Through TensorStore, spans that overlap or lie within one read chunk of each
+        other are covered by one range, so the tokens read may hold tokens of no span;
+        from the shard files, each span is copied as it is, one after the other.
         """
+        if s.direct is not None:
+            lengths = stops - starts
+            return self._read_direct(s.direct, starts, stops, s.dtype), np.cumsum(lengths) - lengths
         order = np.argsort(starts, kind="stable")
         first_start, first_stop = starts[order], stops[order]
         reach = np.maximum.accumulate(first_stop)  # the end of the ranges so far
@@ -572,8 +579,6 @@ class TokenStore:
         """Token spans ``[starts[k], stops[k])`` one after the other, read as one virtual
         concatenation (of at most ``_CONCAT_LAYERS`` spans per read, the reads
         concurrent); transient errors are retried."""
-        if s.direct is not None:
-            return self._read_direct(s.direct, starts, stops, s.dtype)
         spans = [(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True) if b > a]
         if not spans:
             return np.empty(0, dtype=s.dtype)
