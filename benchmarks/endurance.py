@@ -8,7 +8,9 @@ window_shuffle, or with ``--pipeline llm`` the documented LLM pipeline (two
 ``TokenStore`` sources mixed by tokens -> shuffle -> split -> pack ->
 to_training), with loader workers when ``zephon_jax.workers.producer`` is available, and
 samples, every ``--every`` steps: resident memory of the loader process and
-its workers, thread count, open file descriptors, child processes, the loader's
+its workers (without the pages of memory-mapped files, ``RssFile``: a plain local
+TokenStore's shard files, page cache the kernel may drop; they are sampled
+apart), thread count, open file descriptors, child processes, the loader's
 shared-memory segments in ``/dev/shm``, the size of ``get_state()`` and of the
 cache folders a run writes (numba's cache and the checkpoint directory). With
 ``--checkpoint-every K`` an Orbax ``CheckpointManager`` (two kept) saves the
@@ -108,15 +110,24 @@ def numba_cache_folder() -> str | None:
 
 
 # ----- process metrics from /proc (Linux) ---------------------------------------------------
-def rss_mb(pid: int) -> float:
+def _status_mb(pid: int) -> dict[str, float]:
     try:
         with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+            rows = [line.split() for line in f]
     except FileNotFoundError:
-        pass
-    return 0.0
+        return {}
+    return {row[0].rstrip(":"): int(row[1]) / 1024 for row in rows if row[-1:] == ["kB"]}
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory without file-backed pages (mapped files), in MB."""
+    status = _status_mb(pid)
+    return status.get("VmRSS", 0.0) - status.get("RssFile", 0.0)
+
+
+def file_rss_mb(pid: int) -> float:
+    """Resident pages of memory-mapped files (a plain TokenStore's shards), in MB."""
+    return _status_mb(pid).get("RssFile", 0.0)
 
 
 def thread_count() -> int:
@@ -180,6 +191,7 @@ def sample(step: int, it, prefix: str, started: float, folders: dict) -> dict:
         "seconds": round(time.perf_counter() - started, 3),
         "rss_mb": round(rss_mb(os.getpid()), 2),
         "worker_rss_mb": round(sum(rss_mb(c) for c in children), 2),
+        "file_rss_mb": round(file_rss_mb(os.getpid()) + sum(file_rss_mb(c) for c in children), 2),
         "threads": thread_count(),
         "python_threads": threading.active_count(),
         "fds": open_fds(),
@@ -322,7 +334,8 @@ def summary(result: dict) -> str:
             f"workers: {result['config']['workers']}",
             f"rss (loader + workers): {first['rss_mb'] + first['worker_rss_mb']:.1f} MB at step "
             f"{first['step']}, {last['rss_mb'] + last['worker_rss_mb']:.1f} MB at step "
-            f"{last['step']}; growth after warm-up {result.get('rss_growth_mb')} MB",
+            f"{last['step']}; growth after warm-up {result.get('rss_growth_mb')} MB; mapped "
+            f"file pages {first['file_rss_mb']:.1f} -> {last['file_rss_mb']:.1f} MB",
             f"threads {last['threads']}, fds {last['fds']}, children {last['children']}, "
             f"shm {last['shm']}, shm mappings {last['shm_maps']} (during); after close: {result['after_close']} "
             f"(baseline {result['baseline']})",

@@ -8,8 +8,10 @@ taking turns round after round. A probe makes ``--warmup`` batches, then times
 ``--batches`` more and samples the process's resident memory (RSS) after the warm-up and
 at the end. Prints, per lane count, the median and range of the real tokens per second,
 the ratio to the fewest lanes (the medians), and the RSS each lane adds beyond the
-fewest lanes, and the RSS growth over the timed batches. ``--setup`` writes the stores
-first (as ``restore_probe.py --llm --setup`` does).
+fewest lanes, and the RSS growth over the timed batches, each also without the pages of
+memory-mapped files (``RssFile``: a plain local TokenStore's shard files, which the
+kernel may drop and read again; see ``docs/performance.md``). ``--setup`` writes the
+stores first (as ``restore_probe.py --llm --setup`` does).
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ SEQ_LEN = 2048
 BATCH = 1024
 
 
-def _rss_kib() -> int:
+def _rss_kib(key: str = "VmRSS") -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def _memory() -> tuple[int, int]:
+    """(RSS, RSS without file pages) in KiB."""
+    return _rss_kib(), _rss_kib() - _rss_kib("RssFile")
 
 
 def _paths(store_dir: str) -> list[str]:
@@ -65,15 +72,17 @@ def probe(store_dir: str, lanes: int, warmup: int, batches: int) -> dict:
     it = iter(zj.Loader(documented.llm_zephon(stores, SEQ_LEN, BATCH, num_lanes=lanes)))
     for _ in range(warmup):
         next(it)
-    before = _rss_kib()
+    before = _memory()
     real = 0
     t0 = time.perf_counter()
     for _ in range(batches):
         batch = next(it)
         real += int(np.count_nonzero(batch["segment_ids"]))
     seconds = time.perf_counter() - t0
-    return {"lanes": lanes, "tokens_per_s": real / seconds, "rss_kib": _rss_kib(),
-            "rss_growth_kib": _rss_kib() - before}  # fmt: skip
+    after = _memory()
+    return {"lanes": lanes, "tokens_per_s": real / seconds, "rss_kib": after[0],
+            "rss_growth_kib": after[0] - before[0], "own_kib": after[1],
+            "own_growth_kib": after[1] - before[1]}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,20 +112,29 @@ def main(argv: list[str] | None = None) -> int:
             runs[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
     fewest = min(counts)
     base_rate = statistics.median(x["tokens_per_s"] for x in runs[fewest])
-    base_rss = statistics.median(x["rss_kib"] for x in runs[fewest])
     for n in counts:
         rates = [x["tokens_per_s"] / 1e6 for x in runs[n]]
-        rss = statistics.median(x["rss_kib"] for x in runs[n])
-        growth = [x["rss_growth_kib"] for x in runs[n]]
-        per_lane = (rss - base_rss) / (n - fewest) if n > fewest else 0.0
         print(
             f"{n:5d} lanes: {statistics.median(rates):6.1f} M tokens/s "
             f"({min(rates):.1f}-{max(rates):.1f}), {statistics.median(rates) * 1e6 / base_rate:.2f}x "
-            f"the fewest; RSS {rss / 1024:.0f} MiB, {per_lane:.1f} KiB per added lane; "
-            f"growth over the timed batches {statistics.median(growth) / 1024:.1f} MiB "
-            f"({min(growth) / 1024:.1f}-{max(growth) / 1024:.1f})"
+            f"the fewest"
         )
+        for what, key in (("RSS", "rss"), ("RSS without file pages", "own")):
+            print("       " + _memory_line(what, key, runs, n, fewest))
     return 0
+
+
+def _memory_line(what: str, key: str, runs: dict[int, list[dict]], n: int, fewest: int) -> str:
+    """The median memory of ``n`` lanes, per lane added beyond ``fewest``, and its growth
+    over the timed batches (median and range)."""
+    base = statistics.median(x[key + "_kib"] for x in runs[fewest])
+    mem = statistics.median(x[key + "_kib"] for x in runs[n])
+    growth = [x[key + "_growth_kib"] / 1024 for x in runs[n]]
+    per_lane = (mem - base) / (n - fewest) if n > fewest else 0.0
+    return (
+        f"{what} {mem / 1024:.0f} MiB, {per_lane:.1f} KiB per added lane; growth over the "
+        f"timed batches {statistics.median(growth):.1f} MiB ({min(growth):.1f}-{max(growth):.1f})"
+    )
 
 
 if __name__ == "__main__":

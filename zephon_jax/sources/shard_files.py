@@ -211,10 +211,9 @@ def _index_entries(data: np.ndarray, layout: ShardLayout, shard: int) -> np.ndar
     at = data.size - index_bytes if layout.index_at_end else 0
     entries = data[at : at + 16 * per].view("<u8").reshape(per, 2)
     absent = (entries[:, 0] == _NO_CHUNK) & (entries[:, 1] == _NO_CHUNK)
-    offset = entries[:, 0].astype(np.int64)
-    bad = ~absent & (
-        (entries[:, 1] != chunk_bytes) | (entries[:, 0] > np.uint64(data.size - chunk_bytes))
-    )
+    offset = entries[:, 0].astype(np.int64)  # past 2**63: negative, so refused below
+    fits = (offset >= 0) & (offset <= data.size - chunk_bytes)
+    bad = ~absent & ((entries[:, 1] != chunk_bytes) | ~fits)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         raise CorruptShard(

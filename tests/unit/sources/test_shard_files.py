@@ -101,6 +101,9 @@ def test_a_shard_index_that_does_not_fit_its_file_raises_naming_the_file(tmp_pat
         TokenStoreError, match=r"shard file .*c/1 is corrupt.*inner chunk 0.*rewrite"
     ):
         store.read_flat([0])
+    shard.write_bytes(bytes(raw[index_at:]))  # the index alone, shorter than one chunk
+    with pytest.raises(TokenStoreError, match=r"shard file .*c/1 is corrupt.*inner chunk 0"):
+        TokenStore(path).read_flat([0])
 
 
 def test_only_the_default_plain_sharded_layout_is_read_directly(plain):
