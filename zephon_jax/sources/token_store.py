@@ -2,7 +2,8 @@
 
 Layout of a store directory::
 
-    tokens/     zarr v3 1-D array: every document's tokens, concatenated
+    tokens/     zarr v3 1-D array: every document's tokens, concatenated, in shards of
+                read chunks, plain (the default) or blosc/zstd (``compression="zstd"``)
     offsets/    zarr v3 int64 1-D array: doc i is tokens[offsets[i]:offsets[i + 1]]
     meta.json   commit record: {"format", "version", "num_docs", "num_tokens", "dtype", "attrs"}
 
@@ -14,6 +15,8 @@ Two ways to write one: :class:`TokenStoreWriter` appends documents in one proces
 (:func:`write_token_store` wraps it); :func:`create_token_store`,
 :func:`write_token_range` and :func:`commit_token_store` write a store of known size
 from many processes at once, each filling its own stored shards of the tokens.
+Readers read a local plain store's tokens from its memory-mapped shard files
+(:mod:`zephon_jax.sources.shard_files`) and any other store through TensorStore.
 """
 
 from __future__ import annotations
@@ -478,8 +481,7 @@ class TokenStore:
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Batched ``[self[i] for i in indices]``, in order, duplicates allowed.
 
-        Reads the requested documents with one TensorStore read (see :meth:`read_flat`).
-        Every returned array is independent (no shared memory between elements).
+        Reads the requested documents as :meth:`read_flat` does. Every returned array is independent (no shared memory between elements).
         """
         idx = self._as_indices(indices)
         if idx.size == 0:
@@ -495,12 +497,15 @@ class TokenStore:
         other in one new 1-D array of the store's dtype; ``doc_lengths[indices]`` tells
         where each ends. The same tokens as concatenating :meth:`__getitems__`'s arrays.
 
-        The documents are read with one TensorStore read of a virtual concatenation of
-        their token ranges (ranges within one read chunk of each other are covered by one
-        range; more than 1024 ranges make several such reads, issued at once), so a block
-        of scattered documents costs one read's overhead, not one per document; the read
-        chunks it needs are decoded in TensorStore's thread pool. Transient storage errors
-        are retried as for every read (:func:`~zephon_jax.sources.storage.retry_policy`).
+        A local store of plain tokens (``compression=None``) is read straight from its
+        memory-mapped shard files, each document copied in turn
+        (:mod:`zephon_jax.sources.shard_files`). Any other store is read with one
+        TensorStore read of a virtual concatenation of the documents' token ranges
+        (ranges within one read chunk of each other are covered by one range; more than
+        1024 ranges make several such reads, issued at once), so a block of scattered
+        documents costs one read's overhead, not one per document; the read chunks it
+        needs are decoded in TensorStore's thread pool. Transient storage errors are
+        retried as for every read (:func:`~zephon_jax.sources.storage.retry_policy`).
         """
         idx = self._as_indices(indices)
         s = self._s
@@ -517,9 +522,9 @@ class TokenStore:
         self, starts: Sequence[int], lengths: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Token spans ``[starts[k], starts[k] + lengths[k])`` of the store's token stream
-        (``offsets`` index it), read with one TensorStore read as :meth:`read_flat` reads
-        documents: returns ``(flat, at)``, span ``k`` being ``flat[at[k]:at[k] +
-        lengths[k]]``. Spans may repeat and overlap; spans within one read chunk of each
+        (``offsets`` index it), read as :meth:`read_flat` reads documents: returns
+        ``(flat, at)``, span ``k`` being ``flat[at[k]:at[k] + lengths[k]]``. Spans may
+        repeat and overlap; through TensorStore, spans within one read chunk of each
         other are covered by one range (``flat`` may hold tokens between them)."""
         first = np.asarray(starts, np.int64).reshape(-1)
         stops = first + np.asarray(lengths, np.int64).reshape(-1)
