@@ -23,7 +23,7 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
-from zephon_jax.engine import columns
+from zephon_jax.engine import accounting, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -552,17 +552,22 @@ def test_a_mixture_that_never_makes_a_row_fails_alike_on_both_paths(general, uni
     assert LanePlan(ds).columnar is None and messages[0] == messages[1]
 
 
-def test_drawn_roots_are_dropped_once_no_open_row_holds_them(monkeypatch):
-    """A lane keeps only the drawn roots its open rows point to (memory stays bounded);
-    the batches do not depend on when it drops them."""
+def test_drawn_roots_are_dropped_once_no_open_or_uncounted_row_holds_them(monkeypatch):
+    """A lane keeps only the drawn roots its open rows and the rows its accounting has
+    not counted point to (memory stays bounded); the batches and the accounting do
+    not depend on when it drops them."""
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    monkeypatch.setattr(accounting, "FOLD_ROWS", 4)
     ds = _drawn_mixture([TOKENS, SHORT], lanes=1)
     it = iter(zj.Loader(ds))
     got = take(it, 40)
     lane = it._producer.lanes[0]
-    assert lane.drawn_roots_base > 100 and len(lane.drawn_roots) < 40
+    assert lane.drawn.base > 100 and len(lane.drawn) < 40
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
-    assert_batches_equal(take(iter(zj.Loader(ds)), 40), got)
+    monkeypatch.setattr(accounting, "FOLD_ROWS", 1024)
+    kept = iter(zj.Loader(ds))
+    assert_batches_equal(take(kept, 40), got)
+    assert kept.accounting() == it.accounting()
 
 
 def test_the_llm_pipeline_on_processes_workers_and_resumes(general, stores):

@@ -305,10 +305,12 @@ def pay_credits(quanta, credits, next_sub, ends, best, n):
 ROWS_MADE, NEED_AHEAD, INPUT_END, NO_PROGRESS, DRY, DRAWN_FULL, TOO_LONG = 3, 4, 5, 6, 7, 8, 9
 # ``draw_place``'s ``state``: the lane's next position, draws since its last row, the
 # drawn-root index of the next draw, whether a document is being placed and its code,
-# leaf, record and next piece, whether a draw since the last row had tokens, and the
-# component a stop concerns.
+# leaf, record and next piece, whether a draw since the last row had tokens, the
+# component a stop concerns, and the pieces, rows and draws already in ``out``,
+# ``row_end`` and ``drawn`` (written after them).
 (POSITION, WITHOUT_ROW, NEXT_CODE, PLACING, CODE, LEAF, RECORD, PIECE, ANY_TOKENS,
- COMPONENT) = range(10)  # fmt: skip
+ COMPONENT, OUT_AT, ROWS_AT, DRAWN_AT) = range(13)  # fmt: skip
+DRAW_STATE = 13  # the entries of ``draw_place``'s state
 
 
 @jit
@@ -349,20 +351,23 @@ def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_li
                out, row_end, rows_wanted, limit, state, drawn):  # fmt: skip
     """Draws documents of a mixture one at a time and places each into the open rows
     (as :func:`place` places one document), until ``rows_wanted`` rows are emitted to
-    ``out``/``row_end`` (from their start).
+    ``out``/``row_end`` (after the ``state[OUT_AT]`` pieces and ``state[ROWS_AT]`` rows
+    already there).
 
     Component ``j``'s draws ``ahead_first[j]`` to ``ahead_first[j] + ahead_size[j] - 1``
     are read ahead: global leaf ``ahead_leaf[j, i]`` (-1: no record, the draw is passed
     over), document ``ahead_record[j, i]``, ``ahead_tokens[j, i]`` tokens (what the
     draw counts: 1 per record by records). A draw of a document in ``excluded``
     (sorted ``leaf << 40 | record`` keys) moves the lane on but is not placed. Each
-    placed draw is logged in ``drawn[:, m]`` as (position, component, sub). Returns
-    ``(stop, pieces out, rows out, draws logged)``; ``state`` (see its indices above)
-    says where to go on from, ``state[COMPONENT]`` which component a stop concerns.
+    placed draw is logged in ``drawn[:, m]`` as (position, component, sub), from
+    ``m = state[DRAWN_AT]`` on. Returns ``(stop, pieces in out, rows in row_end, draws
+    in drawn)``, those before included; ``state`` (see its indices above) says where to
+    go on from, ``state[COMPONENT]`` which component a stop concerns.
     """
-    n_out = 0
-    n_rows = 0
-    n_drawn = 0
+    n_out = state[OUT_AT]
+    n_rows = state[ROWS_AT]
+    n_drawn = state[DRAWN_AT]
+    rows_wanted += n_rows
     one_leaf = np.zeros(1, np.int64)
     one_record = np.zeros(1, np.int64)
     one_code = np.zeros(1, np.int64)

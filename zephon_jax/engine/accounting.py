@@ -22,9 +22,12 @@ over every delivered step gives, segment by segment:
 * ``epoch``: the highest epoch among the segments.
 
 Counting is lazy, off the hot path: when a lane makes finished rows (a block at
-a time) it appends their lineages (pointers it holds anyway) to a list; rows
-leave its queue of finished rows in the order they were made, so all but the
-last ``len(pending)`` of the list are delivered. Nothing is done per batch. The
+a time) it appends their lineages (pointers it holds anyway) to a list, or, on
+the column path, the placement kernel writes their pieces' codes into an array
+log (no Python object per row, so rows held until they are counted give the
+garbage collector nothing to walk); rows leave its queue of finished rows in the
+order they were made, so all but the last ``len(pending)`` of the log are
+delivered. Nothing is done per batch. The
 lane counts the delivered ones, vectorized, when :data:`FOLD_ROWS` of them wait
 (fewer with many lanes: :data:`HELD_ROWS` in all), when a mixture stage ends, and
 when a state is encoded (a snapshot, taken every batch, keeps a reference to the
@@ -106,14 +109,18 @@ class Tally:
     is a list of blocks, in order: a list of rows' lineages, or, from a column-wise
     lane, an :class:`~zephon_jax.operators.pack.EmittedRows` into which the placement
     kernel writes the rows' pieces as it emits them (no object per row or piece, no
-    copy). The hot path pays one list append per block of rows made
-    (:meth:`made_rows`), or nothing, and nothing per batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
+    copy: long-held rows give the garbage collector nothing to walk). A column-wise
+    mixture lane's kernel codes pieces by the index of their draw in :attr:`roots`
+    (the lane's :class:`~zephon_jax.engine.drawn_roots.DrawnRoots`, which keeps every
+    draw an uncounted row points to; None for other lanes). The hot path pays one list
+    append per block of rows made (:meth:`made_rows`), or nothing, and nothing per
+    batch; ``saved`` (the counted part) is an immutable tuple, and a counted list is
     replaced, never changed, so a :meth:`snapshot` holds a reference.
     """
 
     __slots__ = (
         "plan", "lane", "saved", "made", "rows", "tokens", "stage", "next_stage_at", "limit",
-        "_parts",
+        "roots", "_parts",
     )  # fmt: skip
 
     def __init__(self, plan: Any, lane: int):
@@ -128,6 +135,7 @@ class Tally:
         self.next_stage_at = 0  # the step at which the stage is looked up again
         # Rows held uncounted at most: FOLD_ROWS, less with many lanes (HELD_ROWS in all).
         self.limit = min(FOLD_ROWS, max(64, HELD_ROWS // plan.num_lanes))
+        self.roots: Any = None  # a column-wise mixture lane's DrawnRoots (set by the lane)
 
     def made_rows(self, rows: Sequence[Any], pending: int, logged: bool = False) -> None:
         """Notes ``rows`` (elements) made (``logged``: a column-wise lane's, whose pieces
@@ -150,6 +158,12 @@ class Tally:
             made.append(EmittedRows())
         return made[-1]
 
+    def logged_codes(self) -> np.ndarray:
+        """The codes of the pieces of the uncounted rows the placement kernel logged (see
+        :meth:`emitted_log`), as one array."""
+        logs = [block.out[0, : block.size] for block in self.made if type(block) is EmittedRows]
+        return np.concatenate(logs) if logs else np.zeros(0, np.int64)
+
     def fold(self, pending: int, keep: bool = True) -> None:
         """Counts the delivered rows not counted yet (all made but the last ``pending``);
         ``keep=False`` passes over them (rows of skipped batches)."""
@@ -160,7 +174,8 @@ class Tally:
         self.rows -= n
         if keep:
             tokens = None if self.tokens is None else self.tokens[:n]
-            self.saved = self._parts.count(self.saved, taken, tokens, self.stage)
+            roots = None if self.roots is None else self.roots.view()
+            self.saved = self._parts.count(self.saved, taken, tokens, self.stage, roots)
         if self.tokens is not None:
             self.tokens = self.tokens[n:]
 
@@ -195,7 +210,9 @@ class Tally:
         n = self.rows - pending
         if n <= 0:
             return self.saved
-        return LazyTally(self._parts, self.saved, self.made, n, self.tokens, self.stage)
+        roots = None if self.roots is None else self.roots.view()
+        counting = (self._parts, self.stage, roots)
+        return LazyTally(counting, self.saved, self.made, n, self.tokens)
 
     def load(self, saved: Any, pending: Sequence[Any]) -> None:
         """Takes the counters of a state's lane (checked against this pipeline), with
@@ -233,24 +250,24 @@ class LazyTally:
     one), counted once, when the saved form is asked for. Pickles as the plain saved
     tuple."""
 
-    __slots__ = ("_parts", "_saved", "_rows", "_n", "_tokens", "_stage")
+    __slots__ = ("_counting", "_saved", "_rows", "_n", "_tokens")
 
-    def __init__(
-        self, parts: Any, saved: tuple, rows: list, n: int, tokens: list | None, stage: int
-    ):
-        self._parts = parts
+    def __init__(self, counting: tuple, saved: tuple, rows: list, n: int, tokens: list | None):
+        """``counting``: the lane's ``_Parts``, the rows' mixture stage and a view of the
+        lane's drawn roots (or None), as :meth:`_Parts.count` takes them."""
+        self._counting = counting
         self._saved = saved
         self._rows: list | None = rows
         self._n = n
         self._tokens = tokens
-        self._stage = stage
 
     def saved(self) -> tuple:
         """The plain saved form ``(skipped, sources, stages)``."""
         if self._rows is not None:
+            parts, stage, roots = self._counting
             tokens = None if self._tokens is None else self._tokens[: self._n]
             taken = take_rows(self._rows, self._n)[0]
-            self._saved = self._parts.count(self._saved, taken, tokens, self._stage)
+            self._saved = parts.count(self._saved, taken, tokens, stage, roots)
             self._rows = self._tokens = None
         return self._saved
 
@@ -286,60 +303,66 @@ class _Parts:
             self.components = len(mixture.children)
             self.bases = np.cumsum([0] + [len(leaves(c)) for c in mixture.children]).tolist()
 
-    def count(self, saved: tuple, blocks: list, tokens: list | None, stage: int) -> tuple:
+    def count(
+        self, saved: tuple, blocks: list, tokens: list | None, stage: int, roots: Any = None
+    ) -> tuple:
         """``saved`` plus the rows of ``blocks`` (see :class:`Tally`; ``tokens``: their
         record tokens where rows may be whole records) delivered in mixture stage
-        ``stage``."""
+        ``stage``; ``roots``: a :class:`~zephon_jax.engine.drawn_roots.RootsView` of the
+        draws the logged pieces' codes index (a column-wise mixture lane's), else None."""
         counts = list(saved[1])
         stages = list(saved[2])
         arrays = [block for block in blocks if type(block) is tuple and len(block[0])]
-        if arrays:  # a column-wise lane's pieces (no mixture stages there)
+        if arrays:  # a column-wise lane's pieces
             codes = np.concatenate([block[0] for block in arrays])
             lengths = np.concatenate([block[1] for block in arrays])
-            _add_pieces(counts, *self._coded_pieces(codes, lengths))
+            indices, firsts = _decoded(codes)
+            if roots is None:
+                _add_pieces(counts, *self._leaf_epoch(indices), lengths, firsts)
+            else:
+                drawn = roots.columns(indices)
+                self._add_drawn(counts, stages, stage, drawn[1], drawn[2], lengths, firsts)
         rows = list(chain.from_iterable(block for block in blocks if type(block) is list))
-        if not rows:
-            return (saved[0], tuple(counts), tuple(stages))
-        pieces = None
-        if self.packed:
-            pieces = self._mixture_pieces(rows) if self.components else self._pieces(rows)
-        if pieces is None:
-            self._add_traced(counts, stages, rows, tokens, stage)
-            return (saved[0], tuple(counts), tuple(stages))
-        leaf, epoch, lengths, firsts = pieces
-        _add_pieces(counts, leaf, epoch, lengths, firsts)
-        if self.components:
-            component = np.asarray(self.component_of, np.int64)[leaf]
-            base = stage * self.components
-            tokens_of = np.bincount(component, weights=lengths, minlength=self.components)
-            for k, t in enumerate(tokens_of.astype(np.int64).tolist()):
-                stages[base + k] += t
+        if rows:
+            self._add_rows(counts, stages, rows, tokens, stage)
         return (saved[0], tuple(counts), tuple(stages))
 
-    def _pieces(self, rows: list) -> tuple | None:
-        """``(leaf, epoch, lengths, firsts)`` of the pieces of packed rows (None where a
-        lineage has another form)."""
-        found = _packed_codes(rows)
-        return None if found is None else self._coded_pieces(*found)
+    def _add_rows(
+        self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
+    ) -> None:
+        """Counts rows given by their lineages: vectorized where they are packed rows of
+        a known form, else by walking each lineage (see :meth:`_add_traced`)."""
+        if self.packed and self.components:
+            found = _mixture_roots(rows)
+            if found is not None:
+                self._add_drawn(counts, stages, stage, *found)
+                return
+        elif self.packed:
+            found = _packed_codes(rows)
+            if found is not None:
+                indices, firsts = _decoded(found[0])
+                _add_pieces(counts, *self._leaf_epoch(indices), found[1], firsts)
+                return
+        self._add_traced(counts, stages, rows, tokens, stage)
 
-    def _coded_pieces(self, codes: np.ndarray, lengths: np.ndarray) -> tuple:
-        """``(leaf, epoch, lengths, firsts)`` of pieces given as codes (positions, or
-        :func:`~zephon_jax.core.lineage.piece_code`) and lengths."""
-        pieces = codes < 0
-        coded, js = lineage_forms.decode_piece(codes)
-        positions = np.where(pieces, coded, codes)
-        firsts = ~pieces | (js == 0)  # starts at its record's first token
+    def _leaf_epoch(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf and epoch of the records at the lane's ``positions``."""
         plan = self.plan
-        leaf, epoch = _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
-        return leaf, epoch, lengths, firsts
+        return _leaf_epoch(plan.sampler, self.lane, positions, plan.num_lanes)
 
-    def _mixture_pieces(self, rows: list) -> tuple | None:
-        """As :meth:`_pieces` in a mixture by tokens or stages, whose roots are
-        ``(position, component, component draw)``."""
-        found = _mixture_roots(rows)
-        if found is None:
-            return None
-        components, subs, lengths, firsts = found
+    def _add_drawn(
+        self,
+        counts: list,
+        stages: list,
+        stage: int,
+        components: np.ndarray,
+        subs: np.ndarray,
+        lengths: np.ndarray,
+        firsts: np.ndarray,
+    ) -> None:
+        """Counts pieces of a mixture by tokens or stages given as arrays (each one's
+        component, draw in the component, length and whether it starts its document)
+        delivered in mixture stage ``stage``."""
         plan = self.plan
         leaf = np.zeros(len(subs), np.int64)
         epoch = np.zeros(len(subs), np.int64)
@@ -348,7 +371,11 @@ class _Parts:
             child = plan.mixture.children[k]
             leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
             leaf[at] += self.bases[k]
-        return leaf, epoch, lengths, firsts
+        _add_pieces(counts, leaf, epoch, lengths, firsts)
+        base = stage * self.components
+        tokens_of = np.bincount(components, weights=lengths, minlength=self.components)
+        for k, t in enumerate(tokens_of.astype(np.int64).tolist()):
+            stages[base + k] += t
 
     def _add_traced(
         self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
@@ -414,6 +441,15 @@ def take_rows(blocks: list, n: int) -> tuple[list, list]:
             head, rest = block.split(n)
         return [*first, head], [rest, *blocks[i + 1 :]]
     return first, []
+
+
+def _decoded(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces given as codes (an index, or a :func:`~zephon_jax.core.lineage.piece_code`
+    of one) as ``(indices, firsts)``: the index each points to and whether the piece
+    starts its record."""
+    pieces = codes < 0
+    coded, js = lineage_forms.decode_piece(codes)
+    return np.where(pieces, coded, codes), ~pieces | (js == 0)
 
 
 def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:

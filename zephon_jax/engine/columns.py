@@ -358,9 +358,9 @@ def _held_records(lanes: Sequence[Any], drawn: bool, ks: list[int], held: list) 
     located = locate_roots_lanes(drawer.node, ids, drawer.num_lanes, held)
     out = []
     for lane, roots, (leaves, records) in zip(chosen, held, located, strict=True):
-        index = lane.drawn_roots_base + len(lane.drawn_roots)
+        index = lane.drawn.end
         out.append((index + np.arange(len(roots), dtype=np.int64), leaves, records))
-        lane.drawn_roots.extend(roots)
+        lane.drawn.extend_tuples(roots)
     return out
 
 
@@ -380,15 +380,13 @@ def _place_spans(
     ``any_tokens``: whether any of the documents has tokens, where the caller knows."""
     stage = columns.stage
     cut, best, spec, _, _ = columns.arguments
-    # The accounting keeps the rows' pieces as the kernel writes them; codes that index
-    # a lane's drawn roots are counted from the rows' lineages instead.
-    log = lane.tally.emitted_log() if carry.translate is None else None
+    # The accounting keeps the rows' pieces as the kernel writes them.
     (codes, starts, lengths, sources), ends = carry.place(
-        (offsets, bases, leaves, records, positions), cut, spec, best, log
+        (offsets, bases, leaves, records, positions), cut, spec, best, lane.tally.emitted_log()
     )
     rows = _token_rows(columns, carry, (codes, starts, lengths, sources), ends)
     if rows:
-        lane.row_reached(rows, log is not None)
+        lane.row_reached(rows, logged=True)
     else:  # the stage the records reached, for the no-progress error
         if any_tokens is None:
             index = bases[leaves] + records
@@ -444,30 +442,33 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
     reader = columns.reader
     cut, best, spec, _, _ = columns.arguments
     ahead = drawer.ids_ahead
-    state = np.zeros(_DRAW_STATE, np.int64)
+    roots = lane.drawn
+    state = np.zeros(kc.DRAW_STATE, np.int64)
     state[kc.POSITION] = lane.next_position
     state[kc.WITHOUT_ROW] = lane.without_row
-    state[kc.NEXT_CODE] = lane.drawn_roots_base + len(lane.drawn_roots)
-    drawn = np.empty((3, 64), np.int64)
+    state[kc.NEXT_CODE] = roots.end
     limit = plan.max_records_without_row
     while True:
+        # The rows go straight into the accounting's log (see zephon_jax.engine.accounting).
+        log = lane.tally.emitted_log()
+        state[kc.OUT_AT], state[kc.ROWS_AT], state[kc.DRAWN_AT] = log.size, log.rows, roots.size
         draws = (
             drawer.quanta[stage], drawer.credits, drawer.next_sub, drawer.ends,
             drawer.rotation, drawer.node.unit == "tokens", drawer.dry, drawer.dry_limit,
             drawer.max_tokens, ahead.first, ahead.size, ahead.leaf, ahead.record, ahead.tokens,
             plan.excluded_keys, reader.offsets, reader.bases,
         )  # fmt: skip
-        stop, n_out, n_rows, n_drawn = carry.place_draws(
-            compiled.draw_place, draws, cut, spec, best, (wanted, limit, state, drawn)
+        stop, n_out, n_rows, roots.size = carry.place_draws(
+            compiled.draw_place, draws, cut, spec, best, log, (wanted, limit, state, roots.array)
         )
-        lane.drawn_roots.extend(zip(*drawn[:, :n_drawn].tolist()))
         lane.next_position = int(state[kc.POSITION])
-        if n_rows:
-            pieces = carry.out[:, :n_out].tolist()
-            lane.row_reached(_token_rows(columns, carry, pieces, carry.row_end[:n_rows].tolist()))
-            wanted -= n_rows
+        if n_rows > log.rows:
+            made = n_rows - log.rows
+            rows = _logged_rows(columns, carry, log, n_out, n_rows)
+            lane.row_reached(rows, logged=True)
+            wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
-        if len(lane.drawn_roots) >= max(_ROOTS_KEPT, lane.drawn_roots_limit):
+        if len(roots) >= max(_ROOTS_KEPT, roots.limit):
             _prune_roots(lane, cut)
         component = int(state[kc.COMPONENT])
         if stop == kc.ROWS_MADE:
@@ -487,42 +488,51 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
             tokens = int(ahead.tokens[component, sub - int(ahead.first[component])])
             drawer.raise_too_long(component, sub, tokens)
         elif stop == kc.DRAWN_FULL:
-            drawn = np.empty((3, 2 * drawn.shape[1]), np.int64)
+            roots.grow()
         elif stop == kc.OUT_FULL:
-            carry.grow_out()
+            log.grow_out()
         else:
             carry.grow_rows()
 
 
-_DRAW_STATE = 10  # the entries of draw_place's state
+def _logged_rows(
+    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int
+) -> list:
+    """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
+    and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
+    size = log.size
+    pieces = log.out[:, size:n_out].tolist()
+    ends = (log.row_end[log.rows : n_rows] - size).tolist()
+    log.size, log.rows = n_out, n_rows
+    return _token_rows(columns, carry, pieces, ends)
 
 
-# Drawn roots a lane keeps before it drops those no open row holds: a root is a tuple of
-# about 136 bytes (with its list slot), so at most about 70 KB a lane beyond those its
-# open rows hold (at 4096 it was up to 560 KB). Where the open rows hold more, the next
-# drop waits until the roots have doubled (a drop scans the open rows).
+# Drawn roots a lane keeps before it drops those neither its open rows nor its
+# accounting's uncounted rows point to: 24 bytes each (see zephon_jax.engine.drawn_roots).
+# Where more are held, the next drop waits until the roots have doubled (a drop scans
+# the open rows and the uncounted rows).
 _ROOTS_KEPT = 512
 
 
-def _prune_roots(lane: Any, cut: int) -> list:
-    """Drops the lane's drawn roots that no piece in its open rows points to (the next
-    drop waits for twice as many as it keeps); returns the roots kept."""
+def _prune_roots(lane: Any, cut: int) -> None:
+    """Drops the lane's drawn roots that no piece in its open rows or in the rows its
+    accounting has not counted points to (the next drop waits for twice as many as it
+    keeps)."""
     carry = lane.carries[lane.plan.columnar.stage]
     held = carry.piece_array[0][np.arange(carry.piece_array.shape[2]) < carry.count[:, None]]
-    end = lane.drawn_roots_base + len(lane.drawn_roots)
-    first = end
-    if len(held):
-        first = int(code_position(held).min()) if cut else int(held.min())
-    del lane.drawn_roots[: first - lane.drawn_roots_base]
-    lane.drawn_roots_base = first
-    lane.drawn_roots_limit = 2 * len(lane.drawn_roots)
-    return lane.drawn_roots
+    logged = lane.tally.logged_codes()
+    first = lane.drawn.end
+    for codes in (held, logged):
+        if len(codes):
+            first = min(first, int(code_position(codes).min()) if cut else int(codes.min()))
+    lane.drawn.drop_before(first)
 
 
 def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
     """The lineages of pieces coded by drawn-root indices: ``((root,), piece)`` with a
     cut, else the root (as the general path holds them)."""
-    roots, base = lane.drawn_roots, lane.drawn_roots_base
     if cut:
-        return tuple(piece(roots[at - base], j) for at, j in map(decode_piece, codes))
-    return tuple(roots[c - base] for c in codes)
+        parts = list(map(decode_piece, codes))
+        roots = lane.drawn.tuples([at for at, _ in parts])
+        return tuple(piece(root, j) for root, (_, j) in zip(roots, parts))
+    return tuple(lane.drawn.tuples(codes))

@@ -43,6 +43,7 @@ from zephon_jax.engine.columns import (
     take_column_lanes,
     take_columns,
 )
+from zephon_jax.engine.drawn_roots import DrawnRoots
 from zephon_jax.engine.exclusion import Excluded, drop_excluded, excluded_keys
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
@@ -157,17 +158,22 @@ class Lane:
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self.documents_ahead: tuple | None = None  # column-wise lanes (lane_columns)
-        # A column-wise lane's drawn roots (position, component, draw) by index, from
-        # drawn_roots_base on: the placement kernel codes pieces by these indices.
-        self.drawn_roots: list[tuple] = []
-        self.drawn_roots_base = 0
-        self.drawn_roots_limit = 0  # twice the roots the last drop kept
+        self.drawn = self._new_roots()
         self.without_row = 0  # records read since a row last reached ``pending``
         self.deepest = -1  # the deepest stage those records reached (-1: none passed a filter)
         self.end_position = end_position(plan.sampler, lane, plan.num_lanes)
         # The last blocks of positions read and where they read from, for provenance:
         # (first, last, positions or None if first..last, table), see remember.
         self._located: list[tuple] = []
+
+    def _new_roots(self) -> DrawnRoots:
+        """A column-wise mixture lane's draws by index, none yet: the placement kernel
+        codes pieces by these indices, and so does the accounting's log of the rows
+        (which reads them through ``tally.roots``)."""
+        roots = DrawnRoots()
+        columnar = self.plan.columnar
+        self.tally.roots = roots if columnar is not None and columnar.drawn else None
+        return roots
 
     # ----- reading the sampler -----------------------------------------------------
     def read_roots(self, positions: np.ndarray) -> list:
@@ -623,9 +629,7 @@ class Lane:
         self._ahead.clear()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
         self.documents_ahead = None
-        self.drawn_roots = []
-        self.drawn_roots_base = 0
-        self.drawn_roots_limit = 0
+        self.drawn = self._new_roots()
         self.without_row = 0
         self.deepest = -1
 

@@ -156,18 +156,26 @@ class OpenRows:
                 self.grow_rows()
 
     def place_draws(
-        self, kernel: Any, draws: tuple, cut: int, spec: PackSpec, best: bool, run: tuple
+        self,
+        kernel: Any,
+        draws: tuple,
+        cut: int,
+        spec: PackSpec,
+        best: bool,
+        log: EmittedRows,
+        run: tuple,
     ) -> tuple[int, int, int, int]:
         """Draws documents of a mixture and places them with ``kernel`` (the compiled
         :func:`~zephon_jax.core.compiled_kernels.draw_place`): ``draws`` are its
         arguments from the mixture's weights to the documents' offsets and bases,
-        ``run`` those from the rows wanted on. The emitted rows are in :attr:`out` and
-        :attr:`row_end` from their start. Returns ``(stop, pieces out, rows out,
-        draws logged)``; the caller grows what the stop asks and calls again."""
+        ``run`` those from the rows wanted on. The emitted rows go into ``log``'s
+        ``out`` and ``row_end`` after the pieces and rows the kernel's state says are
+        there. Returns ``(stop, pieces in out, rows in row_end, draws logged)``; the
+        caller grows what the stop asks and calls again."""
         self._changed()
         return kernel(
             *draws, self.fill, self.count, self.piece_array, self.slots, cut, spec.seq_len,
-            spec.max_segments or -1, best, self.out, self.row_end, *run,
+            spec.max_segments or -1, best, log.out, log.row_end, *run,
         )  # fmt: skip
 
     def put(self, a: int, code: int, n: int) -> None:

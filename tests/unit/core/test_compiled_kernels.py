@@ -250,11 +250,13 @@ def test_a_draw_pays_every_weighted_component_with_draws_left(kernels):
 
 
 def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, seq_len=8,
-               cut=0, wanted=3, drawn_cap=2, bins=2):  # fmt: skip
+               cut=0, wanted=3, drawn_cap=2, bins=2, append=False):  # fmt: skip
     """Runs ``draw_place`` over components whose draw ``s`` is their document ``s`` (of
     ``lengths[c][s]`` tokens, leaf ``c``), reading ``chunk`` draws ahead and growing
     what it asks for; returns the drawn (position, component, sub), the emitted rows'
-    codes, the stops and the final credits."""
+    codes, the stops and the final credits. ``append``: each call writes after what the
+    calls before wrote (the state's ``OUT_AT``, ``ROWS_AT`` and ``DRAWN_AT``), and
+    growing keeps it, as a lane's accounting log and drawn roots do."""
     k = len(lengths)
     offsets = np.concatenate([[0], np.cumsum([n for ls in lengths for n in ls])]).astype(np.int64)
     bases = np.cumsum([0] + [len(ls) for ls in lengths[:-1]]).astype(np.int64)
@@ -267,7 +269,7 @@ def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, s
     pieces = np.zeros((4, bins, 1), np.int64)
     out, row_end = np.empty((4, 1), np.int64), np.empty(1, np.int64)
     keys = np.array(sorted((c << 40) | s for c, s in excluded), np.int64)
-    state = np.zeros(10, np.int64)
+    state = np.zeros(ck.DRAW_STATE, np.int64)
     drawn = np.empty((3, drawn_cap), np.int64)
     log, rows, stops = [], [], []
     while True:
@@ -277,11 +279,14 @@ def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, s
             -1, True, out, row_end, wanted - len(rows), 1000, state, drawn,
         )  # fmt: skip
         stops.append(int(stop))
-        log += drawn[:, :n_drawn].T.tolist()
-        begin = 0
-        for end in row_end[:n_rows].tolist():
+        at, begin = state[[ck.DRAWN_AT, ck.ROWS_AT]] if append else (0, 0)
+        log += drawn[:, at:n_drawn].T.tolist()
+        begin = int(row_end[begin - 1]) if begin else 0
+        for end in row_end[(state[ck.ROWS_AT] if append else 0) : n_rows].tolist():
             rows.append(out[0, begin:end].tolist())
             begin = end
+        if append:
+            state[[ck.OUT_AT, ck.ROWS_AT, ck.DRAWN_AT]] = n_out, n_rows, n_drawn
         c = int(state[ck.COMPONENT])
         if stop == ck.NEED_AHEAD:
             s0 = int(next_sub[c])
@@ -290,10 +295,9 @@ def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, s
             leaf[c, : len(subs)], record[c, : len(subs)] = c, subs
             tokens[c, : len(subs)] = [lengths[c][s] if by_tokens else 1 for s in subs]
         elif stop == ck.DRAWN_FULL:
-            drawn = np.empty((3, 2 * drawn.shape[1]), np.int64)
+            drawn = _doubled(drawn)
         elif stop == ck.OUT_FULL:
-            out = np.empty((4, 2 * out.shape[1]), np.int64)
-            row_end = np.empty(2 * len(row_end), np.int64)
+            out, row_end = _doubled(out), _doubled(row_end)
         elif stop == ck.ROW_FULL:
             grown = np.zeros((4, bins, 2 * pieces.shape[2]), np.int64)
             grown[:, :, : pieces.shape[2]] = pieces
@@ -301,6 +305,13 @@ def _draw_case(kernels, lengths, quanta, by_tokens=True, excluded=(), chunk=3, s
         else:
             return SimpleNamespace(drawn=log, rows=rows, stops=stops, credits=credits.tolist(),
                                    state=state)  # fmt: skip
+
+
+def _doubled(array):
+    """``array`` with its last axis twice as long, its entries kept."""
+    grown = np.empty((*array.shape[:-1], 2 * array.shape[-1]), array.dtype)
+    grown[..., : array.shape[-1]] = array
+    return grown
 
 
 def test_draws_by_tokens_are_placed_one_by_one_until_the_rows_wanted(kernels):
@@ -367,3 +378,17 @@ def test_draw_place_equals_the_drawer_and_place_one_draw_at_a_time(kernels, seed
         rows.append(out[0, begin:end].tolist())
         begin = end
     assert got.drawn == drawn and got.rows == rows
+
+
+@pytest.mark.parametrize("cut", [0, 8])
+def test_draw_place_appends_after_the_pieces_rows_and_draws_already_written(kernels, cut):
+    """Calls that write after what earlier calls wrote (a lane's accounting log and drawn
+    roots) draw and place exactly what calls writing from the start do."""
+    rng = np.random.default_rng(cut)
+    lengths = [rng.integers(0, 30, 60).tolist(), rng.integers(1, 12, 60).tolist()]
+    case = dict(seq_len=16, cut=cut, wanted=2, bins=3)
+    fresh = _draw_case(kernels, lengths, [2, 1], **case)
+    appended = _draw_case(kernels, lengths, [2, 1], append=True, **case)
+    assert appended.drawn == fresh.drawn and appended.rows == fresh.rows
+    assert appended.stops[-1] == fresh.stops[-1] == ck.ROWS_MADE and len(appended.rows) == 2
+    assert ck.DRAWN_FULL in appended.stops and ck.OUT_FULL in appended.stops

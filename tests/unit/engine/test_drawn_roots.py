@@ -1,0 +1,47 @@
+"""DrawnRoots: a mixture lane's draws by index, in one array that views taken earlier
+keep seeing unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zephon_jax.engine.drawn_roots import DrawnRoots
+
+
+def _filled(n: int) -> DrawnRoots:
+    roots = DrawnRoots()
+    roots.extend_tuples([(i, i % 2, 10 + i) for i in range(n)])
+    return roots
+
+
+def test_draws_are_read_by_index_as_tuples_and_columns():
+    roots = _filled(100)  # past the first capacity: it grew
+    assert len(roots) == 100 and roots.end == 100
+    assert roots.tuples([0, 99, 5]) == [(0, 0, 10), (99, 1, 109), (5, 1, 15)]
+    assert roots.view().columns(np.array([3, 4])).tolist() == [[3, 4], [1, 0], [13, 14]]
+
+
+def test_a_drop_keeps_the_indices_and_leaves_an_earlier_view_as_it_was():
+    roots = _filled(100)
+    before = roots.view()
+    roots.drop_before(90)
+    assert roots.base == 90 and len(roots) == 10 and roots.end == 100
+    assert roots.tuples([90, 99]) == [(90, 0, 100), (99, 1, 109)]
+    assert roots.limit == 20  # the next drop once twice the kept draws are held
+    roots.extend_tuples([(100, 0, 110)] * 200)  # writes and grows after the drop
+    assert before.columns(np.arange(100))[2].tolist() == list(range(10, 110))
+
+
+def test_a_kernel_appends_after_size_and_growing_keeps_the_draws():
+    roots = _filled(3)
+    roots.array[:, roots.size] = (3, 1, 13)  # as draw_place writes the next draw
+    roots.size += 1
+    roots.grow(1000)
+    assert roots.array.shape[1] >= 1004
+    assert roots.tuples(range(4)) == [(0, 0, 10), (1, 1, 11), (2, 0, 12), (3, 1, 13)]
+
+
+def test_dropping_nothing_only_sets_the_next_drop():
+    roots = _filled(10)
+    roots.drop_before(0)
+    assert roots.base == 0 and len(roots) == 10 and roots.limit == 20
