@@ -41,7 +41,7 @@ from zephon_jax.engine.lane import LanePlan
 from zephon_jax.sources import TokenArray
 from zephon_jax.state import codec
 
-EXAMPLES = int(os.environ.get("ZEPHON_PROPERTY_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("ZEPHON_PROPERTY_EXAMPLES", "15"))
 # ZEPHON_PROPERTY_SEED=S draws the examples from seed S instead of the fixed sequence, so
 # that a large search can run in chunks, each with its own seed.
 SEED = os.environ.get("ZEPHON_PROPERTY_SEED")
@@ -685,6 +685,24 @@ STAGED_FINITE_SPEC = {
 @pytest.mark.parametrize("unit", ["records", "tokens"])
 def test_a_staged_mixture_resumes_from_a_state_taken_after_its_input_ended(unit):
     check({**STAGED_FINITE_SPEC, "unit": unit})
+
+
+# Open rows of pack over a mixture of in-memory sources, all empty when a finite input
+# ended, made pack's flush fail reading their (no) pieces.
+EMPTY_OPEN_ROWS_SPEC = {
+    **STAGED_FINITE_SPEC,
+    "sources": [(1, 1, 0), (3, 1, 0)],
+    "pack": ("best_fit", 4, 1),
+    "batch": 1,
+    "cuts": [],
+    "phases": [(1, 0)],
+    "tampers": [None],
+    "stage": None,
+}
+
+
+def test_pack_flushes_open_rows_that_hold_nothing_when_a_finite_mixture_ends():
+    check(EMPTY_OPEN_ROWS_SPEC)
 
 
 # A finite input ends at the first batch some lane cannot fill; processes that ran only

@@ -90,7 +90,7 @@ class StreamTokens(ArrayTokens):
             at[where] = spans + done
             parts.append(flat.astype(self.dtype, copy=False))
             done += len(flat)
-        return (np.concatenate(parts),), at
+        return (np.concatenate(parts) if parts else np.zeros(0, self.dtype),), at
 
 
 class StoreTokens(StreamTokens):

@@ -204,7 +204,7 @@ class EmittedRows:
 
     __slots__ = ("out", "row_end", "size", "rows")
 
-    def __init__(self, pieces: int = 1024, rows: int = 64):
+    def __init__(self, pieces: int = 128, rows: int = 32):
         self.out = np.empty((4, pieces), np.int64)
         self.row_end = np.empty(rows, np.int64)
         self.size = 0
@@ -231,7 +231,7 @@ class EmittedRows:
         first = self.head(n)
         cut = len(first[0])
         size, rows = self.size - cut, self.rows - n
-        rest = EmittedRows(max(1024, 2 * size), max(64, 2 * rows))
+        rest = EmittedRows(max(128, 2 * size), max(32, 2 * rows))
         rest.out[:, :size] = self.out[:, cut : self.size]
         rest.row_end[:rows] = self.row_end[n : self.rows] - cut
         rest.size, rest.rows = size, rows
