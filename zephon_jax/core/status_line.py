@@ -8,6 +8,7 @@ every ``log_interval`` seconds (and always when forced, e.g. the last one).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TextIO
 
@@ -34,7 +35,8 @@ class StatusLine:
         self.terminal = stream is not None and is_terminal(stream)
         self.interval = interval if self.terminal else log_interval
         # Off a terminal the first line waits for an interval too: a short step prints once.
-        self.last = 0.0 if self.terminal else time.perf_counter()
+        # (-inf, not 0: the clock counts from boot, which may be under an interval ago)
+        self.last = -math.inf if self.terminal else time.perf_counter()
         self.width = 0  # of the widest line shown in place (to blank it out)
         self.showing = False  # a line is shown in place, not yet ended by a newline
 
@@ -64,7 +66,7 @@ class StatusLine:
             return
         if self.terminal:
             self.stream.write("\r" + text.ljust(self.width) + "\n")
-            self.last = 0.0  # show the status line again at once, below the note
+            self.last = -math.inf  # show the status line again at once, below the note
             self.showing = False
         else:
             self.stream.write(text + "\n")

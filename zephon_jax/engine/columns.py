@@ -30,9 +30,17 @@ import numpy as np
 
 from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
-from zephon_jax.core.lineage import MAX_PIECE, Element, code_position, decode_piece, piece
+from zephon_jax.core.lineage import (
+    MAX_PIECE,
+    DeferredElement,
+    Element,
+    code_position,
+    decode_piece,
+    piece,
+)
 from zephon_jax.engine.blocks import first_block, next_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
+from zephon_jax.engine.drawn_roots import RootsView
 from zephon_jax.engine.exclusion import excluded_columns
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
@@ -394,14 +402,22 @@ def _place_spans(
         lane.deepest = max(lane.deepest, stage if any_tokens else 0)
 
 
-def _token_rows(columns: ColumnarPlan, carry: TokenBins, pieces: Any, ends: list) -> list:
+def _token_rows(
+    columns: ColumnarPlan,
+    carry: TokenBins,
+    pieces: Any,
+    ends: list,
+    roots: RootsView | None = None,
+) -> list:
     """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
-    four lists (codes, starts, lengths, leaves) and each row's end in them."""
+    four lists (codes, starts, lengths, leaves) and each row's end in them. With
+    ``roots`` (a mixture lane's draws as of now), the codes index them and each row's
+    lineage is made only when read (:class:`~zephon_jax.core.lineage.DeferredElement`)."""
     codes, starts, lengths, sources = pieces
     _, _, spec, field, training = columns.arguments
     reader = columns.reader
     tokens, several, translate = reader.tokens, reader.several, carry.translate
-    rows = []
+    rows: list[Element] = []
     begin = 0
     for end in ends:
         held = tuple(lengths[begin:end])
@@ -410,8 +426,11 @@ def _token_rows(columns: ColumnarPlan, carry: TokenBins, pieces: Any, ends: list
             sources[begin:end] if several else None, training,
         )  # fmt: skip
         parents = codes[begin:end]
-        parents = tuple(parents) if translate is None else translate(parents)
-        rows.append(Element(row, (parents, held)))
+        if roots is not None:
+            rows.append(DeferredElement(row, _row_lineage, (roots, columns.cut, parents, held)))
+        else:
+            parents = tuple(parents) if translate is None else translate(parents)
+            rows.append(Element(row, (parents, held)))
         begin = end
     return rows
 
@@ -464,7 +483,7 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
         lane.next_position = int(state[kc.POSITION])
         if n_rows > log.rows:
             made = n_rows - log.rows
-            rows = _logged_rows(columns, carry, log, n_out, n_rows)
+            rows = _logged_rows(columns, carry, log, n_out, n_rows, roots.view())
             lane.row_reached(rows, logged=True)
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
@@ -496,7 +515,7 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
 
 
 def _logged_rows(
-    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int
+    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: RootsView
 ) -> list:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
@@ -504,7 +523,7 @@ def _logged_rows(
     pieces = log.out[:, size:n_out].tolist()
     ends = (log.row_end[log.rows : n_rows] - size).tolist()
     log.size, log.rows = n_out, n_rows
-    return _token_rows(columns, carry, pieces, ends)
+    return _token_rows(columns, carry, pieces, ends, roots)
 
 
 # Drawn roots a lane keeps before it drops those neither its open rows nor its
@@ -529,10 +548,22 @@ def _prune_roots(lane: Any, cut: int) -> None:
 
 
 def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
-    """The lineages of pieces coded by drawn-root indices: ``((root,), piece)`` with a
-    cut, else the root (as the general path holds them)."""
+    """The lineages of pieces coded by indices into the lane's drawn roots (see
+    :func:`_lineages_of_draws`)."""
+    return _lineages_of_draws(lane.drawn.view(), cut, codes)
+
+
+def _lineages_of_draws(roots: RootsView, cut: int, codes: list) -> tuple:
+    """The lineages of pieces coded by indices into ``roots``: ``((root,), piece)`` with
+    a cut, else the root (as the general path holds them)."""
     if cut:
         parts = list(map(decode_piece, codes))
-        roots = lane.drawn.tuples([at for at, _ in parts])
-        return tuple(piece(root, j) for root, (_, j) in zip(roots, parts))
-    return tuple(lane.drawn.tuples(codes))
+        drawn = roots.tuples([at for at, _ in parts])
+        return tuple(piece(root, j) for root, (_, j) in zip(drawn, parts))
+    return tuple(roots.tuples(codes))
+
+
+def _row_lineage(roots: RootsView, cut: int, codes: list, held: tuple) -> tuple:
+    """A row's lineage, ``(its pieces' lineages, their lengths)``, its pieces coded by
+    indices into ``roots``."""
+    return _lineages_of_draws(roots, cut, codes), held

@@ -34,6 +34,12 @@ class RootsView(NamedTuple):
         """The draws at ``indices`` as a ``(3, n)`` array."""
         return self.array[:, indices - self.base]
 
+    def tuples(self, indices: Sequence[int]) -> list[tuple]:
+        """The draws at ``indices`` as ``(position, component, component draw)`` tuples,
+        the form a piece's lineage holds."""
+        at = np.asarray(indices, np.int64) - self.base
+        return list(map(tuple, self.array[:, at].T.tolist()))
+
 
 class DrawnRoots:
     """Draws ``base .. base + size - 1`` of one lane: ``array[:, i - base]`` is draw
@@ -78,10 +84,8 @@ class DrawnRoots:
         return RootsView(self.array[:, : self.size], self.base)
 
     def tuples(self, indices: Sequence[int]) -> list[tuple]:
-        """The draws at ``indices`` as ``(position, component, component draw)`` tuples,
-        the form a piece's lineage holds."""
-        at = np.asarray(indices, np.int64) - self.base
-        return list(map(tuple, self.array[:, at].T.tolist()))
+        """The draws at ``indices`` as tuples (see :meth:`RootsView.tuples`)."""
+        return self.view().tuples(indices)
 
     def drop_before(self, first: int) -> None:
         """Forgets the draws before index ``first`` (at most :attr:`end`) into a new

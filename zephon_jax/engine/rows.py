@@ -22,6 +22,38 @@ from zephon_jax.state.global_state import exclusion_of, lane_bytes
 from zephon_jax.state.lane_format import LaneSnapshot, decode_lane_state, encode_lane_state
 
 
+class Picks(Sequence[tuple[int, Any]]):
+    """``(lane, lineage)`` of each row of a batch, the lineages read from the rows'
+    elements only when first asked for (most batches are never asked)."""
+
+    __slots__ = ("_lanes", "_elements", "_pairs")
+
+    def __init__(self, lanes: list[int], elements: list[Element]):
+        self._lanes = lanes
+        self._elements = elements
+        self._pairs: list[tuple[int, Any]] | None = None
+
+    def _list(self) -> list[tuple[int, Any]]:
+        pairs = self._pairs
+        if pairs is None:
+            pairs = self._pairs = [(l, e.lineage) for l, e in zip(self._lanes, self._elements)]
+        return pairs
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Picks({self._list()!r})"
+
+
 def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     """Stacks rows (dicts of arrays, or arrays) into a batch with a leading row axis.
 
@@ -206,7 +238,7 @@ class RowProducer:
         if lanes is not None:
             running.update(lanes)
         self.lane_ids = sorted(running)
-        self.lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
+        self._lanes: dict[int, Lane] | None = None  # made on first use (see lanes)
         self._picks = {
             size: [(r // (size // batched.num_lanes), r % (size // batched.num_lanes)) for r in rs]
             for size, rs in self._rows.items()
@@ -219,9 +251,22 @@ class RowProducer:
         # The error that interrupted a batch: the lanes are then part-way through it.
         self._failure: BaseException | None = None
         # (lane, lineage) of each row of the last batch, for provenance.
-        self._last: list[tuple[int, Any]] | None = None
+        self._last: Picks | None = None
         self._stage_check_at = 0  # the next step at which the lanes' accounting looks up
         # the mixture stage (see zephon_jax.engine.accounting.stage_check)
+
+    @property
+    def lanes(self) -> dict[int, Lane]:
+        """The lanes this producer runs, by number: made on first use, so that a restore
+        right after building (a resumed job) makes them once, not twice."""
+        lanes = self._lanes
+        if lanes is None:
+            lanes = self._lanes = {l: Lane(self.plan, l) for l in self.lane_ids}
+        return lanes
+
+    @lanes.setter
+    def lanes(self, lanes: dict[int, Lane]) -> None:
+        self._lanes = lanes
 
     @property
     def rows(self) -> list[int]:
@@ -268,7 +313,7 @@ class RowProducer:
                 return None
             rows[l] = elements
         picked = [rows[l][i] for l, i in self._picks[size]]
-        self._last = [(l, element.lineage) for (l, _), element in zip(self._picks[size], picked)]
+        self._last = Picks([l for l, _ in self._picks[size]], picked)
         return [element.data for element in picked]
 
     def skip_rows(self) -> bool:
@@ -302,7 +347,7 @@ class RowProducer:
                 lane = self.lanes[l]
                 lane.tally.undelivered(len(elements), len(lane.pending))
 
-    def last_picks(self) -> list[tuple[int, Any]] | None:
+    def last_picks(self) -> Picks | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""
         return self._last
 

@@ -45,3 +45,12 @@ def test_dropping_nothing_only_sets_the_next_drop():
     roots = _filled(10)
     roots.drop_before(0)
     assert roots.base == 0 and len(roots) == 10 and roots.limit == 20
+
+
+def test_a_view_reads_its_draws_as_tuples_after_the_roots_grow_and_drop():
+    roots = _filled(10)
+    view = roots.view()
+    roots.extend_tuples([(50, 1, 60)] * 300)  # grows into a new array
+    roots.drop_before(200)
+    assert view.tuples([9, 0]) == [(9, 1, 19), (0, 0, 10)]
+    assert roots.tuples([200]) == [(50, 1, 60)]

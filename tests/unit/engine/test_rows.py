@@ -36,6 +36,8 @@ def test_picks_rows_of_two_lanes_in_the_order_asked():
     assert producer.last_picks() == [(1, 1), (0, 0)]  # (lane, lineage)
     assert xs(producer.next_rows()) == [7, 4]
     assert producer.last_picks() == [(1, 3), (0, 2)]
+    picks = producer.last_picks()
+    assert len(picks) == 2 and picks[0] == (1, 3) and list(picks) == [(1, 3), (0, 2)]
 
 
 def test_only_the_owning_lanes_run_for_an_endless_input():
