@@ -39,7 +39,7 @@ from zephon_jax.core.packed import (
 )
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins, OpenRows
-from zephon_jax.transforms.to_training import ToTrainingTransform
+from zephon_jax.transforms.to_training import ToTrainingTransform, fresh
 
 
 class TokenBins(OpenRows):
@@ -356,13 +356,13 @@ class TokenRow(PackedRow):
         Rows with ``training`` are shifted after the gather (after the general assembly
         where the gather does not take them)."""
         training = rows[0].training
-        packed = TokenRow.gather_batch(rows, None if training else pool)
+        packed = TokenRow.gather_batch(rows, pool)
         if training is None:
             return packed
         if packed is None:
             plain = [PackedRow(row.spec, row.fields, row.pieces, row.lengths) for row in rows]
             packed = assemble_rows(plain)
-        return training.apply_batch(packed)
+        return training.apply_batch(packed, fresh if pool is None else pool.empty)
 
     @staticmethod
     def gather_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:

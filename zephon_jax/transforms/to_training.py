@@ -34,7 +34,7 @@ a target equal to ``pad_id`` is never trained on, also inside a document.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -74,29 +74,44 @@ def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
     return shifted(*_packed(row), pad_id)
 
 
+def fresh(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new array for output ``name`` (contents arbitrary): :func:`shifted`'s default
+    ``empty``; a batch's assembly passes its output pool's instead."""
+    return np.empty(shape, dtype)
+
+
 def shifted(
     tokens: np.ndarray,
     segment_ids: np.ndarray,
     positions: np.ndarray,
     mask: np.ndarray | None,
     pad_id: int,
+    empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
 ) -> dict[str, np.ndarray]:
     """:func:`training_arrays` of packed arrays: one row (1-D) or a batch of rows (2-D,
-    row by row along the last axis, the same values as row by row)."""
+    row by row along the last axis, the same values as row by row). The new arrays
+    come from ``empty(name, shape, dtype)``, which must give arrays nothing else
+    uses (see :class:`~zephon_jax.core.packed.OutputPool`)."""
     segment_ids = segment_ids.astype(np.int32, copy=False)
-    inputs = tokens.astype(np.int32)
+    shape = tokens.shape
+    inputs = empty("inputs", shape, np.int32)
+    np.copyto(inputs, tokens, casting="unsafe")  # as tokens.astype(np.int32)
     # has_next[t]: position t + 1 lies in t's segment, which is not padding.
-    has_next = np.zeros(tokens.shape, bool)
+    has_next = empty("has_next", shape, np.bool_)
+    has_next[..., -1:] = False
     np.equal(segment_ids[..., 1:], segment_ids[..., :-1], out=has_next[..., :-1])
     has_next[..., :-1] &= segment_ids[..., :-1] != 0
-    targets = np.full(tokens.shape, pad_id, np.int32)
+    targets = empty("targets", shape, np.int32)
+    targets.fill(pad_id)
     np.copyto(targets[..., :-1], inputs[..., 1:], where=has_next[..., :-1])
     if mask is not None:
         has_next[..., :-1] &= mask[..., 1:] == 1
+    loss_mask = empty("loss_mask", shape, np.float32)
+    np.copyto(loss_mask, has_next)
     return {
         "inputs": inputs,
         "targets": targets,
-        "loss_mask": has_next.astype(np.float32),
+        "loss_mask": loss_mask,
         "segment_ids": segment_ids,
         "positions": positions.astype(np.int32, copy=False),
     }
@@ -159,13 +174,18 @@ class ToTrainingTransform:
     def apply(self, row: Any, rng_key: tuple) -> dict[str, np.ndarray]:
         return self._fields(*_packed(row))
 
-    def apply_batch(self, packed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def apply_batch(
+        self,
+        packed: Mapping[str, np.ndarray],
+        empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
+    ) -> dict[str, np.ndarray]:
         """The training fields of a batch of packed rows (``tokens``,
         ``tokens_segment_ids``, ``tokens_positions``, and ``loss_mask`` if rows carry
         one, each ``(rows, seq_len)``): the same arrays, byte for byte, as :meth:`apply`
-        of each row stacked."""
+        of each row stacked (new arrays of the default convention from ``empty``, see
+        :func:`shifted`)."""
         tokens, segment_ids, positions = (packed[f] for f in PACKED_FIELDS)
-        return self._fields(tokens, segment_ids, positions, packed.get("loss_mask"))
+        return self._fields(tokens, segment_ids, positions, packed.get("loss_mask"), empty)
 
     def output_names(self) -> tuple[str, ...]:
         """The fields of the rows it gives, in order."""
@@ -186,6 +206,7 @@ class ToTrainingTransform:
         segment_ids: np.ndarray,
         positions: np.ndarray,
         mask: np.ndarray | None,
+        empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
     ) -> dict[str, np.ndarray]:
         """The output fields of packed arrays (one row, or rows along the last axis)."""
         maxtext = self.convention == "maxtext"
@@ -193,7 +214,7 @@ class ToTrainingTransform:
             out = maxtext_shifted(tokens, segment_ids, positions, mask, self.pad_id)
             loss_mask = (out["targets_segmentation"] != 0).astype(np.float32)
         else:
-            out = shifted(tokens, segment_ids, positions, mask, self.pad_id)
+            out = shifted(tokens, segment_ids, positions, mask, self.pad_id, empty)
             loss_mask = out["loss_mask"]
         if self.field_names == "default":
             return {

@@ -163,3 +163,41 @@ def test_pool_hands_out_only_unreferenced_arrays():
     other[...] = 7
     assert np.asarray(on_device).tolist() == [[5] * 8] * 4
     assert pool.empty("y", (4, 8), np.dtype(np.int32)).ctypes.data != other.ctypes.data
+
+
+def _training_mixture() -> zj.BatchedDataset:
+    """A mixture by tokens, split, pack and to_training: on the column path, gathered and
+    shifted into pooled arrays (the shift's new fields as well)."""
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(1, 500, int(rng.integers(1, 120)), dtype=np.int32) for _ in range(300)]
+    sources = [zj.Dataset.source([{"tokens": d} for d in docs[k::2]]) for k in range(2)]
+    ds = zj.Dataset.mix(sources, [0.6, 0.4], unit="tokens").shuffle(2).split(64).pack(64)
+    return ds.to_training(pad_id=0).batch(8)
+
+
+def test_training_fields_are_pooled_and_kept_ones_never_overwritten():
+    ds = _training_mixture()
+    it = iter(zj.Loader(ds))
+    want = [copied(next(it)) for _ in range(STEPS)]
+    it = iter(zj.Loader(ds))
+    held: set[int] = set()  # the addresses of the arrays kept so far
+    seen: set[int] = set()
+    reused = 0
+    kept = []
+    for k in range(STEPS):
+        batch = next(it)
+        assert_batch_equal(batch, want[k])
+        assert not addresses(batch) & held
+        if k % 2:  # the whole batch is kept
+            part = batch
+        else:  # two of its fields are kept; the others may be reused
+            part = {"targets": batch["targets"], "loss_mask": batch["loss_mask"]}
+        reused += len(addresses(batch) & seen)  # arrays of fields dropped before
+        seen |= addresses(batch)
+        held |= addresses(part)
+        kept.append((k, part))
+        del batch
+    assert reused >= 3 * (STEPS // 2 - 1)  # inputs, segment_ids, positions
+    for k, got in kept:
+        for name, value in got.items():
+            assert value.tobytes() == want[k][name].tobytes(), (k, name)
