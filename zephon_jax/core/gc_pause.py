@@ -10,17 +10,10 @@ batches, in the caller's code.
 
 A restore builds objects that stay alive (the lanes' carries and rows), hundreds
 of thousands with many lanes; the first young collection after the pause would
-walk them all, and a later one again, only to keep them. A batch leaves fewer
-but still many alive until the next one (the rows lanes made ahead, the batch's
-row pointers for provenance; about 10,000 at 1024 lanes), which each young
-collection between batches walked again: at 1024 lanes that took about a tenth
-of the time. A pause marked ``long_lived`` moves the young objects to the oldest
-generation instead when it ends (``gc.freeze()`` then ``gc.unfreeze()``, no
-walk, and the young generation's count starts again from zero): they are looked
-at in the next full collection, like any long-lived object, and those that are
-garbage without a cycle are freed by reference counting as always. The loader
-makes no cyclic garbage per batch (a test checks it), so nothing it makes waits
-for a full collection to be freed.
+walk them all, and a later one again, only to keep them. A pause marked
+``long_lived`` moves the young objects to the oldest generation instead when it
+ends (``gc.freeze()`` then ``gc.unfreeze()``, no walk): they are looked at in
+the next full collection, like any long-lived object.
 
 The pause is process-wide (as :func:`gc.disable` is), nests, and is shared by
 threads (a device-prefetch thread and the main thread): the collector is

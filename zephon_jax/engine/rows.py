@@ -362,9 +362,7 @@ class RowProducer:
 
     def next_batch(self) -> Any:
         seconds = self.stage_seconds
-        # One pause for the rows and their assembly; what the batch leaves alive is moved
-        # out of the young generation unwalked (see zephon_jax.core.gc_pause).
-        with paused_gc(long_lived=True):
+        with paused_gc():  # one pause for the rows and their assembly
             started = time.perf_counter()
             rows = self.next_rows()
             made = time.perf_counter()
