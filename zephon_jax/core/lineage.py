@@ -80,6 +80,12 @@ class DeferredElement(Element):
     def lineage(self, value: Any) -> None:
         self._made, self._make, self._args = value, None, ()
 
+    def recipe(self) -> tuple[Callable[..., Any] | None, Any]:
+        """``(make, args)`` while the lineage is not made, else ``(None, lineage)``:
+        what makes it later without keeping this element."""
+        make = self._make
+        return (None, self._made) if make is None else (make, self._args)
+
 
 class Opaque:
     """Lineage of a record that cannot be regenerated: it carries the record itself."""

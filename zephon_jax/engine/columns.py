@@ -426,8 +426,9 @@ def _token_rows(
             sources[begin:end] if several else None, training,
         )  # fmt: skip
         parents = codes[begin:end]
-        if roots is not None:
-            rows.append(DeferredElement(row, _row_lineage, (roots, columns.cut, parents, held)))
+        if roots is not None:  # (plain data only: a batch's picks keep these arguments)
+            args = (roots.array, roots.base, columns.cut, tuple(parents), held)
+            rows.append(DeferredElement(row, _row_lineage, args))
         else:
             parents = tuple(parents) if translate is None else translate(parents)
             rows.append(Element(row, (parents, held)))
@@ -553,7 +554,7 @@ def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
     return _lineages_of_draws(lane.drawn.view(), cut, codes)
 
 
-def _lineages_of_draws(roots: RootsView, cut: int, codes: list) -> tuple:
+def _lineages_of_draws(roots: RootsView, cut: int, codes: Sequence[int]) -> tuple:
     """The lineages of pieces coded by indices into ``roots``: ``((root,), piece)`` with
     a cut, else the root (as the general path holds them)."""
     if cut:
@@ -563,7 +564,7 @@ def _lineages_of_draws(roots: RootsView, cut: int, codes: list) -> tuple:
     return tuple(roots.tuples(codes))
 
 
-def _row_lineage(roots: RootsView, cut: int, codes: list, held: tuple) -> tuple:
+def _row_lineage(array: np.ndarray, base: int, cut: int, codes: tuple, held: tuple) -> tuple:
     """A row's lineage, ``(its pieces' lineages, their lengths)``, its pieces coded by
-    indices into ``roots``."""
-    return _lineages_of_draws(roots, cut, codes), held
+    indices into the drawn roots ``RootsView(array, base)``."""
+    return _lineages_of_draws(RootsView(array, base), cut, codes), held

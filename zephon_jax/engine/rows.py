@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from zephon_jax.core.gc_pause import paused_gc
-from zephon_jax.core.lineage import Element
+from zephon_jax.core.lineage import DeferredElement, Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.engine.accounting import stage_check
 from zephon_jax.engine.exclusion import excluded_keys, excluded_records
@@ -23,20 +23,36 @@ from zephon_jax.state.lane_format import LaneSnapshot, decode_lane_state, encode
 
 
 class Picks(Sequence[tuple[int, Any]]):
-    """``(lane, lineage)`` of each row of a batch, the lineages read from the rows'
-    elements only when first asked for (most batches are never asked)."""
+    """``(lane, lineage)`` of each row of a batch, the lineages made only when first
+    asked for (most batches are never asked).
 
-    __slots__ = ("_lanes", "_elements", "_pairs")
+    It keeps what makes each lineage, not the rows: plain data (tuples of ints and
+    arrays, which the garbage collector stops tracking), so that the rows die with
+    the batch and what a batch leaves alive does not push the process towards full
+    collections (see :mod:`zephon_jax.core.gc_pause`)."""
+
+    __slots__ = ("_lanes", "_makes", "_values", "_pairs")
 
     def __init__(self, lanes: list[int], elements: list[Element]):
         self._lanes = lanes
-        self._elements = elements
+        self._makes: list = []  # a function per row, or None: the value is the lineage
+        self._values: list = []  # its arguments, or the lineage
+        for element in elements:
+            make, value = (
+                element.recipe() if type(element) is DeferredElement else (None, element.lineage)
+            )
+            self._makes.append(make)
+            self._values.append(value)
         self._pairs: list[tuple[int, Any]] | None = None
 
     def _list(self) -> list[tuple[int, Any]]:
         pairs = self._pairs
         if pairs is None:
-            pairs = self._pairs = [(l, e.lineage) for l, e in zip(self._lanes, self._elements)]
+            pairs = self._pairs = [
+                (l, value if make is None else make(*value))
+                for l, make, value in zip(self._lanes, self._makes, self._values)
+            ]
+            self._makes = self._values = []
         return pairs
 
     def __getitem__(self, i: Any) -> Any:

@@ -106,3 +106,35 @@ def test_stack_rows_assembles_packed_rows_among_plain_ones_together():
     assert calls == [3]  # one assembly for the three packed rows, not one each
     assert batch["t"].tolist() == [[0, 1, 0, 0], [7, 7, 7, 0], [1, 2, 0, 0], [2, 3, 0, 0]]
     assert batch["t_segment_ids"].tolist()[0] == [1, 1, 0, 0]
+
+
+def test_the_picks_keep_no_row_alive_and_give_the_rows_lineages():
+    """The batch's picks keep what makes each lineage (plain data the collector stops
+    tracking), not the rows, which die with the batch; the lineages are the rows' own
+    (those the general path gives)."""
+    import gc
+
+    from zephon_jax.core.lineage import DeferredElement
+
+    docs = [np.arange(1 + (i * 29) % 70, dtype=np.int32) for i in range(200)]
+    sources = [zj.Dataset.source([{"tokens": d} for d in docs[k::2]]) for k in range(2)]
+    ds = zj.Dataset.mix(sources, [0.5, 0.5], unit="tokens").split(32).pack(32).batch(4)
+    producer = RowProducer(ds, [3, 0, 2])
+    for _ in range(3):
+        producer.next_rows()
+    gc.collect()
+    pending = sum(len(lane.pending) for lane in producer.lanes.values())  # made ahead
+    live = sum(type(o) is DeferredElement for o in gc.get_objects())
+    assert live == pending  # none of the batch's rows
+    picks = producer.last_picks()
+    gc.collect()  # the inner tuples are untracked first, then the tuples holding them
+    assert not any(gc.is_tracked(v) for v in picks._values)
+    previous = zj.set_compiled(False)
+    try:
+        general = RowProducer(ds, [3, 0, 2])
+        for _ in range(3):
+            general.next_rows()
+        assert general.plan.columnar is None and producer.plan.columnar is not None
+        assert picks == general.last_picks()
+    finally:
+        zj.set_compiled(previous)
