@@ -74,6 +74,11 @@ def training_arrays(row: Any, pad_id: int) -> dict[str, np.ndarray]:
     return shifted(*_packed(row), pad_id)
 
 
+# Gives a new array for an output field, ``(name, shape, dtype) -> array`` (contents
+# arbitrary); nothing else may use the array.
+Allocate = Callable[[str, tuple[int, ...], Any], np.ndarray]
+
+
 def fresh(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A new array for output ``name`` (contents arbitrary): :func:`shifted`'s default
     ``empty``; a batch's assembly passes its output pool's instead."""
@@ -86,7 +91,7 @@ def shifted(
     positions: np.ndarray,
     mask: np.ndarray | None,
     pad_id: int,
-    empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
+    empty: Allocate = fresh,
 ) -> dict[str, np.ndarray]:
     """:func:`training_arrays` of packed arrays: one row (1-D) or a batch of rows (2-D,
     row by row along the last axis, the same values as row by row). The new arrays
@@ -177,7 +182,7 @@ class ToTrainingTransform:
     def apply_batch(
         self,
         packed: Mapping[str, np.ndarray],
-        empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
+        empty: Allocate = fresh,
     ) -> dict[str, np.ndarray]:
         """The training fields of a batch of packed rows (``tokens``,
         ``tokens_segment_ids``, ``tokens_positions``, and ``loss_mask`` if rows carry
@@ -206,7 +211,7 @@ class ToTrainingTransform:
         segment_ids: np.ndarray,
         positions: np.ndarray,
         mask: np.ndarray | None,
-        empty: Callable[[str, tuple[int, ...], Any], np.ndarray] = fresh,
+        empty: Allocate = fresh,
     ) -> dict[str, np.ndarray]:
         """The output fields of packed arrays (one row, or rows along the last axis)."""
         maxtext = self.convention == "maxtext"

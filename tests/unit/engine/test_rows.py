@@ -4,10 +4,13 @@ rows; the state round trip; and the row checks."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
 import zephon_jax as zj
+from zephon_jax.core.lineage import DeferredElement
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.engine.rows import (
     RowProducer,
@@ -112,10 +115,6 @@ def test_the_picks_keep_no_row_alive_and_give_the_rows_lineages():
     """The batch's picks keep what makes each lineage (plain data the collector stops
     tracking), not the rows, which die with the batch; the lineages are the rows' own
     (those the general path gives)."""
-    import gc
-
-    from zephon_jax.core.lineage import DeferredElement
-
     docs = [np.arange(1 + (i * 29) % 70, dtype=np.int32) for i in range(200)]
     sources = [zj.Dataset.source([{"tokens": d} for d in docs[k::2]]) for k in range(2)]
     ds = zj.Dataset.mix(sources, [0.5, 0.5], unit="tokens").split(32).pack(32).batch(4)
