@@ -44,6 +44,9 @@ def _documents(seed: int, num: int = 300, sigma: float = 1.2, longest: int = 400
 TOKENS = TokenArray.from_documents(_documents(0))
 SHORT = TokenArray.from_documents(_documents(1, num=200, sigma=0.5), dtype=np.uint16)
 FEW = TokenArray.from_documents(_documents(2, num=20), dtype=np.uint16)
+# Tokens in uint32, which to_training's int32 fields do not always hold: packed as int64, the
+# gather does not shift them (see ToTrainingTransform.fused_pad).
+WIDE = TokenArray.from_documents(_documents(3), dtype=np.uint32)
 
 
 def _mixture(epochs: int | None = None) -> zj.Dataset:
@@ -67,6 +70,7 @@ def _pipeline(
     epochs: int | None = None,
     mix: bool = False,
     training: dict | None = None,
+    dtypes: dict | None = None,
 ) -> zj.BatchedDataset:
     if mix:
         ds = _mixture(epochs).shuffle(seed=3)
@@ -76,7 +80,9 @@ def _pipeline(
             ds = ds.repeat(epochs)
     if cut is not None:
         ds = ds.split(cut)
-    ds = ds.pack(seq_len, method=method, num_bins=num_bins, max_segments=max_segments)
+    ds = ds.pack(
+        seq_len, method=method, num_bins=num_bins, max_segments=max_segments, dtypes=dtypes
+    )
     if training is not None:
         ds = ds.to_training(**training)
     return ds.batch(batch, num_lanes=num_lanes)
@@ -139,6 +145,12 @@ CASES = {
     "mixture, first fit, short pieces": {"mix": True, "method": "first_fit", "cut": 16},
     "finite mixture": {"mix": True, "epochs": 1, "num_lanes": 2, "batch": 4},
     "to_training": {"training": {}},
+    "to_training, a pad id, no split": {"training": {"pad_id": 5}, "cut": None, "seq_len": 400},
+    "to_training, tokens int32 may not hold": {
+        "training": {"pad_id": 3},
+        "source": WIDE,
+        "dtypes": {"tokens": np.int64},
+    },
     "to_training, MaxText's names": {"training": {"field_names": "maxtext"}, "cut": 20},
     "to_training, MaxText's convention": {
         "training": {"pad_id": 7, "convention": "maxtext"},

@@ -20,8 +20,9 @@ one piece at a time (:func:`place_piece`): best_fit takes the fullest row with
 room (the lowest of equals), first_fit the first row with room in the order the
 rows opened; if none has room, the fullest row (the lowest of equals) is emitted
 and the piece starts a new row there, for first_fit after the others; a row is
-emitted once full or at ``max_segments``. ``gather``: writes packed rows into the
-batch arrays. ``mix64`` and ``permute``: the sampler's keyed hash and permutation
+emitted once full or at ``max_segments``. ``gather``: writes packed rows (or the
+fields a ``to_training`` fused into it makes of them) into the batch arrays.
+``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`).
 """
 
@@ -233,12 +234,19 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
 
 @jit
 def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
-            positions):  # fmt: skip
+           positions, targets, loss_mask, pad_id):  # fmt: skip
     """Row ``r`` of the batch from pieces ``row_end[r - 1]:row_end[r]``: their tokens one
     after the other (piece ``k`` from ``tokens[leaves[k]]``), segment ids 1, 2, ... and
     positions 0, 1, ... (``counting[:n]``) within each piece; zeros after the last piece.
     With ``low <= high``, first checks that every token lies in ``[low, high]`` (what the
-    output dtype holds) and returns False, writing nothing, if one does not; else True."""
+    output dtype holds) and returns False, writing nothing, if one does not; else True.
+
+    With rows in ``targets`` (``to_training`` fused into the gather; else pass empty
+    arrays), ``values`` are the inputs, and each token's target is the next token of its
+    piece, with ``loss_mask`` 1; a piece's last token and the padding get ``pad_id`` and
+    0: the fields :func:`~zephon_jax.transforms.to_training.shifted` makes of the
+    gathered rows (segment ids differ between pieces, so a piece ends where its segment
+    does)."""
     if low <= high:
         for k in range(starts.shape[0]):
             source = tokens[leaves[k]]
@@ -246,6 +254,7 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
             for t in range(s, s + lengths[k]):
                 if source[t] < low or source[t] > high:
                     return False
+    shift = targets.shape[0] > 0
     begin = 0
     for r in range(values.shape[0]):
         row, segments, row_positions = values[r], segment_ids[r], positions[r]
@@ -254,14 +263,23 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
         for k in range(begin, row_end[r]):
             s = starts[k]
             n = lengths[k]
-            row[at : at + n] = tokens[leaves[k]][s : s + n]
+            source = tokens[leaves[k]]
+            row[at : at + n] = source[s : s + n]
             segments[at : at + n] = segment
             row_positions[at : at + n] = counting[:n]
+            if shift and n > 0:
+                targets[r, at : at + n - 1] = source[s + 1 : s + n]
+                targets[r, at + n - 1] = pad_id
+                loss_mask[r, at : at + n - 1] = 1
+                loss_mask[r, at + n - 1] = 0
             at += n
             segment += 1
         row[at:] = 0
         segments[at:] = 0
         row_positions[at:] = 0
+        if shift:
+            targets[r, at:] = pad_id
+            loss_mask[r, at:] = 0
         begin = row_end[r]
     return True
 

@@ -9,7 +9,9 @@ lane resolves its next positions to document ids, and one kernel call per block
 cuts the documents into pieces and places them into the lane's
 :class:`~zephon_jax.operators.token_bins.TokenBins`, returning the finished rows
 as :class:`~zephon_jax.operators.token_bins.TokenRow`. A ``to_training`` after
-``pack`` shifts the gathered batch arrays as a whole.
+``pack`` is made by the gather of the batch, or shifts the gathered batch arrays as
+a whole (see :meth:`TokenRow.assemble_batch
+<zephon_jax.operators.token_bins.TokenRow.assemble_batch>`).
 
 It is the general path's exact twin: the blocks have the same sizes, the
 pieces go into the same rows in the same order, rows and held records have the

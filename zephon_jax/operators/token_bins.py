@@ -353,21 +353,27 @@ class TokenRow(PackedRow):
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
         """``rows`` as a batch by one compiled gather, or None if they are not all
         TokenRows of one set of token arrays and one pack (the general assembly then runs).
-        Rows with ``training`` are shifted after the gather (after the general assembly
-        where the gather does not take them)."""
+        Rows with ``training`` are shifted in the gather where the transform can be fused
+        into it (see :meth:`~zephon_jax.transforms.to_training.ToTrainingTransform.fused_pad`),
+        else after it (after the general assembly where the gather does not take them)."""
         training = rows[0].training
         packed = TokenRow.gather_batch(rows, pool)
         if training is None:
             return packed
+        empty = fresh if pool is None else pool.empty
         if packed is None:
             plain = [PackedRow(row.spec, row.fields, row.pieces, row.lengths) for row in rows]
-            packed = assemble_rows(plain)
-        return training.apply_batch(packed, fresh if pool is None else pool.empty)
+            return training.apply_batch(assemble_rows(plain), empty)
+        if _fused(rows[0]) is not None:
+            return training.named_batch(packed)
+        return training.apply_batch(packed, empty)
 
     @staticmethod
     def gather_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
         """The packed fields of ``rows`` by one compiled gather, or None (see
-        :meth:`assemble_batch`)."""
+        :meth:`assemble_batch`); where ``to_training`` is fused into the gather, its fields
+        under the default names instead (see
+        :func:`~zephon_jax.transforms.to_training.shifted`)."""
         compiled = kernels()
         first = rows[0]
         tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
@@ -390,18 +396,26 @@ class TokenRow(PackedRow):
                 leaves += row.leaves or ()
         if compiled is None:
             return None
+        pad_id = _fused(first)
         tokens, starts, leaves = concrete(tokens, starts, lengths, leaves)
         (field,) = fields
         shape = (len(rows), spec.seq_len)
 
-        def empty(name: str, dtype: np.dtype) -> np.ndarray:
+        def empty(name: str, dtype: Any) -> np.ndarray:
             return np.empty(shape, dtype) if pool is None else pool.empty(name, shape, dtype)
 
-        dtype = spec.dtype(field)
+        if pad_id is None:
+            dtype = spec.dtype(field)
+            names = (field, field + SEGMENT_IDS, field + POSITIONS)
+            targets = loss_mask = np.empty((0, 0), np.int32)
+        else:
+            dtype = np.dtype(np.int32)
+            names = ("inputs", "segment_ids", "positions")
+            targets, loss_mask = empty("targets", np.int32), empty("loss_mask", np.float32)
         low, high = value_bounds(tokens[0].dtype, dtype)
-        values = empty(field, dtype)
-        segment_ids = empty(field + SEGMENT_IDS, SEGMENT_DTYPE)
-        positions = empty(field + POSITIONS, SEGMENT_DTYPE)
+        values = empty(names[0], dtype)
+        segment_ids = empty(names[1], SEGMENT_DTYPE)
+        positions = empty(names[2], SEGMENT_DTYPE)
         fits = compiled.gather(
             tokens,
             np.array(starts, np.int64),
@@ -414,10 +428,30 @@ class TokenRow(PackedRow):
             values,
             segment_ids,
             positions,
+            targets,
+            loss_mask,
+            0 if pad_id is None else pad_id,
         )
         if not fits:  # a token the output dtype cannot hold: the general assembly says which
             return None
-        return {field: values, field + SEGMENT_IDS: segment_ids, field + POSITIONS: positions}
+        if pad_id is None:
+            return dict(zip(names, (values, segment_ids, positions)))
+        return {
+            "inputs": values,
+            "targets": targets,
+            "loss_mask": loss_mask,
+            "segment_ids": segment_ids,
+            "positions": positions,
+        }
+
+
+def _fused(row: TokenRow) -> int | None:
+    """The pad id where ``row``'s ``to_training`` is fused into the gather, else None."""
+    training = row.training
+    if training is None:
+        return None
+    tokens: Any = row.tokens  # the token arrays, or a reader of them (see concrete)
+    return training.fused_pad(tokens[0].dtype if type(tokens) is tuple else tokens.dtype)
 
 
 def concrete(

@@ -192,6 +192,20 @@ class ToTrainingTransform:
         tokens, segment_ids, positions = (packed[f] for f in PACKED_FIELDS)
         return self._fields(tokens, segment_ids, positions, packed.get("loss_mask"), empty)
 
+    def fused_pad(self, dtype: Any) -> int | None:
+        """The pad id where a compiled gather of packed rows of tokens of ``dtype`` can
+        make this transform's fields at once (the default convention, tokens that int32
+        always holds), else None: the gathered rows are then shifted by
+        :meth:`apply_batch`."""
+        if self.convention != "default" or not np.can_cast(dtype, np.int32, "safe"):
+            return None
+        return self.pad_id
+
+    def named_batch(self, out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The output fields of a batch of :func:`shifted`'s fields (``out``), made by a
+        gather that fused this transform (see :meth:`fused_pad`)."""
+        return self._named(out, out["loss_mask"])
+
     def output_names(self) -> tuple[str, ...]:
         """The fields of the rows it gives, in order."""
         if self.field_names == "default":
@@ -221,6 +235,12 @@ class ToTrainingTransform:
         else:
             out = shifted(tokens, segment_ids, positions, mask, self.pad_id, empty)
             loss_mask = out["loss_mask"]
+        return self._named(out, loss_mask)
+
+    def _named(self, out: Mapping[str, np.ndarray], loss_mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The output fields under this transform's names, from the convention's fields
+        ``out`` and the loss mask."""
+        maxtext = self.convention == "maxtext"
         if self.field_names == "default":
             return {
                 "inputs": out["inputs"],

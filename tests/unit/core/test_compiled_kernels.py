@@ -26,7 +26,7 @@ from zephon_jax.operators import pack, token_bins
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
-           "draw_place")  # fmt: skip
+           "draw_place", "gather")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -392,3 +392,62 @@ def test_draw_place_appends_after_the_pieces_rows_and_draws_already_written(kern
     assert appended.drawn == fresh.drawn and appended.rows == fresh.rows
     assert appended.stops[-1] == fresh.stops[-1] == ck.ROWS_MADE and len(appended.rows) == 2
     assert ck.DRAWN_FULL in appended.stops and ck.OUT_FULL in appended.stops
+
+
+def _gather(ck, pieces, seq_len, pad_id=None):
+    """Gathers rows of ``pieces`` (per row, ``(start, length)`` spans of one token array)
+    with the kernel: the packed fields, or the fields to_training makes (``pad_id``)."""
+    tokens = (np.arange(100, 130, dtype=np.uint16),)
+    flat = [p for row in pieces for p in row]
+    starts, lengths = (np.array([p[i] for p in flat], np.int64) for i in (0, 1))
+    row_end = np.cumsum([len(row) for row in pieces]).astype(np.int64)
+    shape = (len(pieces), seq_len)
+    dtype = np.int32 if pad_id is not None else np.int64
+    values = np.full(shape, -1, dtype)
+    segment_ids, positions = np.full(shape, -1, np.int32), np.full(shape, -1, np.int32)
+    if pad_id is None:
+        targets = loss_mask = np.empty((0, 0), np.int32)
+    else:
+        targets, loss_mask = np.full(shape, -1, np.int32), np.full(shape, -1, np.float32)
+    fits = ck.gather(
+        tokens, starts, lengths, np.zeros(len(flat), np.int64), row_end,
+        np.arange(seq_len, dtype=np.int32), 0, -1, values, segment_ids, positions, targets,
+        loss_mask, 0 if pad_id is None else pad_id,
+    )  # fmt: skip
+    assert fits
+    return values, segment_ids, positions, targets, loss_mask
+
+
+def test_gather_writes_rows_and_fused_to_training_shifts_within_pieces(kernels):
+    rows = [[(0, 3), (10, 2)], [(20, 1)]]  # tokens 100.., so span (s, n) is 100+s..
+    values, segment_ids, positions, targets, loss_mask = _gather(kernels, rows, 6, pad_id=9)
+    assert values.tolist() == [[100, 101, 102, 110, 111, 0], [120, 0, 0, 0, 0, 0]]
+    assert segment_ids.tolist() == [[1, 1, 1, 2, 2, 0], [1, 0, 0, 0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 0, 0, 0, 0, 0]]
+    # A token's target is the next token of its piece; a piece's last token and padding
+    # get the pad id and no loss.
+    assert targets.tolist() == [[101, 102, 9, 111, 9, 9], [9, 9, 9, 9, 9, 9]]
+    assert loss_mask.tolist() == [[1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fused_to_training_equals_shifting_the_gathered_rows(kernels, seed):
+    from zephon_jax.transforms.to_training import shifted
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(6):
+        room, row = 16, []
+        while room and rng.random() < 0.8:
+            n = int(rng.integers(1, room + 1))
+            row.append((int(rng.integers(0, 30 - n + 1)), n))
+            room -= n
+        rows.append(row)
+    packed = _gather(kernels, rows, 16)
+    want = shifted(packed[0], packed[1], packed[2], None, 4)
+    values, segment_ids, positions, targets, loss_mask = _gather(kernels, rows, 16, pad_id=4)
+    got = {"inputs": values, "targets": targets, "loss_mask": loss_mask,
+           "segment_ids": segment_ids, "positions": positions}  # fmt: skip
+    assert got.keys() == want.keys()
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype and np.array_equal(got[name], array), name
