@@ -71,10 +71,12 @@ class StreamTokens(ArrayTokens):
 
     def materialize(
         self, starts: Any, lengths: Any, leaves: Any
-    ) -> tuple[tuple[np.ndarray], np.ndarray]:
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         """Reads pieces ``[starts[k], starts[k] + lengths[k])`` of leaves ``leaves[k]``
         (None: all of the first): one batched read per leaf. Returns ``(tokens, at)``:
-        piece ``k`` is ``tokens[0][at[k]:at[k] + lengths[k]]``."""
+        piece ``k`` is ``tokens[leaves[k]][at[k]:at[k] + lengths[k]]``, one array per
+        leaf (empty for leaves no piece is of), so the pieces are not copied again
+        into one array."""
         starts = np.asarray(starts, np.int64)
         lengths = np.asarray(lengths, np.int64)
         if leaves is None or not self.several:
@@ -82,15 +84,12 @@ class StreamTokens(ArrayTokens):
             return (flat.astype(self.dtype, copy=False),), at
         leaves = np.asarray(leaves, np.int64)
         at = np.empty(len(starts), np.int64)
-        parts = []
-        done = 0
+        parts = [np.zeros(0, self.dtype)] * len(self.bases)
         for leaf in np.unique(leaves).tolist():
             where = np.flatnonzero(leaves == leaf)
-            flat, spans = self.read_spans(leaf, starts[where], lengths[where])
-            at[where] = spans + done
-            parts.append(flat.astype(self.dtype, copy=False))
-            done += len(flat)
-        return (np.concatenate(parts) if parts else np.zeros(0, self.dtype),), at
+            flat, at[where] = self.read_spans(leaf, starts[where], lengths[where])
+            parts[leaf] = flat.astype(self.dtype, copy=False)
+        return tuple(parts), at
 
 
 class StoreTokens(StreamTokens):

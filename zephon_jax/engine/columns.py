@@ -524,7 +524,7 @@ def _logged_rows(
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
     size = log.size
     pieces = log.out[:, size:n_out].tolist()
-    ends = (log.row_end[log.rows : n_rows] - size).tolist()
+    ends = [end - size for end in log.row_end[log.rows : n_rows].tolist()]
     log.size, log.rows = n_out, n_rows
     return _token_rows(columns, carry, pieces, ends, roots)
 

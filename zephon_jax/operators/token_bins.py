@@ -461,11 +461,12 @@ def concrete(
     ``tokens[leaves[k]]`` (``leaves`` None: all of ``tokens[0]``), with the token arrays
     in memory: as given where ``tokens`` is a tuple of arrays, else read now by
     ``tokens.materialize`` (a reader whose pieces are read when rows are gathered, see
-    :mod:`zephon_jax.engine.column_sources`), which gives new starts into one array."""
+    :mod:`zephon_jax.engine.column_sources`), which gives new starts into one array
+    per leaf."""
     if type(tokens) is tuple:
         return tokens, starts, leaves
     tokens, at = tokens.materialize(starts, lengths, leaves)
-    return tokens, at, None if leaves is None else np.zeros(len(at), np.int64)
+    return tokens, at, leaves
 
 
 def value_bounds(source: np.dtype, out: np.dtype) -> tuple[int, int]:

@@ -170,10 +170,6 @@ class IdsAhead:
         self.record = np.zeros(shape, np.int64)
         self.tokens = np.zeros(shape, np.int64)
 
-    def has(self, component: int, sub: int) -> bool:
-        """Whether draw ``sub`` of ``component`` is read ahead."""
-        return 0 <= sub - int(self.first[component]) < int(self.size[component])
-
     def put(
         self,
         component: int,
@@ -584,8 +580,9 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
         return
     first = drawers[0]
     asked = []  # (drawer, component, subs, valid, leaf ids, records)
+    reads = _reads_next(drawers)
     for component, child in enumerate(first.node.children):
-        todo = [d for d in drawers if _reads_next(d, component)]
+        todo = [drawers[i] for i in np.flatnonzero(reads[:, component]).tolist()]
         if not todo:
             continue
         subs = [d._next_chunk(component, int(d.next_sub[component])) for d in todo]
@@ -605,16 +602,17 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
         at += count
 
 
-def _reads_next(drawer: MixtureDrawer, component: int) -> bool:
-    """Whether ``drawer``'s next draw of ``component`` (weighted now) would read ahead."""
-    end = drawer._ends[component]
-    sub = int(drawer.next_sub[component])
-    assert drawer.ids_ahead is not None
-    return (
-        not drawer.ids_ahead.has(component, sub)
-        and drawer.quanta[drawer.stage][component] > 0
-        and (end is None or sub < end)
-    )
+def _reads_next(drawers: Sequence[MixtureDrawer]) -> np.ndarray:
+    """``reads[i, j]``: whether ``drawers[i]``'s next draw of component ``j`` (weighted
+    in its stage, with draws left) would read ahead, for all the drawers at once."""
+    aheads = [d.ids_ahead for d in drawers]
+    subs = np.array([d.next_sub for d in drawers])
+    ends = np.array([d.ends for d in drawers])
+    first = np.array([a.first for a in aheads])  # type: ignore[union-attr]
+    size = np.array([a.size for a in aheads])  # type: ignore[union-attr]
+    weighted = np.array([d.quanta[d.stage] for d in drawers]) > 0
+    held = (subs >= first) & (subs - first < size)
+    return ~held & weighted & ((ends < 0) | (subs < ends))
 
 
 def locate_roots_lanes(

@@ -60,16 +60,19 @@ def test_store_tokens_place_from_offsets_and_read_nothing():
     assert a.reads == [] and b.reads == []  # nothing is read to place documents
 
 
-def test_store_tokens_materialize_reads_each_store_once_in_piece_order():
+def test_store_tokens_materialize_reads_each_store_once_into_an_array_per_store():
     a = FakeStore([[1, 2], [3, 4, 5]])
     b = FakeStore([[9], [8, 7]])
-    reader = StoreTokens([a, b], np.dtype(np.int32))
+    c = FakeStore([[6]])
+    reader = StoreTokens([a, b, c], np.dtype(np.int32))
     # pieces: store 1 tokens 1:3 (8 7), store 0 tokens 3:5 (4 5), store 1 token 0 (9)
-    (flat,), at = reader.materialize([1, 3, 0], [2, 2, 1], [1, 0, 1])
-    assert len(a.reads) == 1 and len(b.reads) == 1
-    got = [flat[s : s + n].tolist() for s, n in zip(at.tolist(), [2, 2, 1])]
+    leaves = [1, 0, 1]
+    tokens, at = reader.materialize([1, 3, 0], [2, 2, 1], leaves)
+    assert len(a.reads) == 1 and len(b.reads) == 1 and c.reads == []
+    assert len(tokens) == 3 and len(tokens[2]) == 0  # no piece of store 2: nothing read
+    got = [tokens[l][s : s + n].tolist() for l, s, n in zip(leaves, at.tolist(), [2, 2, 1])]
     assert got == [[8, 7], [4, 5], [9]]
-    assert flat.dtype == np.int32
+    assert all(t.dtype == np.int32 for t in tokens)
 
 
 def test_store_tokens_materialize_of_one_store_needs_no_leaves():
