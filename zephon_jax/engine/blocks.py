@@ -15,6 +15,8 @@ part of its state, as pointers). Rows do not depend on the blocks; states do
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 BLOCK_PER_ROW = 8  # records per row still needed
 MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once
 MAX_BLOCK = 128
@@ -41,3 +43,40 @@ def next_block(size: int, missing: int, grew: bool, cap: int = MAX_BLOCK) -> int
     the last block made a row; ``cap``: see :func:`block_cap`."""
     need = first_block(missing, cap)
     return need if grew or not size else min(MAX_BLOCK, max(2 * size, need))
+
+
+# Reads the lane's next records: ``read(size) -> (block, counted)`` for the records at
+# the next ``size`` positions (fewer at the end of the input), ``block`` what is left to
+# place (None: nothing) and ``counted`` how many count towards the no-progress error;
+# None past the end of the input.
+ReadBlock = Callable[[int], "tuple[Any, int] | None"]
+
+
+def fill_pending(lane: Any, n: int, read: ReadBlock, place: Callable[[Any], None]) -> bool:
+    """Reads blocks of the lane's records and places them (``place(block)``, which puts
+    the rows they finish into ``lane.pending``) until the lane holds ``n`` finished rows;
+    False if its input ends first. The one block loop of every path of a lane without a
+    mixture drawer: the block sizes (see :func:`next_block`), the end of the input
+    (``lane.finish_input()``) and the no-progress error (``lane.raise_no_progress()``
+    once more than ``max_records_without_row`` records in a row made no row; no block
+    reads past the record that makes it)."""
+    pending = lane.pending
+    limit = lane.plan.max_records_without_row
+    size = 0
+    had = -1
+    while len(pending) < n:
+        if lane.input_done:
+            return False
+        size = next_block(size, n - len(pending), len(pending) != had, lane.block_cap(n))
+        had = len(pending)
+        got = read(min(size, limit + 1 - lane.without_row))
+        if got is None:
+            lane.finish_input()
+            continue
+        block, counted = got
+        lane.without_row += counted  # reset when a row reaches ``pending``
+        if block is not None:
+            place(block)
+        if lane.without_row > limit:
+            lane.raise_no_progress()
+    return True

@@ -81,14 +81,14 @@ class StreamTokens(ArrayTokens):
         lengths = np.asarray(lengths, np.int64)
         if leaves is None or not self.several:
             flat, at = self.read_spans(0, starts, lengths)
-            return (flat.astype(self.dtype, copy=False),), at
+            return (np.ascontiguousarray(flat, self.dtype),), at
         leaves = np.asarray(leaves, np.int64)
         at = np.empty(len(starts), np.int64)
         parts = [np.zeros(0, self.dtype)] * len(self.bases)
         for leaf in np.unique(leaves).tolist():
             where = np.flatnonzero(leaves == leaf)
             flat, at[where] = self.read_spans(leaf, starts[where], lengths[where])
-            parts[leaf] = flat.astype(self.dtype, copy=False)
+            parts[leaf] = np.ascontiguousarray(flat, self.dtype)  # one array type
         return tuple(parts), at
 
 

@@ -40,7 +40,7 @@ from zephon_jax.core.lineage import (
     decode_piece,
     piece,
 )
-from zephon_jax.engine.blocks import first_block, next_block
+from zephon_jax.engine.blocks import fill_pending, first_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
 from zephon_jax.engine.drawn_roots import RootsView
 from zephon_jax.engine.exclusion import excluded_columns
@@ -195,31 +195,26 @@ def take_columns(lane: Any, n: int) -> list | None:
     if lane.drawer is not None:
         return _take_drawn(lane, n)
     if len(pending) < n:
-        plan = lane.plan
-        columns = plan.columnar
-        limit = plan.max_records_without_row
-        size = 0
-        had = -1
-        while len(pending) < n:
-            if lane.input_done:
-                return None
-            size = next_block(size, n - len(pending), len(pending) != had, lane.block_cap(n))
-            had = len(pending)
-            block = _next_documents(lane, min(size, limit + 1 - lane.without_row))
-            if block is None:
-                lane.finish_input()
-                continue
-            positions, leaves, records = block
-            lane.without_row += len(records)  # reset when a row reaches ``pending``
-            if plan.excluded:  # records a state excludes (see zephon_jax.engine.exclusion)
-                positions, leaves, records = excluded_columns(
-                    plan.excluded, positions, leaves, records
-                )
-            if len(records):
-                _place(lane, columns, positions, leaves, records)
-            if lane.without_row > limit:
-                lane.raise_no_progress()
+        read = functools.partial(_document_block, lane)
+        place = functools.partial(_place, lane, lane.plan.columnar)
+        if not fill_pending(lane, n, read, place):
+            return None
     return [pending.popleft() for _ in range(n)]
+
+
+def _document_block(lane: Any, size: int) -> tuple[tuple | None, int] | None:
+    """:data:`~zephon_jax.engine.blocks.ReadBlock` of a column-wise lane: the positions,
+    leaves and document ids of its next ``size`` positions, less those skipped and
+    those a state excludes (see :mod:`zephon_jax.engine.exclusion`)."""
+    block = _next_documents(lane, size)
+    if block is None:
+        return None
+    positions, leaves, records = block
+    counted = len(records)
+    excluded = lane.plan.excluded
+    if excluded:
+        positions, leaves, records = excluded_columns(excluded, positions, leaves, records)
+    return ((positions, leaves, records) if len(records) else None), counted
 
 
 def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
@@ -313,11 +308,11 @@ def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return positions[window], leaves[window], records[window]
 
 
-def _place(
-    lane: Any, columns: ColumnarPlan, positions: np.ndarray, leaves: np.ndarray, records: np.ndarray
-) -> None:
-    """Places the documents ``records`` of ``leaves`` (at lane ``positions``) into the
-    lane's open rows; finished rows go to ``pending``."""
+def _place(lane: Any, columns: ColumnarPlan, block: tuple) -> None:
+    """Places a block of documents, ``(positions, leaves, records)`` (the documents
+    ``records`` of ``leaves`` at lane ``positions``), into the lane's open rows;
+    finished rows go to ``pending``."""
+    positions, leaves, records = block
     carry = _open_rows(lane, columns)
     _place_spans(lane, columns, carry, positions, *columns.reader.block(leaves, records))
 

@@ -27,6 +27,7 @@ and continues exactly where the state left off.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import operator
 from typing import Any, Sequence
@@ -36,7 +37,7 @@ import numpy as np
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, draw_parts, first_root, is_draw, root_position
 from zephon_jax.engine.accounting import Tally
-from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, first_block, next_block
+from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, fill_pending, first_block
 from zephon_jax.engine.columns import (
     columnar_plan,
     read_documents_ahead,
@@ -487,50 +488,43 @@ class Lane:
         pending = self.pending
         if len(pending) >= n:  # made ahead by the last block
             return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
-        push = self._push
+        if self.drawer is not None:
+            done = self._draw_pending(n)
+        else:  # in blocks (see zephon_jax.engine.blocks)
+            done = fill_pending(self, n, self._next_block, functools.partial(self._push, 0))
+        return [pending.popleft() for _ in range(n)] if done else None
+
+    def _draw_pending(self, n: int) -> bool:
+        """Draws and pushes records one at a time (a mixture drawer's draws depend on the
+        step) until the lane holds ``n`` finished rows; False if its input ends first."""
+        pending = self.pending
         limit = self.plan.max_records_without_row
         drawer = self.drawer
-        if drawer is not None:
-            stage = drawer.node.stages.index_at(self.step)
-        # Records go through the operators in blocks (see zephon_jax.engine.blocks): the
-        # sizes depend only on the state, so a restored lane cuts the same blocks.
-        size = 0
-        had = -1
+        assert drawer is not None
+        stage = drawer.node.stages.index_at(self.step)
         while len(pending) < n:
             if self.input_done:
-                return None
-            if drawer is not None:  # one at a time: its draws depend on the step
-                item = drawer.draw(stage, self.next_position)
-                if item is None:
-                    self.finish_input()
-                    continue
-                self.next_position += 1
-                if item is _SKIP:
-                    continue
-                self.without_row += 1  # reset by _push when a row reaches ``pending``
-                if self.plan.excluded and item is not DROP:
-                    item = drop_excluded(self, [item])[0]
-                if item is not DROP:
-                    push(0, (item,))
-            else:
-                size = next_block(size, n - len(pending), len(pending) != had, self.block_cap(n))
-                had = len(pending)
-                # No block reads past the record that makes the no-progress error.
-                got = self._next_block(min(size, limit + 1 - self.without_row))
-                if got is None:
-                    self.finish_input()
-                    continue
-                block, counted = got
-                self.without_row += counted  # reset by _push when a row reaches ``pending``
-                if block:
-                    push(0, block)
+                return False
+            item = drawer.draw(stage, self.next_position)
+            if item is None:
+                self.finish_input()
+                continue
+            self.next_position += 1
+            if item is _SKIP:
+                continue
+            self.without_row += 1  # reset by _push when a row reaches ``pending``
+            if self.plan.excluded and item is not DROP:
+                item = drop_excluded(self, [item])[0]
+            if item is not DROP:
+                self._push(0, (item,))
             if self.without_row > limit:
                 self.raise_no_progress()
-        return [pending.popleft() for _ in range(n)]
+        return True
 
-    def _next_block(self, size: int) -> tuple[list, int] | None:
+    def _next_block(self, size: int) -> tuple[list | None, int] | None:
         """The records at the next ``size`` positions (fewer where the input ends), less
-        those skipped or filtered, and how many were not skipped; None at the end."""
+        those skipped or filtered (None: none is left), and how many were not skipped;
+        None at the end."""
         ahead = self._ahead
         block: list = []
         counted = 0
@@ -558,7 +552,7 @@ class Lane:
             if end:
                 break
             size -= len(items)
-        return block, counted
+        return block or None, counted
 
     def raise_no_progress(self) -> None:
         count = self.without_row

@@ -14,6 +14,7 @@ from zephon_jax.sampler.scheduled_mixture import (
     locate_roots,
     parse_weight_stages,
     quantize,
+    read_draws_ahead,
 )
 from zephon_jax.sampler.source import SourceNode
 from zephon_jax.transforms import DROP
@@ -158,3 +159,41 @@ def test_weights_parsing_quantizing_and_describe():
     node = make(weights={0: [1, 3]}).node
     assert node.describe()["weights"] == {"unit": "tokens", "stages": {"0": [0.25, 0.75]}}
     assert node.draws_available(0, [1, 2]) is None
+
+
+def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
+    """read_draws_ahead finds, for all drawers at once, those whose next draw of a
+    component is weighted in their stage, has draws left and is not read ahead; it
+    reads those (and only those) ahead, as each drawer would on its own."""
+    sources = [docs(2, 10), docs(1, 4)]
+    children = tuple(SourceNode(s, num_epochs=e) for s, e in zip(sources, (None, 1)))
+    node = ScheduledMixtureNode(children, parse_weight_stages({0: [0.5, 0.5], 9: [1.0, 0.0]}, 2))
+
+    def lengths(leaf_ids, records):
+        return np.array([len(sources[l][r]["tokens"]) for l, r in zip(leaf_ids, records)])
+
+    drawers = [MixtureDrawer(node, lane, 6, None, None, ids=lengths) for lane in range(6)]
+    drawers[1].enter_stage(1)  # component 1 weighs nothing
+    drawers[2].next_sub[1] = drawers[2].ends[1]  # component 1 has no draws left
+    drawers[3].read_ids_ahead(0, 0)  # component 0's next draw is read ahead
+    drawers[4].read_ids_ahead(0, 0)
+    drawers[4].next_sub[0] = drawers[4].ids_ahead.first[0] + drawers[4].ids_ahead.size[0]
+
+    def reads(d, j):  # the rule, drawer by drawer
+        sub, ahead = int(d.next_sub[j]), d.ids_ahead
+        held = ahead.first[j] <= sub < ahead.first[j] + ahead.size[j]
+        has_left = d.ends[j] < 0 or sub < d.ends[j]
+        return bool(not held and d.quanta[d.stage][j] > 0 and has_left)
+
+    want = [[reads(d, j) for j in range(2)] for d in drawers]
+    # (lanes 4 and 5 get no draw of component 1's four records)
+    assert want == [[True, True], [True, False], [True, False], [False, True], [True, False],
+                    [True, False]]  # fmt: skip
+    before = [(d.ids_ahead.first.copy(), d.ids_ahead.size.copy()) for d in drawers]
+    read_draws_ahead(drawers)
+    for d, (first, size), wanted in zip(drawers, before, want):
+        for j in range(2):
+            changed = (d.ids_ahead.first[j], d.ids_ahead.size[j]) != (first[j], size[j])
+            assert changed == wanted[j]
+            if wanted[j]:  # the next draw is held now
+                assert d.ids_ahead.first[j] == d.next_sub[j] and d.ids_ahead.size[j] > 0
