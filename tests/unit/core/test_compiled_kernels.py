@@ -22,6 +22,7 @@ import pytest
 from zephon_jax.core import compiled_kernels as ck
 from zephon_jax.core.lineage import PIECE_BITS
 from zephon_jax.operators import pack, token_bins
+from zephon_jax.transforms.to_training import shifted
 
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
@@ -432,8 +433,6 @@ def test_gather_writes_rows_and_fused_to_training_shifts_within_pieces(kernels):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fused_to_training_equals_shifting_the_gathered_rows(kernels, seed):
-    from zephon_jax.transforms.to_training import shifted
-
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(6):
