@@ -23,7 +23,8 @@ and the piece starts a new row there, for first_fit after the others; a row is
 emitted once full or at ``max_segments``. ``gather``: writes packed rows (or the
 fields a ``to_training`` fused into it makes of them) into the batch arrays.
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
-(:mod:`zephon_jax.core.permutation`).
+(:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
+shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
 """
 
 from __future__ import annotations
@@ -472,3 +473,65 @@ def permute(x, n, a, b, round_keys, out):
             if v < n:
                 break
         out[i] = np.int64(v)
+
+
+# ``span_runs``'s chunk table: an inner chunk never written (it holds the fill value);
+# one whose shard's index is not read yet.
+CHUNK_ABSENT, CHUNK_UNKNOWN = -1, -2
+
+
+@jit
+def span_runs(starts, stops, chunk_tokens, chunks_per_shard, where, itemsize):
+    """Token spans ``[starts[k], stops[k])`` (non-empty) of a sharded array, cut at its
+    inner chunks' borders, as runs that one slice copy each reads (or one fill writes):
+    the pieces of one span or of consecutive spans join where they lie one after the
+    other in one shard file, or are all of chunks never written. ``where[c]`` is inner
+    chunk ``c``'s byte offset in its shard file (``CHUNK_ABSENT``, ``CHUNK_UNKNOWN``).
+
+    Returns ``(runs, unknown, shard, offset, first_byte, bounds)``: run ``r`` is of
+    shard file ``shard[r]``, from byte ``first_byte[r]`` on (``offset[r] < 0``: never
+    written), and fills tokens ``bounds[r]`` to ``bounds[r + 1]`` of the output;
+    ``unknown > 0``: the runs are not made, and ``shard[:unknown]`` holds a chunk of
+    each shard whose index must be read first (then call again)."""
+    pieces = 0
+    for k in range(starts.shape[0]):
+        pieces += (stops[k] - 1) // chunk_tokens - starts[k] // chunk_tokens + 1
+    shard = np.empty(pieces, np.int64)
+    offset = np.empty(pieces, np.int64)
+    first_byte = np.empty(pieces, np.int64)
+    bounds = np.empty(pieces + 1, np.int64)
+    runs = 0
+    unknown = 0
+    at = 0  # tokens out so far
+    for k in range(starts.shape[0]):
+        position = starts[k]
+        while position < stops[k]:
+            chunk = position // chunk_tokens
+            end = min(stops[k], (chunk + 1) * chunk_tokens)
+            written = where[chunk]
+            s = chunk // chunks_per_shard
+            if written == CHUNK_UNKNOWN:
+                if unknown == 0 or shard[unknown - 1] // chunks_per_shard != s:
+                    shard[unknown] = chunk
+                    unknown += 1
+            elif unknown == 0:
+                byte = written + (position - chunk * chunk_tokens) * itemsize
+                joins = runs > 0 and (
+                    (written < 0 and offset[runs - 1] < 0)
+                    or (
+                        written >= 0
+                        and offset[runs - 1] >= 0
+                        and shard[runs - 1] == s
+                        and first_byte[runs - 1] + (at - bounds[runs - 1]) * itemsize == byte
+                    )
+                )
+                if not joins:
+                    shard[runs] = s
+                    offset[runs] = written
+                    first_byte[runs] = byte
+                    bounds[runs] = at
+                    runs += 1
+            at += end - position
+            position = end
+    bounds[runs] = at
+    return runs, unknown, shard, offset, first_byte, bounds

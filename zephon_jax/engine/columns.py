@@ -517,9 +517,12 @@ def _logged_rows(
 ) -> list:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
-    size = log.size
+    size, rows = log.size, log.rows
     pieces = log.out[:, size:n_out].tolist()
-    ends = [end - size for end in log.row_end[log.rows : n_rows].tolist()]
+    if n_rows == rows + 1:  # the common case: one row, all the new pieces
+        ends = [n_out - size]
+    else:
+        ends = [end - size for end in log.row_end[rows:n_rows].tolist()]
     log.size, log.rows = n_out, n_rows
     return _token_rows(columns, carry, pieces, ends, roots)
 

@@ -27,7 +27,7 @@ from zephon_jax.transforms.to_training import shifted
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
-           "draw_place", "gather")  # fmt: skip
+           "draw_place", "gather", "span_runs")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -450,3 +450,74 @@ def test_fused_to_training_equals_shifting_the_gathered_rows(kernels, seed):
     assert got.keys() == want.keys()
     for name, array in want.items():
         assert got[name].dtype == array.dtype and np.array_equal(got[name], array), name
+
+
+def _span_runs(ck, starts, stops, where, itemsize=2):
+    """span_runs over chunks of 4 tokens, 3 chunks a shard."""
+    args = (np.array(starts, np.int64), np.array(stops, np.int64), 4, 3)
+    return ck.span_runs(*args, np.array(where, np.int64), itemsize)
+
+
+def test_spans_become_runs_joined_within_a_shard_file_and_over_unwritten_chunks(kernels):
+    # Chunks 0-2 are shard 0 (chunk 1 stored first, chunk 2 never written), 3-5 shard 1.
+    where = [8, 0, -1, 0, 8, 16]
+    # Tokens 0-3 are bytes 8-15 of shard 0; 4-7 bytes 0-7: not after them, two runs.
+    # Tokens 12-23 are all of shard 1 in order: one run; tokens 8-11 unwritten.
+    runs, unknown, shard, offset, first_byte, bounds = _span_runs(
+        kernels, [1, 9, 12], [6, 11, 24], where
+    )
+    assert unknown == 0
+    assert shard[:runs].tolist() == [0, 0, 0, 1]
+    assert offset[:runs].tolist() == [8, 0, -1, 0]
+    assert first_byte[[0, 1, 3]].tolist() == [10, 0, 0]
+    assert bounds[: runs + 1].tolist() == [0, 3, 5, 7, 19]
+
+
+def test_spans_over_shards_whose_index_is_unknown_name_one_chunk_of_each(kernels):
+    where = [0, 8, 16, -2, -2, -2, 0, 8, 16, -2, -2, -2]
+    runs, unknown, shard, *_ = _span_runs(kernels, [0, 14, 37], [16, 20, 40], where)
+    assert unknown == 2 and sorted(shard[:unknown] // 3) == [1, 3]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_copy_exactly_the_bytes_of_each_span(kernels, seed):
+    """Random chunk tables and spans: copying the runs out of the shard files gives each
+    token's bytes (the fill value for unwritten chunks), and no two runs could join."""
+    rng = np.random.default_rng(seed)
+    chunks, itemsize = 12, 2
+    where = []
+    for _ in range(4):  # 3 chunks a shard, stored in a random order, some never
+        order = rng.permutation(3)
+        where += [-1 if rng.random() < 0.2 else 8 * int(order[i]) for i in range(3)]
+    files = rng.integers(0, 256, (4, 24), dtype=np.uint8)
+    starts = rng.integers(0, 4 * chunks - 1, 10)
+    stops = np.minimum(starts + rng.integers(1, 20, 10), 4 * chunks)
+    runs, unknown, shard, offset, first_byte, bounds = _span_runs(
+        kernels, starts, stops, where, itemsize
+    )
+    assert unknown == 0
+    want = []
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        for t in range(a, b):
+            w = where[t // 4]
+            byte = w + (t % 4) * itemsize
+            want.append(b"\0\0" if w < 0 else files[t // 12, byte : byte + 2].tobytes())
+    got = []
+    for r in range(runs):
+        n = int(bounds[r + 1] - bounds[r])
+        assert n > 0
+        if offset[r] < 0:
+            got += [b"\0\0"] * n
+        else:
+            data = files[shard[r], first_byte[r] : first_byte[r] + n * itemsize].tobytes()
+            got += [data[2 * i : 2 * i + 2] for i in range(n)]
+        if r:  # runs are as long as they can be
+            both_unwritten = offset[r] < 0 and offset[r - 1] < 0
+            after = (
+                offset[r] >= 0
+                and offset[r - 1] >= 0
+                and shard[r] == shard[r - 1]
+                and (first_byte[r] == first_byte[r - 1] + (bounds[r] - bounds[r - 1]) * itemsize)
+            )
+            assert not (both_unwritten or after)
+    assert got == want
