@@ -42,7 +42,7 @@ from zephon_jax.core.lineage import (
 )
 from zephon_jax.engine.blocks import fill_pending, first_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
-from zephon_jax.engine.drawn_roots import RootsView
+from zephon_jax.engine.drawn_roots import DrawnRoots, RootsView
 from zephon_jax.engine.exclusion import excluded_columns
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import TokenBins, TokenRow
@@ -404,16 +404,18 @@ def _token_rows(
     carry: TokenBins,
     pieces: Any,
     ends: list,
-    roots: RootsView | None = None,
+    roots: DrawnRoots | None = None,
 ) -> list:
     """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
     four lists (codes, starts, lengths, leaves) and each row's end in them. With
-    ``roots`` (a mixture lane's draws as of now), the codes index them and each row's
-    lineage is made only when read (:class:`~zephon_jax.core.lineage.DeferredElement`)."""
+    ``roots`` (a mixture lane's draws), the codes index its draws as of now, and each
+    row's lineage is made only when read (:class:`~zephon_jax.core.lineage.DeferredElement`:
+    it keeps the roots' array, whose columns up to now are never written again)."""
     codes, starts, lengths, sources = pieces
     _, _, spec, field, training = columns.arguments
     reader = columns.reader
     tokens, several, translate = reader.tokens, reader.several, carry.translate
+    drawn = None if roots is None else (roots.array, roots.base, columns.cut)
     rows: list[Element] = []
     begin = 0
     for end in ends:
@@ -423,9 +425,8 @@ def _token_rows(
             sources[begin:end] if several else None, training,
         )  # fmt: skip
         parents = codes[begin:end]
-        if roots is not None:  # (plain data only: a batch's picks keep these arguments)
-            args = (roots.array, roots.base, columns.cut, tuple(parents), held)
-            rows.append(DeferredElement(row, _row_lineage, args))
+        if drawn is not None:  # (plain data only: a batch's picks keep these arguments)
+            rows.append(DeferredElement(row, _row_lineage, (*drawn, tuple(parents), held)))
         else:
             parents = tuple(parents) if translate is None else translate(parents)
             rows.append(Element(row, (parents, held)))
@@ -481,15 +482,15 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
         lane.next_position = int(state[kc.POSITION])
         if n_rows > log.rows:
             made = n_rows - log.rows
-            rows = _logged_rows(columns, carry, log, n_out, n_rows, roots.view())
+            rows = _logged_rows(columns, carry, log, n_out, n_rows, roots)
             lane.row_reached(rows, logged=True)
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
-        if len(roots) >= max(_ROOTS_KEPT, roots.limit):
+        if roots.size >= max(_ROOTS_KEPT, roots.limit):
             _prune_roots(lane, cut)
-        component = int(state[kc.COMPONENT])
         if stop == kc.ROWS_MADE:
             return True
+        component = int(state[kc.COMPONENT])
         if stop == kc.NEED_AHEAD:
             drawer.read_ids_ahead(component, int(drawer.next_sub[component]))
         elif stop == kc.INPUT_END:
@@ -513,7 +514,7 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
 
 
 def _logged_rows(
-    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: RootsView
+    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
 ) -> list:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""

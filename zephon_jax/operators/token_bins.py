@@ -397,7 +397,11 @@ class TokenRow(PackedRow):
         if compiled is None:
             return None
         pad_id = _fused(first)
-        tokens, starts, leaves = concrete(tokens, starts, lengths, leaves)
+        lengths_array = np.array(lengths, np.int64)
+        leaves_array = None if leaves is None else np.array(leaves, np.int64)
+        tokens, at, leaves_array = concrete(
+            tokens, np.array(starts, np.int64), lengths_array, leaves_array
+        )
         (field,) = fields
         shape = (len(rows), spec.seq_len)
 
@@ -418,9 +422,9 @@ class TokenRow(PackedRow):
         positions = empty(names[2], SEGMENT_DTYPE)
         fits = compiled.gather(
             tokens,
-            np.array(starts, np.int64),
-            np.array(lengths, np.int64),
-            np.zeros(len(lengths), np.int64) if leaves is None else np.array(leaves, np.int64),
+            at,
+            lengths_array,
+            np.zeros(len(lengths), np.int64) if leaves_array is None else leaves_array,
             np.array(ends, np.int64),
             spec.counting(),
             low,
