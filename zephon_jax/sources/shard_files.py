@@ -104,7 +104,7 @@ class ShardFiles:
         self._layout = layout
         num_chunks = -(-num_tokens // layout.chunk_tokens)
         self._where = np.full(num_chunks, CHUNK_UNKNOWN, np.int64)  # byte offset in its shard
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, memoryview] = {}
         self._lock = threading.RLock()
 
     def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -118,19 +118,23 @@ class ShardFiles:
             self._know(shard[:unknown])
             runs, _, shard, offset, first_byte, bounds = span_runs(*cut, self._where, size)
         out = np.empty(int(bounds[runs]), layout.dtype)
-        raw = out.view(np.uint8)
+        raw = out.view(np.uint8).data  # a memoryview: its slices cost less than an array's
+        maps = self._maps
+        byte_bounds = bounds[: runs + 1] * size
+        first = first_byte[:runs]
         copies = zip(
             shard[:runs].tolist(),
             offset[:runs].tolist(),
-            first_byte[:runs].tolist(),
-            bounds[:runs].tolist(),
-            bounds[1 : runs + 1].tolist(),
+            first.tolist(),
+            (first + np.diff(byte_bounds)).tolist(),
+            byte_bounds.tolist(),
+            byte_bounds[1:].tolist(),
         )
-        for sh, written, b0, p0, p1 in copies:
+        for sh, written, b0, b1, p0, p1 in copies:
             if written < 0:  # inner chunks never written hold the fill value
-                out[p0:p1] = layout.fill_value
+                out[p0 // size : p1 // size] = layout.fill_value
             else:
-                raw[p0 * size : p1 * size] = self._map(sh)[b0 : b0 + (p1 - p0) * size]
+                raw[p0:p1] = (maps.get(sh) or self._map(sh))[b0:b1]
         return out if layout.dtype.isnative else out.astype(layout.dtype.newbyteorder("="))
 
     def _know(self, chunks: np.ndarray) -> None:
@@ -147,13 +151,13 @@ class ShardFiles:
         per = layout.chunks_per_shard
         first = shard * per
         count = min(per, self._where.size - first)
-        data = self._map(shard)
+        data = np.frombuffer(self._map(shard), np.uint8)
         if data.size == 0:
             self._where[first : first + count] = CHUNK_ABSENT
             return
         self._where[first : first + count] = _index_entries(data, layout, shard)[:count]
 
-    def _map(self, shard: int) -> np.ndarray:
+    def _map(self, shard: int) -> memoryview:
         """Shard file ``shard`` as read-only bytes (empty when the file does not exist)."""
         data = self._maps.get(shard)
         if data is not None:
@@ -192,15 +196,15 @@ def _index_entries(data: np.ndarray, layout: ShardLayout, shard: int) -> np.ndar
     return offset
 
 
-def _map_file(path: Path) -> np.ndarray:
+def _map_file(path: Path) -> memoryview:
     """The bytes of the file at ``path`` memory-mapped read-only (empty when absent)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return np.empty(0, np.uint8)
+        return memoryview(b"")
     try:
         if os.fstat(fd).st_size == 0:
-            return np.empty(0, np.uint8)
-        return np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), np.uint8)
+            return memoryview(b"")
+        return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
     finally:
         os.close(fd)
