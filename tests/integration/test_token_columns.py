@@ -23,7 +23,7 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
-from zephon_jax.engine import accounting, columns
+from zephon_jax.engine import accounting, blocks, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
 from zephon_jax.sources import TokenArray
@@ -542,6 +542,34 @@ def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, 
     _assert_same_runs(_run(ds, 30 - 10, want[9][3]), want[10:])
     general()
     _assert_same_runs(_run(ds, 30 - 7, compiled[6][3]), want[7:])
+
+
+@pytest.mark.parametrize("path", ["columns", "general"])
+def test_drawing_the_next_steps_rows_ahead_changes_no_row(general, monkeypatch, path):
+    """A take of a mixture lane draws the rows of the next steps in its stage too (up to
+    ``DRAW_AHEAD`` rows, whole steps): the batches are those of drawing one step at a
+    time, across the stage changes (steps 5 and 11) and the ramp (2, 4, then 8 rows a
+    lane), and a run resumed in between has them too."""
+    ds = _drawn_mixture([TOKENS, SHORT], ramp=True, lanes=2)
+    if path == "general":
+        general()
+    assert (LanePlan(ds).columnar is None) == (path == "general")
+
+    def run():
+        it = iter(zj.Loader(ds))
+        batches, held = [], 0
+        for _ in range(24):
+            batches.append(next(it))
+            held = max([held] + [len(lane.pending) for lane in it._producer.lanes.values()])
+        return batches, held
+
+    ahead, held_ahead = run()
+    resumed = resume_across(ds, 24, 9, 1, 2)
+    monkeypatch.setattr(blocks, "DRAW_AHEAD", 1)
+    one_step, held_one_step = run()
+    assert held_ahead >= 6 > held_one_step  # (rows made ahead: of 3 steps or more)
+    assert_batches_equal(ahead, one_step)
+    assert_batches_equal(resumed, one_step[9:])
 
 
 @pytest.mark.parametrize("unit", ["tokens", "records"])

@@ -11,6 +11,11 @@ records. The sizes depend only on the lane's state, so a restored lane cuts the
 same blocks, and a lane makes about one block of rows ahead at most (they are
 part of its state, as pointers). Rows do not depend on the blocks; states do
 (which rows are made ahead), so every path of a lane uses these sizes.
+
+A lane drawing from a mixture draws one record at a time instead, and a take draws
+until the lane holds :func:`draw_target` rows: those of its step and of the next
+steps in the same stage of the mixture's weights, up to ``DRAW_AHEAD`` rows (the
+draws depend on the stage only, so these are the rows those steps would draw).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once
 MAX_BLOCK = 128
 ROWS_PER_BLOCK = 32  # rows' worth of records a block starts with, at most
 FIRST_BLOCK = 2  # records of a lane's first block, before it made a row
+DRAW_AHEAD = 8  # rows a take of a mixture lane draws for at most (whole steps)
 
 
 def block_cap(records_read: int, rows_made: int) -> int:
@@ -43,6 +49,24 @@ def next_block(size: int, missing: int, grew: bool, cap: int = MAX_BLOCK) -> int
     the last block made a row; ``cap``: see :func:`block_cap`."""
     need = first_block(missing, cap)
     return need if grew or not size else min(MAX_BLOCK, max(2 * size, need))
+
+
+def draw_target(step: int, n: int, same_stage_until: int, rows_at: Callable[[int], int]) -> int:
+    """The rows a lane drawing from a mixture holds once a take of ``n`` rows at
+    ``step`` has drawn: ``n``, plus the rows of the next steps (``rows_at(s)`` at step
+    ``s``) before ``same_stage_until`` (the first step of the next stage), whole steps
+    while the total stays within ``min(DRAW_AHEAD, n + step)`` (so a new lane's first
+    takes draw only what they take). One draw call then makes the rows of several steps."""
+    limit = min(DRAW_AHEAD, n + step)
+    total = n
+    step += 1
+    while step < same_stage_until:
+        rows = rows_at(step)
+        if total + rows > limit:
+            break
+        total += rows
+        step += 1
+    return total
 
 
 # Reads the lane's next records: ``read(size) -> (block, counted)`` for the records at

@@ -436,20 +436,22 @@ def _token_rows(
 
 def _take_drawn(lane: Any, n: int) -> list | None:
     """:func:`take_columns` where a mixture drawer draws the documents: one at a time and
-    placed at once, as the general path pushes each drawn record (the draws depend on
-    the step, so a lane draws exactly the records its rows need), by one kernel
+    placed at once, as the general path pushes each drawn record, until the lane holds
+    :meth:`~zephon_jax.engine.lane.Lane.draw_target` rows (the draws depend on the
+    step's stage: a take draws for the next steps of its stage too), by one kernel
     (:func:`~zephon_jax.core.compiled_kernels.draw_place`) that returns only to read
     draws ahead, grow an array or stop."""
     pending = lane.pending
+    if len(pending) < n and not lane.input_done:
+        _draw_rows(lane, lane.draw_target(n) - len(pending))
     if len(pending) < n:
-        if lane.input_done or not _draw_rows(lane, n - len(pending)):
-            return None
+        return None
     return [pending.popleft() for _ in range(n)]
 
 
-def _draw_rows(lane: Any, wanted: int) -> bool:
-    """Draws and places documents until the lane has made ``wanted`` more rows (False:
-    its input ended first)."""
+def _draw_rows(lane: Any, wanted: int) -> None:
+    """Draws and places documents until the lane has made ``wanted`` more rows or its
+    input ends."""
     compiled = kernels()
     drawer = lane.drawer
     plan = lane.plan
@@ -489,13 +491,13 @@ def _draw_rows(lane: Any, wanted: int) -> bool:
         if roots.size >= max(_ROOTS_KEPT, roots.limit):
             _prune_roots(lane, cut)
         if stop == kc.ROWS_MADE:
-            return True
+            return
         component = int(state[kc.COMPONENT])
         if stop == kc.NEED_AHEAD:
             drawer.read_ids_ahead(component, int(drawer.next_sub[component]))
         elif stop == kc.INPUT_END:
             lane.finish_input()
-            return False
+            return
         elif stop == kc.NO_PROGRESS:
             lane.deepest = max(lane.deepest, stage if state[kc.ANY_TOKENS] else 0)
             lane.raise_no_progress()

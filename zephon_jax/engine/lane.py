@@ -37,7 +37,7 @@ import numpy as np
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, draw_parts, first_root, is_draw, root_position
 from zephon_jax.engine.accounting import Tally
-from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, fill_pending, first_block
+from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, draw_target, fill_pending, first_block
 from zephon_jax.engine.columns import (
     columnar_plan,
     read_documents_ahead,
@@ -496,15 +496,17 @@ class Lane:
 
     def _draw_pending(self, n: int) -> bool:
         """Draws and pushes records one at a time (a mixture drawer's draws depend on the
-        step) until the lane holds ``n`` finished rows; False if its input ends first."""
+        step's stage) until the lane holds :meth:`draw_target` rows; False if its input
+        ends before it holds ``n``."""
         pending = self.pending
         limit = self.plan.max_records_without_row
         drawer = self.drawer
         assert drawer is not None
         stage = drawer.node.stages.index_at(self.step)
-        while len(pending) < n:
+        target = self.draw_target(n)
+        while len(pending) < target:
             if self.input_done:
-                return False
+                return len(pending) >= n
             item = drawer.draw(stage, self.next_position)
             if item is None:
                 self.finish_input()
@@ -520,6 +522,13 @@ class Lane:
             if self.without_row > limit:
                 self.raise_no_progress()
         return True
+
+    def draw_target(self, n: int) -> int:
+        """The rows a mixture lane holds once its take of ``n`` rows has drawn (see
+        :func:`~zephon_jax.engine.blocks.draw_target`): a function of its state."""
+        assert self.drawer is not None
+        stage_end = self.drawer.node.stages.next_start(self.step)
+        return draw_target(self.step, n, stage_end, self.plan.rows_per_lane_at)
 
     def _next_block(self, size: int) -> tuple[list | None, int] | None:
         """The records at the next ``size`` positions (fewer where the input ends), less

@@ -7,6 +7,7 @@ value in force at step ``t`` is the one of the largest start step ``<= t``.
 from __future__ import annotations
 
 import bisect
+import sys
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from zephon_jax.errors import PipelineError
@@ -52,6 +53,12 @@ class StepSchedule(Generic[T]):
     def at(self, step: int) -> T:
         """The value in force at ``step``."""
         return self.values[self.index_at(step)]
+
+    def next_start(self, step: int) -> int:
+        """The first step after ``step`` at which another stage starts (``sys.maxsize``
+        where none does)."""
+        k = bisect.bisect_right(self.starts, step)
+        return self.starts[k] if k < len(self.starts) else sys.maxsize
 
     @property
     def is_constant(self) -> bool:

@@ -5,6 +5,8 @@ resumes, with errors that still name the failing record."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from pipelines import assert_batches_equal, make_docs, resume_across, take
@@ -431,3 +433,19 @@ def test_block_cap_rounds_the_rows_worth_up_and_next_block_starts_over_after_a_r
     # After a block that made a row, the next is a first block again (no doubling).
     assert lane_blocks.next_block(128, 2, grew=True) == 32
     assert lane_blocks.next_block(40, 2, grew=False) == 80
+
+
+def test_draw_target_holds_whole_steps_of_the_stage_up_to_draw_ahead():
+    """Rows a mixture lane holds after a take: its step's, then whole next steps while
+    they are in the same stage and the total stays within ``min(DRAW_AHEAD, n + step)``."""
+    target = lane_blocks.draw_target
+    never = sys.maxsize
+    assert lane_blocks.DRAW_AHEAD == 8
+    assert target(0, 1, never, lambda s: 1) == 1  # a new lane draws only its take
+    assert target(3, 1, never, lambda s: 1) == 4
+    assert target(20, 1, never, lambda s: 1) == 8
+    assert target(20, 1, 23, lambda s: 1) == 3  # steps 20 to 22: a stage starts at 23
+    assert target(20, 1, 21, lambda s: 1) == 1
+    assert target(20, 3, never, lambda s: 3) == 6  # a third step would make 9
+    assert target(20, 16, never, lambda s: 16) == 16
+    assert target(20, 1, never, lambda s: 1 if s < 22 else 4) == 6  # 1 + 1 + 4 (ramp)

@@ -3,6 +3,8 @@ is the one of the largest start ``<= t``; bad schedules are refused naming the f
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from zephon_jax.errors import PipelineError
@@ -57,3 +59,10 @@ def test_describe_and_repr():
 def test_bad_schedules_are_refused(schedule, match):
     with pytest.raises(PipelineError, match=match):
         StepSchedule.parse(schedule, "batch size", as_int)
+
+
+def test_next_start_is_the_first_stage_start_after_the_step():
+    schedule = StepSchedule.parse({0: 1, 40: 2, 100: 3}, "batch size", as_int)
+    assert [schedule.next_start(s) for s in (0, 39, 40, 99)] == [40, 40, 100, 100]
+    assert schedule.next_start(100) == schedule.next_start(10**9) == sys.maxsize
+    assert StepSchedule.parse({0: 1}, "batch size", as_int).next_start(0) == sys.maxsize
