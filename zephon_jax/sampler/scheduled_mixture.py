@@ -68,6 +68,9 @@ UNITS = ("records", "tokens")
 _ONE = 1 << 32
 _FIRST_CHUNK = 8
 _MAX_CHUNK = 256
+# Draws of a component a lane about to take must hold read ahead, or they are read for
+# all such lanes together (see _reads_next).
+_DRAWS_MARGIN = 32
 # Draws of a component in a row without tokens allowed on top of 16 times its size (see
 # the module docstring): enough for a random filter keeping 1% (0.99**4096 < 1e-17).
 DRY_DRAWS = 4096
@@ -603,15 +606,19 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
 
 
 def _reads_next(drawers: Sequence[MixtureDrawer]) -> np.ndarray:
-    """``reads[i, j]``: whether ``drawers[i]``'s next draw of component ``j`` (weighted
-    in its stage, with draws left) would read ahead, for all the drawers at once."""
+    """``reads[i, j]``: whether ``drawers[i]``'s draws of component ``j`` (weighted in its
+    stage, with draws left) would read ahead within the next ``_DRAWS_MARGIN``, for all
+    the drawers at once (a take may draw several steps' documents, see
+    :func:`~zephon_jax.engine.blocks.draw_target`: reading them here, together, spares
+    the drawing kernel a stop to read one drawer's)."""
     aheads = [d.ids_ahead for d in drawers]
     subs = np.array([d.next_sub for d in drawers])
     ends = np.array([d.ends for d in drawers])
     first = np.array([a.first for a in aheads])  # type: ignore[union-attr]
-    size = np.array([a.size for a in aheads])  # type: ignore[union-attr]
+    covered = first + np.array([a.size for a in aheads])  # type: ignore[union-attr]
     weighted = np.array([d.quanta[d.stage] for d in drawers]) > 0
-    held = (subs >= first) & (subs - first < size)
+    to_end = (ends >= 0) & (covered >= ends)  # read ahead up to the component's end
+    held = (subs >= first) & ((covered - subs >= _DRAWS_MARGIN) | (to_end & (subs < covered)))
     return ~held & weighted & ((ends < 0) | (subs < ends))
 
 

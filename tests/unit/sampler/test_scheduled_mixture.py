@@ -8,6 +8,7 @@ import pytest
 
 from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError, StateError
+from zephon_jax.sampler import scheduled_mixture
 from zephon_jax.sampler.scheduled_mixture import (
     MixtureDrawer,
     ScheduledMixtureNode,
@@ -163,8 +164,9 @@ def test_weights_parsing_quantizing_and_describe():
 
 def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
     """read_draws_ahead finds, for all drawers at once, those whose next draw of a
-    component is weighted in their stage, has draws left and is not read ahead; it
-    reads those (and only those) ahead, as each drawer would on its own."""
+    component is weighted in their stage, has draws left and is not read ahead with at
+    least ``_DRAWS_MARGIN`` draws (or up to the component's end); it reads those (and
+    only those) ahead, as each drawer would on its own."""
     sources = [docs(2, 10), docs(1, 4)]
     children = tuple(SourceNode(s, num_epochs=e) for s, e in zip(sources, (None, 1)))
     node = ScheduledMixtureNode(children, parse_weight_stages({0: [0.5, 0.5], 9: [1.0, 0.0]}, 2))
@@ -175,20 +177,27 @@ def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
     drawers = [MixtureDrawer(node, lane, 6, None, None, ids=lengths) for lane in range(6)]
     drawers[1].enter_stage(1)  # component 1 weighs nothing
     drawers[2].next_sub[1] = drawers[2].ends[1]  # component 1 has no draws left
-    drawers[3].read_ids_ahead(0, 0)  # component 0's next draw is read ahead
+    margin = scheduled_mixture._DRAWS_MARGIN
+    while drawers[3].ids_ahead.size[0] < margin:  # (chunks double from 8)
+        drawers[3].read_ids_ahead(0, 0)  # component 0's next draws are read ahead
+    drawers[3].read_ids_ahead(1, 0)  # component 1's, up to its end (one draw)
     drawers[4].read_ids_ahead(0, 0)
     drawers[4].next_sub[0] = drawers[4].ids_ahead.first[0] + drawers[4].ids_ahead.size[0]
+    drawers[5].read_ids_ahead(0, 0)  # 8 draws read ahead: fewer than the margin
 
     def reads(d, j):  # the rule, drawer by drawer
         sub, ahead = int(d.next_sub[j]), d.ids_ahead
-        held = ahead.first[j] <= sub < ahead.first[j] + ahead.size[j]
+        covered = ahead.first[j] + ahead.size[j]
+        to_end = 0 <= d.ends[j] <= covered and sub < covered
+        held = ahead.first[j] <= sub and (covered - sub >= margin or to_end)
         has_left = d.ends[j] < 0 or sub < d.ends[j]
         return bool(not held and d.quanta[d.stage][j] > 0 and has_left)
 
     want = [[reads(d, j) for j in range(2)] for d in drawers]
     # (lanes 4 and 5 get no draw of component 1's four records)
-    assert want == [[True, True], [True, False], [True, False], [False, True], [True, False],
+    assert want == [[True, True], [True, False], [True, False], [False, False], [True, False],
                     [True, False]]  # fmt: skip
+    assert drawers[3].ends[1] == 1 and drawers[5].ids_ahead.size[0] == 8
     before = [(d.ids_ahead.first.copy(), d.ids_ahead.size.copy()) for d in drawers]
     read_draws_ahead(drawers)
     for d, (first, size), wanted in zip(drawers, before, want):
