@@ -233,6 +233,10 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
     return len(records), 0, n_out, n_rows, DONE
 
 
+# A loop index numba need not check for negative values (see ``gather``).
+_U = np.uint64
+
+
 @jit
 def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
            positions, targets, loss_mask, pad_id):  # fmt: skip
@@ -242,45 +246,59 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
     With ``low <= high``, first checks that every token lies in ``[low, high]`` (what the
     output dtype holds) and returns False, writing nothing, if one does not; else True.
 
-    With rows in ``targets`` (``to_training`` fused into the gather; else pass empty
-    arrays), ``values`` are the inputs, and each token's target is the next token of its
+    With columns in ``targets`` (``to_training`` fused into the gather; else pass arrays
+    of one empty row per row), ``values`` are the inputs, and each token's target is the next token of its
     piece, with ``loss_mask`` 1; a piece's last token and the padding get ``pad_id`` and
     0: the fields :func:`~zephon_jax.transforms.to_training.shifted` makes of the
     gathered rows (segment ids differ between pieces, so a piece ends where its segment
-    does)."""
+    does).
+
+    The loops index with unsigned integers (``_U``), one loop an output: numba then
+    checks no index for a negative wrap-around and vectorizes them (about 3x faster
+    than slice assignments)."""
     if low <= high:
         for k in range(starts.shape[0]):
             source = tokens[leaves[k]]
-            s = starts[k]
-            for t in range(s, s + lengths[k]):
-                if source[t] < low or source[t] > high:
+            s = _U(starts[k])
+            for t in range(_U(lengths[k])):
+                if source[s + t] < low or source[s + t] > high:
                     return False
-    shift = targets.shape[0] > 0
+    shift = targets.shape[1] > 0
+    width = _U(values.shape[1])
     begin = 0
     for r in range(values.shape[0]):
         row, segments, row_positions = values[r], segment_ids[r], positions[r]
-        at = 0
-        segment = 1
+        row_targets, row_mask = targets[r], loss_mask[r]
+        at = _U(0)
         for k in range(begin, row_end[r]):
-            s = starts[k]
-            n = lengths[k]
             source = tokens[leaves[k]]
-            row[at : at + n] = source[s : s + n]
-            segments[at : at + n] = segment
-            row_positions[at : at + n] = counting[:n]
+            s, n, segment = _U(starts[k]), _U(lengths[k]), k - begin + 1
+            for t in range(n):
+                row[at + t] = source[s + t]
+            for t in range(n):
+                segments[at + t] = segment
+            for t in range(n):
+                row_positions[at + t] = counting[t]
             if shift and n > 0:
-                targets[r, at : at + n - 1] = source[s + 1 : s + n]
-                targets[r, at + n - 1] = pad_id
-                loss_mask[r, at : at + n - 1] = 1
-                loss_mask[r, at + n - 1] = 0
+                last = n - _U(1)
+                for t in range(last):
+                    row_targets[at + t] = source[s + t + _U(1)]
+                for t in range(last):
+                    row_mask[at + t] = 1
+                row_targets[at + last] = pad_id
+                row_mask[at + last] = 0
             at += n
-            segment += 1
-        row[at:] = 0
-        segments[at:] = 0
-        row_positions[at:] = 0
+        for t in range(at, width):
+            row[t] = 0
+        for t in range(at, width):
+            segments[t] = 0
+        for t in range(at, width):
+            row_positions[t] = 0
         if shift:
-            targets[r, at:] = pad_id
-            loss_mask[r, at:] = 0
+            for t in range(at, width):
+                row_targets[t] = pad_id
+            for t in range(at, width):
+                row_mask[t] = 0
         begin = row_end[r]
     return True
 

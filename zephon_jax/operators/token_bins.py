@@ -411,7 +411,7 @@ class TokenRow(PackedRow):
         if pad_id is None:
             dtype = spec.dtype(field)
             names = (field, field + SEGMENT_IDS, field + POSITIONS)
-            targets = loss_mask = np.empty((0, 0), np.int32)
+            targets = loss_mask = np.empty((len(rows), 0), np.int32)  # no shift
         else:
             dtype = np.dtype(np.int32)
             names = ("inputs", "segment_ids", "positions")

@@ -407,7 +407,7 @@ def _gather(ck, pieces, seq_len, pad_id=None):
     values = np.full(shape, -1, dtype)
     segment_ids, positions = np.full(shape, -1, np.int32), np.full(shape, -1, np.int32)
     if pad_id is None:
-        targets = loss_mask = np.empty((0, 0), np.int32)
+        targets = loss_mask = np.empty((len(pieces), 0), np.int32)
     else:
         targets, loss_mask = np.full(shape, -1, np.int32), np.full(shape, -1, np.float32)
     fits = ck.gather(
@@ -429,6 +429,27 @@ def test_gather_writes_rows_and_fused_to_training_shifts_within_pieces(kernels):
     # get the pad id and no loss.
     assert targets.tolist() == [[101, 102, 9, 111, 9, 9], [9, 9, 9, 9, 9, 9]]
     assert loss_mask.tolist() == [[1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("high,fits", [(129, True), (119, False)])
+def test_gather_checks_every_token_fits_before_writing(kernels, high, fits):
+    """With ``low <= high``, a token out of ``[low, high]`` anywhere (here 120, the last
+    piece's) makes the gather return False with nothing written."""
+    tokens = (np.arange(100, 130, dtype=np.uint16),)
+    starts, lengths = np.array([0, 20], np.int64), np.array([3, 1], np.int64)
+    values = np.full((2, 4), -1, np.int32)
+    segment_ids, positions = np.full((2, 4), -1, np.int32), np.full((2, 4), -1, np.int32)
+    no_shift = np.empty((2, 0), np.int32)
+    got = kernels.gather(
+        tokens, starts, lengths, np.zeros(2, np.int64), np.array([1, 2], np.int64),
+        np.arange(4, dtype=np.int32), 100, high, values, segment_ids, positions, no_shift,
+        no_shift, 0,
+    )  # fmt: skip
+    assert got == fits
+    if fits:
+        assert values.tolist() == [[100, 101, 102, 0], [120, 0, 0, 0]]
+    else:
+        assert (values == -1).all() and (segment_ids == -1).all() and (positions == -1).all()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
