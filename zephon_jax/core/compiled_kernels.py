@@ -247,9 +247,9 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
     output dtype holds) and returns False, writing nothing, if one does not; else True.
 
     With columns in ``targets`` (``to_training`` fused into the gather; else pass arrays
-    of one empty row per row), ``values`` are the inputs, and each token's target is the next token of its
-    piece, with ``loss_mask`` 1; a piece's last token and the padding get ``pad_id`` and
-    0: the fields :func:`~zephon_jax.transforms.to_training.shifted` makes of the
+    of one empty row per row), ``values`` are the inputs, and each token's target is the
+    next token of its piece, with ``loss_mask`` 1; a piece's last token and the padding
+    get ``pad_id`` and 0: the fields :func:`~zephon_jax.transforms.to_training.shifted` makes of the
     gathered rows (segment ids differ between pieces, so a piece ends where its segment
     does).
 
