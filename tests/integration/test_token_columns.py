@@ -547,7 +547,7 @@ def test_mixtures_by_tokens_with_stages_equal_the_general_path(general, stores, 
 @pytest.mark.parametrize("path", ["columns", "general"])
 def test_drawing_the_next_steps_rows_ahead_changes_no_row(general, monkeypatch, path):
     """A take of a mixture lane draws the rows of the next steps in its stage too (up to
-    ``DRAW_AHEAD`` rows, whole steps): the batches are those of drawing one step at a
+    ``draw_ahead`` rows, whole steps): the batches are those of drawing one step at a
     time, across the stage changes (steps 5 and 11) and the ramp (2, 4, then 8 rows a
     lane), and a run resumed in between has them too."""
     ds = _drawn_mixture([TOKENS, SHORT], ramp=True, lanes=2)
@@ -566,6 +566,7 @@ def test_drawing_the_next_steps_rows_ahead_changes_no_row(general, monkeypatch, 
     ahead, held_ahead = run()
     resumed = resume_across(ds, 24, 9, 1, 2)
     monkeypatch.setattr(blocks, "DRAW_AHEAD", 1)
+    monkeypatch.setattr(blocks, "DRAW_AHEAD_MAX", 1)
     one_step, held_one_step = run()
     assert held_ahead >= 6 > held_one_step  # (rows made ahead: of 3 steps or more)
     assert_batches_equal(ahead, one_step)

@@ -14,8 +14,8 @@ part of its state, as pointers). Rows do not depend on the blocks; states do
 
 A lane drawing from a mixture draws one record at a time instead, and a take draws
 until the lane holds :func:`draw_target` rows: those of its step and of the next
-steps in the same stage of the mixture's weights, up to ``DRAW_AHEAD`` rows (the
-draws depend on the stage only, so these are the rows those steps would draw).
+steps in the same stage of the mixture's weights, up to :func:`draw_ahead` rows
+(the draws depend on the stage only, so these are the rows those steps would draw).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once
 MAX_BLOCK = 128
 ROWS_PER_BLOCK = 32  # rows' worth of records a block starts with, at most
 FIRST_BLOCK = 2  # records of a lane's first block, before it made a row
-DRAW_AHEAD = 8  # rows a take of a mixture lane draws for at most (whole steps)
+DRAW_AHEAD = 8  # rows a take of a mixture lane draws for at most (whole steps) ...
+DRAW_AHEAD_MAX = 16  # ... or up to this many where the loader has few lanes ...
+DRAW_AHEAD_ALL_LANES = 2048  # ... while all its lanes together draw for at most these
 
 
 def block_cap(records_read: int, rows_made: int) -> int:
@@ -51,13 +53,24 @@ def next_block(size: int, missing: int, grew: bool, cap: int = MAX_BLOCK) -> int
     return need if grew or not size else min(MAX_BLOCK, max(2 * size, need))
 
 
-def draw_target(step: int, n: int, same_stage_until: int, rows_at: Callable[[int], int]) -> int:
+def draw_ahead(num_lanes: int) -> int:
+    """The most rows a take of a mixture lane draws for when the loader has
+    ``num_lanes`` lanes: ``DRAW_AHEAD``, or more (up to ``DRAW_AHEAD_MAX``) while all
+    lanes together stay within ``DRAW_AHEAD_ALL_LANES``. Fewer draw calls with few
+    lanes; with many, a state's rows made ahead (rebuilt by a restore) stay bounded."""
+    return max(DRAW_AHEAD, min(DRAW_AHEAD_MAX, DRAW_AHEAD_ALL_LANES // max(1, num_lanes)))
+
+
+def draw_target(
+    step: int, n: int, same_stage_until: int, rows_at: Callable[[int], int], ahead: int
+) -> int:
     """The rows a lane drawing from a mixture holds once a take of ``n`` rows at
     ``step`` has drawn: ``n``, plus the rows of the next steps (``rows_at(s)`` at step
     ``s``) before ``same_stage_until`` (the first step of the next stage), whole steps
-    while the total stays within ``min(DRAW_AHEAD, n + step)`` (so a new lane's first
-    takes draw only what they take). One draw call then makes the rows of several steps."""
-    limit = min(DRAW_AHEAD, n + step)
+    while the total stays within ``min(ahead, n + step)`` (``ahead``: see
+    :func:`draw_ahead`; so a new lane's first takes draw only what they take). One draw
+    call then makes the rows of several steps."""
+    limit = min(ahead, n + step)
     total = n
     step += 1
     while step < same_stage_until:

@@ -37,7 +37,14 @@ import numpy as np
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, draw_parts, first_root, is_draw, root_position
 from zephon_jax.engine.accounting import Tally
-from zephon_jax.engine.blocks import MIN_BLOCK, block_cap, draw_target, fill_pending, first_block
+from zephon_jax.engine.blocks import (
+    MIN_BLOCK,
+    block_cap,
+    draw_ahead,
+    draw_target,
+    fill_pending,
+    first_block,
+)
 from zephon_jax.engine.columns import (
     columnar_plan,
     read_documents_ahead,
@@ -528,7 +535,8 @@ class Lane:
         :func:`~zephon_jax.engine.blocks.draw_target`): a function of its state."""
         assert self.drawer is not None
         stage_end = self.drawer.node.stages.next_start(self.step)
-        return draw_target(self.step, n, stage_end, self.plan.rows_per_lane_at)
+        ahead = draw_ahead(self.plan.num_lanes)
+        return draw_target(self.step, n, stage_end, self.plan.rows_per_lane_at, ahead)
 
     def _next_block(self, size: int) -> tuple[list | None, int] | None:
         """The records at the next ``size`` positions (fewer where the input ends), less

@@ -437,10 +437,12 @@ def test_block_cap_rounds_the_rows_worth_up_and_next_block_starts_over_after_a_r
 
 def test_draw_target_holds_whole_steps_of_the_stage_up_to_draw_ahead():
     """Rows a mixture lane holds after a take: its step's, then whole next steps while
-    they are in the same stage and the total stays within ``min(DRAW_AHEAD, n + step)``."""
-    target = lane_blocks.draw_target
+    they are in the same stage and the total stays within ``min(ahead, n + step)``."""
     never = sys.maxsize
-    assert lane_blocks.DRAW_AHEAD == 8
+
+    def target(step, n, until, rows_at):
+        return lane_blocks.draw_target(step, n, until, rows_at, 8)
+
     assert target(0, 1, never, lambda s: 1) == 1  # a new lane draws only its take
     assert target(3, 1, never, lambda s: 1) == 4
     assert target(20, 1, never, lambda s: 1) == 8
@@ -449,3 +451,21 @@ def test_draw_target_holds_whole_steps_of_the_stage_up_to_draw_ahead():
     assert target(20, 3, never, lambda s: 3) == 6  # a third step would make 9
     assert target(20, 16, never, lambda s: 16) == 16
     assert target(20, 1, never, lambda s: 1 if s < 22 else 4) == 6  # 1 + 1 + 4 (ramp)
+    assert lane_blocks.draw_target(20, 1, never, lambda s: 1, 16) == 16
+    assert lane_blocks.draw_target(10, 1, never, lambda s: 1, 16) == 11  # n + step
+
+
+def test_draw_ahead_is_larger_with_few_lanes_and_bounded_for_all_lanes_together():
+    """16 rows a lane up to 128 lanes (2048 rows in all), then fewer, never under 8."""
+    ahead = lane_blocks.draw_ahead
+    assert (lane_blocks.DRAW_AHEAD, lane_blocks.DRAW_AHEAD_MAX) == (8, 16)
+    assert [ahead(n) for n in (1, 8, 64, 128, 200, 256, 1024, 10**6)] == [
+        16,
+        16,
+        16,
+        16,
+        10,
+        8,
+        8,
+        8,
+    ]
