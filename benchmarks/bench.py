@@ -8,7 +8,8 @@ Cases (every rate is real, non-padding tokens/s unless said otherwise):
 
 * ``llm``: the documented LLM pipeline, two ``TokenStore`` corpora mixed by tokens,
   ``mix -> shuffle -> split(2048) -> pack(2048) -> to_training -> batch(64)``,
-  against Grain as MaxText configures it (``documented_pipelines.py``).
+  against Grain as MaxText configures it (``documented_pipelines.py``); ``llm256``
+  the same at ``batch(256)`` (Grain with 256 packing bins).
 * ``readme``: the README example (a mixture, ``filter``, ``split``, best-fit
   ``pack``, ``window_shuffle``) at ``S=2048``, ``B=64``, against Grain doing the same.
 * ``packing``: a log-normal corpus (mean about 600 tokens, about 4 % of the
@@ -291,7 +292,7 @@ def documented_case(
             settings = {
                 "pipeline": "mix([TokenStore, TokenStore], token shares "
                 f"{documented.LLM_TOKEN_SHARES}, unit='tokens') -> shuffle -> split(2048) -> "
-                "pack(2048) -> to_training -> batch(64)",
+                f"pack(2048) -> to_training -> batch({batch_size})",
                 "zephon_jax": f"best_fit (the default), {_bins(batch_size)}",
                 "grain": "MapDataset.mix by records (weights "
                 f"{[round(w, 4) for w in documented.record_weights(stores, documented.LLM_TOKEN_SHARES)]}"
@@ -702,7 +703,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     """One line per case: each side's median rate and the case's ratios (``report.py`` gives
     the tables, and medians with ranges over a set of runs)."""
     lines = []
-    cases = [(k, results[k]) for k in ("llm", "readme", "uniform", "map_batch") if k in results]
+    names = ("llm", LLM_256, "readme", "uniform", "map_batch")
+    cases = [(k, results[k]) for k in names if k in results]
     cases += [(f"packing {b}", c) for b, c in results.get("packing", {}).items()]
     for name, case in cases:
         rates = ", ".join(
@@ -734,7 +736,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-ALL_CASES = "llm,readme,packing,uniform,map_batch,lanes,lanes_token_array,workers,tokenize"
+LLM_256 = "llm256"  # the documented LLM pipeline at batch(256)
+ALL_CASES = (
+    f"llm,{LLM_256},readme,packing,uniform,map_batch,lanes,lanes_token_array,workers,tokenize"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -792,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
         if which in cases:
             log(f"{which} (documented pipeline)")
             results[which] = documented_case(which, docs, uniform, timing)
+    if LLM_256 in cases:
+        log("llm at batch(256) (documented pipeline)")
+        results[LLM_256] = documented_case("llm", docs, uniform, timing, batch_size=256)
     if "packing" in cases:
         results["packing"] = {}
         for b in (64, 256):

@@ -218,6 +218,7 @@ def documented_table(fig: Figures) -> str:
     labels = {
         "llm": 'LLM: `mix(TokenStores, unit="tokens") -> shuffle -> split -> pack -> '
         "to_training -> batch(64)`",
+        "llm256": "the same at `batch(256)`",
         "readme": "README example: `mix -> shuffle -> filter -> split -> pack -> "
         "window_shuffle -> batch(64)`",
     }

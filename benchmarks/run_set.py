@@ -41,8 +41,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-DEFAULT_CASES = "llm,readme,packing,uniform,map_batch,lanes,workers,tokenize"
-FAST_CASES = "llm,packing,uniform,lanes_token_array"
+DEFAULT_CASES = "llm,llm256,readme,packing,uniform,map_batch,lanes,workers,tokenize"
+FAST_CASES = "llm,llm256,packing,uniform,lanes_token_array"
 
 
 def _version(dist: str) -> str:
