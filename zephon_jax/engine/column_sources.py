@@ -19,7 +19,6 @@ batches do not depend on the reader.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -107,25 +106,25 @@ class StoreTokens(StreamTokens):
 class RecordTokens(StreamTokens):
     """Documents that are records ``{field: 1-D integer array}`` of in-memory sources (a
     Python list of dicts): a leaf's stream is its records' arrays one after the other,
-    and a piece is sliced from its record's array when rows are gathered."""
+    and a piece is sliced from its record's array when rows are gathered. ``arrays[l]``
+    lists leaf ``l``'s records' arrays (taken from the records once: a gather then
+    reads no dict)."""
 
     def __init__(
-        self, sources: Sequence[Any], field: str, offsets: Sequence[np.ndarray], dtype: np.dtype
+        self, arrays: Sequence[list[np.ndarray]], offsets: Sequence[np.ndarray], dtype: np.dtype
     ):
-        self.sources = tuple(sources)
-        self.field = field
-        self._getter = operator.itemgetter(field)
+        self.arrays = tuple(arrays)
         super().__init__(offsets, dtype)
 
     def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
-        source = self.sources[leaf]
+        arrays = self.arrays[leaf]
         first = int(self.bases[leaf])
-        offsets = self.offsets[first : first + len(source) + 1]  # the leaf's offsets (a view)
+        offsets = self.offsets[first : first + len(arrays) + 1]  # the leaf's offsets (a view)
         records = np.searchsorted(offsets, starts, side="right") - 1
         within = starts - offsets[records]
         # The records' arrays, fetched without a Python loop; those of pieces that are
         # not their whole record are then sliced one by one.
-        parts = list(map(self._getter, map(source.__getitem__, records.tolist())))
+        parts = list(map(arrays.__getitem__, records.tolist()))
         whole = offsets[records + 1] - offsets[records]
         partial = np.flatnonzero((within != 0) | (lengths != whole))
         for k, a, n in zip(partial.tolist(), within[partial].tolist(), lengths[partial].tolist()):

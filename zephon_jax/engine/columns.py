@@ -151,8 +151,8 @@ def _token_reader(sources: Sequence[Any]) -> tuple | None:
 
 def _record_reader(sources: Sequence[list]) -> tuple | None:
     """:func:`_token_reader` for Python lists whose records are all ``{field: 1-D array}``
-    of one integer dtype (one pass over the records, which stay where they are), else
-    None."""
+    of one integer dtype (one pass over the records, which stay where they are: the
+    reader keeps a list of their arrays, a pointer each), else None."""
     first = sources[0][0] if sources[0] else None
     if type(first) is not dict or len(first) != 1:
         return None
@@ -160,9 +160,10 @@ def _record_reader(sources: Sequence[list]) -> tuple | None:
     if type(value) is not np.ndarray or value.dtype.kind not in "iu":
         return None
     dtype = value.dtype
-    offsets = []
+    offsets, arrays = [], []
     for source in sources:
         lengths = np.empty(len(source), np.int64)
+        leaf_arrays = []
         for i, record in enumerate(source):
             if type(record) is not dict or len(record) != 1:
                 return None
@@ -170,9 +171,11 @@ def _record_reader(sources: Sequence[list]) -> tuple | None:
             if type(array) is not np.ndarray or array.ndim != 1 or array.dtype != dtype:
                 return None
             lengths[i] = array.shape[0]
+            leaf_arrays.append(array)
         offsets.append(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        arrays.append(leaf_arrays)
     longest = max(int(np.diff(o).max(initial=0)) for o in offsets)
-    return functools.partial(RecordTokens, sources, field, offsets, dtype), field, dtype, longest
+    return functools.partial(RecordTokens, arrays, offsets, dtype), field, dtype, longest
 
 
 def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransform | None | bool:
