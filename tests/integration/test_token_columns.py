@@ -23,12 +23,15 @@ from pipelines import (
 import zephon_jax as zj
 from zephon_jax.core import kernels as kernels_module
 from zephon_jax.core import permutation
+from zephon_jax.core.lineage import code_position
 from zephon_jax.engine import accounting, blocks, columns
 from zephon_jax.engine.lane import LanePlan
 from zephon_jax.operators import token_bins
+from zephon_jax.sampler import scheduled_mixture
 from zephon_jax.sources import TokenArray
 from zephon_jax.sources.token_store import TokenStore, TokenStoreWriter
 from zephon_jax.state.global_state import lane_bytes
+from zephon_jax.state.lane_format import encode_lane_state
 
 
 def _documents(seed: int, num: int = 300, sigma: float = 1.2, longest: int = 400) -> list:
@@ -603,12 +606,52 @@ def test_drawn_roots_are_dropped_once_no_open_or_uncounted_row_holds_them(monkey
     it = iter(zj.Loader(ds))
     got = take(it, 40)
     lane = it._producer.lanes[0]
-    assert lane.drawn.base > 100 and len(lane.drawn) < 40
+    columns._prune_roots(lane, 48)  # (between takes: no draw is being placed)
+    carry = lane.carries[lane.plan.columnar.stage]
+    held = np.concatenate((carry.held_codes()[0], lane.tally.logged_codes()))
+    assert lane.drawn.base > 100 and len(lane.drawn) == len(np.unique(code_position(held)))
+    got += take(it, 10)
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
     monkeypatch.setattr(accounting, "FOLD_ROWS", 1024)
     kept = iter(zj.Loader(ds))
-    assert_batches_equal(take(kept, 40), got)
+    assert_batches_equal(take(kept, 50), got)
     assert kept.accounting() == it.accounting()
+
+
+def test_fewer_draws_read_ahead_change_no_batch(monkeypatch):
+    """Many lanes read fewer draws ahead (see scheduled_mixture.max_chunk): only what is
+    read ahead changes, not a batch."""
+    ds = _drawn_mixture([TOKENS, SHORT], lanes=2)
+    whole = take(iter(zj.Loader(ds)), 28)
+    monkeypatch.setattr(scheduled_mixture, "_CHUNKS_ALL_LANES", 1)  # 64 a lane
+    it = iter(zj.Loader(ds))
+    assert it._producer.lanes[0].drawer.max_chunk == 64
+    assert_batches_equal(take(it, 28), whole)
+
+
+def test_renumbering_kept_roots_leaves_states_and_resumes_exact(monkeypatch):
+    """Keeping only the roots still pointed to renumbers the pieces of the open rows and
+    of the uncounted rows: a lane snapshot taken before encodes the same after, and a
+    state taken between passes resumes to the uninterrupted batches."""
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    monkeypatch.setattr(accounting, "FOLD_ROWS", 4)
+    ds = _drawn_mixture([TOKENS, SHORT], lanes=2)
+    it = iter(zj.Loader(ds))
+    take(it, 12)
+    lane = it._producer.lanes[1]
+    snapshot, encoded = lane.snapshot(), lane.get_state()
+    base = lane.drawn.base
+    rest = take(it, 10)
+    assert lane.drawn.base > base  # passes ran in between
+    assert encode_lane_state(snapshot, 1) == encoded
+    state = it.get_state()
+    after = take(it, 6)
+    resumed = iter(zj.Loader(ds))
+    resumed.set_state(state)
+    assert_batches_equal(take(resumed, 6), after)
+    monkeypatch.setattr(columns, "_ROOTS_KEPT", 1 << 30)
+    whole = take(iter(zj.Loader(ds)), 28)
+    assert_batches_equal(rest + after, whole[12:])
 
 
 def test_the_llm_pipeline_on_processes_workers_and_resumes(general, stores):

@@ -164,6 +164,14 @@ class Tally:
         logs = [block.out[0, : block.size] for block in self.made if type(block) is EmittedRows]
         return np.concatenate(logs) if logs else np.zeros(0, np.int64)
 
+    def recode_logged(self, recode: Any) -> None:
+        """Replaces the logs of the uncounted rows by copies whose pieces' codes are
+        ``recode(codes)`` (see :meth:`EmittedRows.recoded
+        <zephon_jax.operators.pack.EmittedRows.recoded>`); a snapshot keeps the old ones."""
+        self.made = [
+            block.recoded(recode) if type(block) is EmittedRows else block for block in self.made
+        ]
+
     def fold(self, pending: int, keep: bool = True) -> None:
         """Counts the delivered rows not counted yet (all made but the last ``pending``);
         ``keep=False`` passes over them (rows of skipped batches)."""

@@ -39,6 +39,7 @@ from zephon_jax.core.lineage import (
     code_position,
     decode_piece,
     piece,
+    piece_code,
 )
 from zephon_jax.engine.blocks import fill_pending, first_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
@@ -491,7 +492,8 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             lane.row_reached(rows, logged=True)
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
-        if roots.size >= max(_ROOTS_KEPT, roots.limit):
+        # (Not while the kernel is placing a draw's pieces: that draw may have none held.)
+        if roots.size >= max(_ROOTS_KEPT, roots.limit) and not state[kc.PLACING]:
             _prune_roots(lane, cut)
         if stop == kc.ROWS_MADE:
             return
@@ -513,7 +515,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
         elif stop == kc.DRAWN_FULL:
             roots.grow()
         elif stop == kc.OUT_FULL:
-            log.grow_out()
+            log.grow_out(carry.piece_array.shape[2] + 1)  # a row's pieces at most, and 1
         else:
             carry.grow_rows()
 
@@ -533,25 +535,37 @@ def _logged_rows(
     return _token_rows(columns, carry, pieces, ends, roots)
 
 
-# Drawn roots a lane keeps before it drops those neither its open rows nor its
+# Drawn roots a lane holds before it keeps only those its open rows or its
 # accounting's uncounted rows point to: 24 bytes each (see zephon_jax.engine.drawn_roots).
-# Where more are held, the next drop waits until the roots have doubled (a drop scans
+# Where more are kept, the next pass waits until the roots have doubled (a pass scans
 # the open rows and the uncounted rows).
 _ROOTS_KEPT = 512
 
 
 def _prune_roots(lane: Any, cut: int) -> None:
-    """Drops the lane's drawn roots that no piece in its open rows or in the rows its
-    accounting has not counted points to (the next drop waits for twice as many as it
-    keeps)."""
+    """Keeps only the lane's drawn roots that a piece in its open rows or in the rows
+    its accounting has not counted points to, renumbering those pieces' codes (see
+    :meth:`~zephon_jax.engine.drawn_roots.DrawnRoots.keep_only`); rows already made
+    keep the roots' array they were made with."""
     carry = lane.carries[lane.plan.columnar.stage]
-    held = carry.piece_array[0][np.arange(carry.piece_array.shape[2]) < carry.count[:, None]]
-    logged = lane.tally.logged_codes()
-    first = lane.drawn.end
-    for codes in (held, logged):
-        if len(codes):
-            first = min(first, int(code_position(codes).min()) if cut else int(codes.min()))
-    lane.drawn.drop_before(first)
+    tally = lane.tally
+    roots = lane.drawn
+    base = roots.base
+    held, _ = carry.held_codes()
+    codes = np.concatenate((held, tally.logged_codes()))
+    used = np.zeros(roots.size, np.bool_)
+    used[(code_position(codes) if cut else codes) - base] = True
+    rank = np.cumsum(used) - 1  # a kept draw's place among those kept
+    first = roots.keep_only(np.flatnonzero(used) + base)
+
+    def recode(old: np.ndarray) -> np.ndarray:
+        if not cut:
+            return first + rank[old - base]
+        at, j = decode_piece(old)
+        return piece_code(first + rank[at - base], j)
+
+    carry.recode(recode)
+    tally.recode_logged(recode)
 
 
 def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:

@@ -8,9 +8,10 @@ number where ``split`` cuts). The draws from :attr:`~DrawnRoots.base` on are the
 columns ``(position, component, component draw)`` of that ``(3, capacity)`` array:
 no Python object per draw, so nothing for the garbage collector to walk, and 24
 bytes a draw. The lane drops the draws that neither its open rows nor the rows its
-accounting has not counted yet point to (:meth:`~DrawnRoots.drop_before`).
+accounting has not counted yet point to (:meth:`~DrawnRoots.keep_only`), renumbering
+the pieces that point to those it keeps.
 
-Columns below :attr:`~DrawnRoots.size` are never written again: growing and dropping
+Columns below :attr:`~DrawnRoots.size` are never written again: growing and keeping
 make a new array. So a :meth:`~DrawnRoots.view` taken for a snapshot stays valid.
 """
 
@@ -52,7 +53,7 @@ class DrawnRoots:
         self.array = np.empty((3, _FIRST_CAPACITY), np.int64)
         self.base = 0
         self.size = 0
-        self.limit = 0  # twice the draws the last drop kept (see drop_before)
+        self.limit = 0  # twice the draws the last keep_only kept
 
     def __len__(self) -> int:
         return self.size
@@ -87,13 +88,17 @@ class DrawnRoots:
         """The draws at ``indices`` as tuples (see :meth:`RootsView.tuples`)."""
         return self.view().tuples(indices)
 
-    def drop_before(self, first: int) -> None:
-        """Forgets the draws before index ``first`` (at most :attr:`end`) into a new
-        array; the next drop is due once twice as many as are kept have been drawn."""
-        k = first - self.base
-        if k > 0:
-            kept = self.size - k
-            array = np.empty((3, max(_FIRST_CAPACITY, 2 * kept)), np.int64)
-            array[:, :kept] = self.array[:, k : self.size]
-            self.array, self.size, self.base = array, kept, first
-        self.limit = 2 * self.size
+    def keep_only(self, kept: np.ndarray) -> int:
+        """Keeps only the draws at the sorted, distinct indices ``kept`` (each in
+        ``base .. end - 1``), in a new array, where they take the indices ``end -
+        len(kept)`` to ``end - 1`` in order (the next draw's index does not change);
+        returns the first of them. Whoever holds a kept draw's index must renumber it
+        (``first + np.searchsorted(kept, index)``); views taken before keep their
+        own array. The next drop is due once twice as many are held."""
+        n = len(kept)
+        array = np.empty((3, max(_FIRST_CAPACITY, 2 * n)), np.int64)
+        array[:, :n] = self.array[:, kept - self.base]
+        first = self.end - n
+        self.array, self.size, self.base = array, n, first
+        self.limit = 2 * n
+        return first

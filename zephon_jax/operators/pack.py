@@ -213,13 +213,29 @@ class EmittedRows:
     def __len__(self) -> int:
         return self.rows
 
-    def grow_out(self) -> None:
-        """Doubles the pieces and rows it can hold, keeping those it holds."""
-        out = np.empty((4, 2 * self.out.shape[1]), np.int64)
-        out[:, : self.size] = self.out[:, : self.size]
-        row_end = np.empty(2 * len(self.row_end), np.int64)
-        row_end[: self.rows] = self.row_end[: self.rows]
-        self.out, self.row_end = out, row_end
+    def grow_out(self, pieces: int | None = None) -> None:
+        """Doubles the pieces and rows it can hold, keeping those it holds; given
+        ``pieces``, only what lacks room: the pieces where fewer than ``pieces`` more
+        fit, the rows where fewer than 2 more do (what the placement kernel asks)."""
+        if pieces is None or self.size + pieces > self.out.shape[1]:
+            out = np.empty((4, 2 * self.out.shape[1]), np.int64)
+            out[:, : self.size] = self.out[:, : self.size]
+            self.out = out
+        if pieces is None or self.rows + 2 > len(self.row_end):
+            row_end = np.empty(2 * len(self.row_end), np.int64)
+            row_end[: self.rows] = self.row_end[: self.rows]
+            self.row_end = row_end
+
+    def recoded(self, recode: Any) -> EmittedRows:
+        """A copy whose pieces' codes are ``recode(codes)`` (an array function); this
+        one is left as it is (a snapshot may read it)."""
+        copy = EmittedRows(self.out.shape[1], len(self.row_end))
+        size, rows = self.size, self.rows
+        copy.out[0, :size] = recode(self.out[0, :size])
+        copy.out[1:, :size] = self.out[1:, :size]
+        copy.row_end[:rows] = self.row_end[:rows]
+        copy.size, copy.rows = size, rows
+        return copy
 
     def head(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The first ``n`` rows' pieces as arrays ``(codes, lengths, ends)`` (views)."""
@@ -231,7 +247,8 @@ class EmittedRows:
         first = self.head(n)
         cut = len(first[0])
         size, rows = self.size - cut, self.rows - n
-        rest = EmittedRows(max(128, 2 * size), max(32, 2 * rows))
+        # As large as this one grew: the rest fills up to about as many rows again.
+        rest = EmittedRows(max(self.out.shape[1], 2 * size), max(len(self.row_end), 2 * rows))
         rest.out[:, :size] = self.out[:, cut : self.size]
         rest.row_end[:rows] = self.row_end[n : self.rows] - cut
         rest.size, rest.rows = size, rows

@@ -98,6 +98,21 @@ class TokenBins(OpenRows):
         self._translated = dict(zip(groups, out))
         return out
 
+    def held_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The codes of the pieces the open rows hold, as one array, and where they are
+        in ``piece_array[0]`` (a boolean mask)."""
+        held = np.arange(self.piece_array.shape[2]) < np.asarray(self.count)[:, None]
+        return self.piece_array[0][held], held
+
+    def recode(self, recode: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Replaces the held pieces' codes by ``recode(codes)`` (the lane renumbered what
+        they index, see :meth:`DrawnRoots.keep_only
+        <zephon_jax.engine.drawn_roots.DrawnRoots.keep_only>`)."""
+        self._changed()
+        codes, held = self.held_codes()
+        self.piece_array[0][held] = recode(codes)
+        self._translated = {}  # keyed by the old codes
+
     def to_bins(self) -> Any:
         """The same open rows as :class:`~zephon_jax.operators.pack.Bins` (tokens not in
         memory are read, once for all the rows)."""

@@ -68,6 +68,9 @@ UNITS = ("records", "tokens")
 _ONE = 1 << 32
 _FIRST_CHUNK = 8
 _MAX_CHUNK = 256
+# Draws read ahead at most, all lanes of a process together (each lane holds
+# 24 bytes a draw of each component): fewer per lane with many lanes, never under 64.
+_CHUNKS_ALL_LANES = 131072
 # Draws of a component a lane about to take must hold read ahead, or they are read for
 # all such lanes together (see _reads_next).
 _DRAWS_MARGIN = 32
@@ -159,16 +162,23 @@ class ScheduledMixtureNode:
         }
 
 
+def max_chunk(num_lanes: int) -> int:
+    """The draws of a component a lane reads ahead at most: 256, fewer from 512 lanes
+    on so that all lanes together hold at most ``_CHUNKS_ALL_LANES`` (64 at least):
+    128 at 1024 lanes, 3 KB a component less for each lane."""
+    return max(64, min(_MAX_CHUNK, _CHUNKS_ALL_LANES // max(num_lanes, 1)))
+
+
 class IdsAhead:
     """A drawer's read-ahead when draws read no records (``ids``), as arrays the draw
     kernel (:func:`~zephon_jax.core.compiled_kernels.draw_place`) reads: component
     ``j``'s draws ``first[j]`` to ``first[j] + size[j] - 1``, each a global sampler
     ``leaf`` (-1: the draw has no record), a ``record`` and the ``tokens`` it counts."""
 
-    def __init__(self, num_components: int):
+    def __init__(self, num_components: int, max_chunk: int = _MAX_CHUNK):
         self.first = np.zeros(num_components, np.int64)
         self.size = np.zeros(num_components, np.int64)
-        shape = (num_components, _MAX_CHUNK)
+        shape = (num_components, max_chunk)
         self.leaf = np.zeros(shape, np.int64)
         self.record = np.zeros(shape, np.int64)
         self.tokens = np.zeros(shape, np.int64)
@@ -258,7 +268,8 @@ class MixtureDrawer:
         self.max_tokens = max_draw_tokens(self.quanta)
         self.rotation = derive_key(node.node_key, lane) % k
         self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
-        self.ids_ahead = IdsAhead(k) if ids is not None else None
+        self.max_chunk = max_chunk(num_lanes)
+        self.ids_ahead = IdsAhead(k, self.max_chunk) if ids is not None else None
         self._chunk = [_FIRST_CHUNK] * k
         # Draws of each component in a row that gave no tokens (not state: a guard).
         self.dry = np.zeros(k, np.int64)
@@ -395,7 +406,7 @@ class MixtureDrawer:
         empty, grows for the next chunk)."""
         self._ahead[component].clear()
         count = self._chunk[component]
-        self._chunk[component] = min(_MAX_CHUNK, count * 2)
+        self._chunk[component] = min(self.max_chunk, count * 2)
         end = self._ends[component]
         stop = sub + count if end is None else min(sub + count, end)
         return np.arange(sub, max(stop, sub + 1), dtype=np.int64)

@@ -126,6 +126,22 @@ def test_take_rows_splits_lineage_and_column_blocks():
     assert columns.head(4)[2].tolist() == [2, 3, 5, 6]
 
 
+def test_a_log_grows_only_what_lacks_room_and_recodes_into_a_copy():
+    log = EmittedRows(pieces=4, rows=2)
+    _emit(log, [10, 11, 12], [3])
+    log.grow_out(2)  # 3 + 2 pieces do not fit, 1 + 2 rows do not either
+    assert log.out.shape[1] == 8 and len(log.row_end) == 4
+    log.grow_out(2)  # both fit now: nothing grows
+    assert log.out.shape[1] == 8 and len(log.row_end) == 4
+    _emit(log, [13], [4, 4])
+    log.grow_out(1)  # the rows lack room, the pieces do not
+    assert log.out.shape[1] == 8 and len(log.row_end) == 8
+    copy = log.recoded(lambda codes: codes + 100)
+    assert [a.tolist() for a in copy.head(3)] == [[110, 111, 112, 113], [1] * 4, [3, 4, 4]]
+    assert log.head(3)[0].tolist() == [10, 11, 12, 13]  # (a snapshot may read it)
+    assert copy.out.shape == log.out.shape and len(copy.row_end) == len(log.row_end)
+
+
 def _emit(log, codes, ends):
     """Appends pieces ``codes`` (length 1 each) and rows ending at ``ends`` to ``log``
     as the placement kernel does, growing it first if needed."""

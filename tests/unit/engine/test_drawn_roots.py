@@ -21,14 +21,17 @@ def test_draws_are_read_by_index_as_tuples_and_columns():
     assert roots.view().columns(np.array([3, 4])).tolist() == [[3, 4], [1, 0], [13, 14]]
 
 
-def test_a_drop_keeps_the_indices_and_leaves_an_earlier_view_as_it_was():
+def test_keeping_some_draws_renumbers_them_before_the_next_index():
+    """The kept draws take the last indices before the next draw's, in order; a view
+    taken before still reads the old numbering."""
     roots = _filled(100)
     before = roots.view()
-    roots.drop_before(90)
-    assert roots.base == 90 and len(roots) == 10 and roots.end == 100
-    assert roots.tuples([90, 99]) == [(90, 0, 100), (99, 1, 109)]
-    assert roots.limit == 20  # the next drop once twice the kept draws are held
-    roots.extend_tuples([(100, 0, 110)] * 200)  # writes and grows after the drop
+    first = roots.keep_only(np.array([3, 40, 41, 99]))
+    assert first == 96 and roots.base == 96 and len(roots) == 4 and roots.end == 100
+    assert roots.tuples([96, 97, 98, 99]) == [(3, 1, 13), (40, 0, 50), (41, 1, 51), (99, 1, 109)]
+    assert roots.limit == 8  # the next pass once twice the kept draws are held
+    roots.extend_tuples([(100, 0, 110)] * 200)  # writes and grows after the pass
+    assert roots.tuples([100]) == [(100, 0, 110)]
     assert before.columns(np.arange(100))[2].tolist() == list(range(10, 110))
 
 
@@ -41,16 +44,19 @@ def test_a_kernel_appends_after_size_and_growing_keeps_the_draws():
     assert roots.tuples(range(4)) == [(0, 0, 10), (1, 1, 11), (2, 0, 12), (3, 1, 13)]
 
 
-def test_dropping_nothing_only_sets_the_next_drop():
+def test_keeping_every_draw_or_none():
     roots = _filled(10)
-    roots.drop_before(0)
+    assert roots.keep_only(np.arange(10)) == 0
     assert roots.base == 0 and len(roots) == 10 and roots.limit == 20
+    assert roots.tuples([9]) == [(9, 1, 19)]
+    assert roots.keep_only(np.zeros(0, np.int64)) == 10
+    assert len(roots) == 0 and roots.end == 10
 
 
 def test_a_view_reads_its_draws_as_tuples_after_the_roots_grow_and_drop():
     roots = _filled(10)
     view = roots.view()
     roots.extend_tuples([(50, 1, 60)] * 300)  # grows into a new array
-    roots.drop_before(200)
+    roots.keep_only(np.array([200]))
     assert view.tuples([9, 0]) == [(9, 1, 19), (0, 0, 10)]
-    assert roots.tuples([200]) == [(50, 1, 60)]
+    assert roots.tuples([309]) == [(50, 1, 60)]

@@ -206,3 +206,11 @@ def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
             assert changed == wanted[j]
             if wanted[j]:  # the next draw is held now
                 assert d.ids_ahead.first[j] == d.next_sub[j] and d.ids_ahead.size[j] > 0
+
+
+def test_draws_read_ahead_shrink_with_many_lanes():
+    """A lane reads at most 256 draws of a component ahead; from 512 lanes on, fewer,
+    all lanes together 131072, never fewer than 64 a lane."""
+    assert [scheduled_mixture.max_chunk(n) for n in (1, 512, 1024, 2048, 8192)] == [
+        256, 256, 128, 64, 64
+    ]  # fmt: skip
