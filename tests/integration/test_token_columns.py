@@ -618,6 +618,32 @@ def test_drawn_roots_are_dropped_once_no_open_or_uncounted_row_holds_them(monkey
     assert kept.accounting() == it.accounting()
 
 
+def test_rows_made_ahead_come_back_as_pointers_from_a_state():
+    """A restored column-wise lane holds the state's rows made ahead as token-row
+    pointers (located, not read), with the state's lineages: the batches after are the
+    uninterrupted run's, gathered by the kernel; a row whose pieces do not fit its
+    documents is refused."""
+    ds = _drawn_mixture([TOKENS, SHORT], lanes=2)
+    whole = take(iter(zj.Loader(ds)), 14)
+    it = iter(zj.Loader(ds))
+    lanes = it._producer.lanes
+    step = next(t for t in range(1, 8) if next(it) and len(lanes[1].pending) > 1)
+    state = it.get_state()
+    snapshot = lanes[1].snapshot()
+    resumed = iter(zj.Loader(ds))
+    resumed.set_state(state)
+    restored = resumed._producer.lanes[1]
+    assert len(restored.pending) == len(lanes[1].pending)
+    assert all(type(row.data) is token_bins.TokenRow for row in restored.pending)
+    assert [row.lineage for row in restored.pending] == list(snapshot.pending)
+    assert_batches_equal(take(resumed, 14 - step), whole[step:])
+    parents, lengths = snapshot.pending[0]
+    bad = snapshot._replace(pending=((parents, (lengths[0] + 1, *lengths[1:])),))
+    state["lanes"]["1"] = np.frombuffer(encode_lane_state(bad, 1), np.uint8)
+    with pytest.raises(zj.StateError, match="lane 1: the state's row .* made ahead holds"):
+        iter(zj.Loader(ds)).set_state(state)
+
+
 def test_fewer_draws_read_ahead_change_no_batch(monkeypatch):
     """Many lanes read fewer draws ahead (see scheduled_mixture.max_chunk): only what is
     read ahead changes, not a batch."""

@@ -38,15 +38,18 @@ from zephon_jax.core.lineage import (
     Element,
     code_position,
     decode_piece,
+    parents_of,
     piece,
     piece_code,
+    recipe_of,
 )
 from zephon_jax.engine.blocks import fill_pending, first_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
 from zephon_jax.engine.drawn_roots import DrawnRoots, RootsView
 from zephon_jax.engine.exclusion import excluded_columns
+from zephon_jax.errors import StateError
 from zephon_jax.operators.base import BinPacking
-from zephon_jax.operators.token_bins import TokenBins, TokenRow
+from zephon_jax.operators.token_bins import SavedRows, TokenBins, TokenRow
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
 from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
@@ -351,11 +354,60 @@ def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
             carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
 
 
-def _held_records(lanes: Sequence[Any], drawn: bool, ks: list[int], held: list) -> list[tuple]:
+def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[list[Element]]:
+    """The rows made ahead that ``snapshots[i]`` holds for column-wise ``lanes[i]``, as
+    the lane makes them: :class:`TokenRow` pointers into the token arrays with the
+    state's lineages, their documents located for all the lanes together (as
+    :func:`open_rows_of_lanes` locates open rows), nothing read. Raises a StateError
+    where a row's pieces are not those of its documents."""
+    columns = lanes[0].plan.columnar
+    saved = []
+    for snapshot in snapshots:
+        rows = [parents_of(lineage) for lineage in snapshot.pending]
+        pieces = [held for parents in rows for held in parents]
+        counts = tuple(map(len, rows))
+        saved.append(SavedRows(pieces, counts, snapshot.next_position) if pieces else None)
+    most = max((len(snapshot.pending) for snapshot in snapshots), default=0)
+    if not most:
+        return [[] for _ in lanes]
+    located = functools.partial(_held_records, lanes, columns.drawn, register=False)
+    adopted = TokenBins.adopt_lanes(
+        [(rows, lane.lane) for rows, lane in zip(saved, lanes, strict=True)],
+        most,
+        columns,
+        located,
+    )
+    _, _, spec, field, training = columns.arguments
+    reader = columns.reader
+    out = []
+    for lane, snapshot, carry in zip(lanes, snapshots, adopted, strict=True):
+        made = []
+        for i, lineage in enumerate(snapshot.pending):
+            c = int(carry.count[i])
+            starts, lengths, leaves = carry.piece_array[1:, i, :c].tolist()
+            if tuple(lengths) != tuple(recipe_of(lineage)):
+                raise StateError(
+                    f"lane {lane.lane}: the state's row {lineage!r:.200} made ahead holds "
+                    f"pieces of lengths {recipe_of(lineage)!r:.100}, its documents give "
+                    f"{lengths!r:.100}; the state was altered or the sources changed"
+                )
+            row = TokenRow(
+                spec, field, reader.tokens, starts, tuple(lengths),
+                leaves if reader.several else None, training,
+            )  # fmt: skip
+            made.append(Element(row, lineage))
+        out.append(made)
+    return out
+
+
+def _held_records(
+    lanes: Sequence[Any], drawn: bool, ks: list[int], held: list, register: bool = True
+) -> list[tuple]:
     """``records_of`` of :meth:`TokenBins.adopt_lanes
     <zephon_jax.operators.token_bins.TokenBins.adopt_lanes>` for ``lanes``: the codes,
     leaves and documents of the positions (or drawn roots, registered with their lanes
-    now) ``held[i]`` of ``lanes[ks[i]]``, resolved for all the lanes together."""
+    now unless ``register`` is False: their codes are then 0, 1, ...) ``held[i]`` of
+    ``lanes[ks[i]]``, resolved for all the lanes together."""
     chosen = [lanes[k] for k in ks]
     plan = chosen[0].plan
     if not drawn:
@@ -367,9 +419,10 @@ def _held_records(lanes: Sequence[Any], drawn: bool, ks: list[int], held: list) 
     located = locate_roots_lanes(drawer.node, ids, drawer.num_lanes, held)
     out = []
     for lane, roots, (leaves, records) in zip(chosen, held, located, strict=True):
-        index = lane.drawn.end
+        index = lane.drawn.end if register else 0
         out.append((index + np.arange(len(roots), dtype=np.int64), leaves, records))
-        lane.drawn.extend_tuples(roots)
+        if register:
+            lane.drawn.extend_tuples(roots)
     return out
 
 

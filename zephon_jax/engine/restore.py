@@ -31,7 +31,7 @@ from zephon_jax.core.lineage import (
     position_of,
     recipe_of,
 )
-from zephon_jax.engine.columns import open_rows_of_lanes
+from zephon_jax.engine.columns import open_rows_of_lanes, restored_rows
 from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
 from zephon_jax.errors import StateError, ZephonError
@@ -67,17 +67,19 @@ def _restore_lanes(
     rebuilders = [Rebuilder(lane) for lane in lanes]
     columns = lanes[0].plan.columnar if lanes and not lanes[0].plan.excluded else None
     kept = -1 if columns is None else columns.stage  # open rows kept as pointers, unread
+    # Column-wise lanes keep their open rows and rows made ahead as pointers, unread.
     wanted = [
         rebuild.positions(
             [() if k == kept else held for k, (held, _) in enumerate(snapshot.carries)],
-            snapshot.pending,
+            () if kept >= 0 else snapshot.pending,
             snapshot.next_position,
         )
         for rebuild, snapshot in zip(rebuilders, snapshots)
     ]
     _read_roots(rebuilders, wanted)
+    made = restored_rows(lanes, snapshots) if kept >= 0 and lanes else None
     restored = []
-    for lane, rebuild, snapshot in zip(lanes, rebuilders, snapshots):
+    for k, (lane, rebuild, snapshot) in enumerate(zip(lanes, rebuilders, snapshots)):
         try:
             if lane.plan.excluded:
                 restored.append(_without_excluded(lane, rebuild, snapshot))
@@ -91,7 +93,8 @@ def _restore_lanes(
                 )
             ]
             final = lane.plan.num_operators
-            pending = collections.deque(rebuild.build_all(final, snapshot.pending))
+            rows = rebuild.build_all(final, snapshot.pending) if made is None else made[k]
+            pending = collections.deque(rows)
         except ZephonError:
             raise
         except Exception as e:  # an operator could not read its saved carry
