@@ -601,6 +601,7 @@ def test_drawn_roots_are_dropped_once_no_open_or_uncounted_row_holds_them(monkey
     not counted point to (memory stays bounded); the batches and the accounting do
     not depend on when it drops them."""
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    monkeypatch.setattr(columns, "_ROOTS_ALL_LANES", 16)
     monkeypatch.setattr(accounting, "FOLD_ROWS", 4)
     ds = _drawn_mixture([TOKENS, SHORT], lanes=1)
     it = iter(zj.Loader(ds))
@@ -655,11 +656,18 @@ def test_fewer_draws_read_ahead_change_no_batch(monkeypatch):
     assert_batches_equal(take(it, 28), whole)
 
 
+def test_a_lane_holds_more_drawn_roots_before_a_pass_with_fewer_lanes():
+    assert [columns.roots_kept(n) for n in (1, 64, 256, 1024, 4096)] == [
+        8192, 8192, 2048, 512, 512
+    ]  # fmt: skip
+
+
 def test_renumbering_kept_roots_leaves_states_and_resumes_exact(monkeypatch):
     """Keeping only the roots still pointed to renumbers the pieces of the open rows and
     of the uncounted rows: a lane snapshot taken before encodes the same after, and a
     state taken between passes resumes to the uninterrupted batches."""
     monkeypatch.setattr(columns, "_ROOTS_KEPT", 16)
+    monkeypatch.setattr(columns, "_ROOTS_ALL_LANES", 16)
     monkeypatch.setattr(accounting, "FOLD_ROWS", 4)
     ds = _drawn_mixture([TOKENS, SHORT], lanes=2)
     it = iter(zj.Loader(ds))

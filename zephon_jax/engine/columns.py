@@ -525,6 +525,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
     state[kc.WITHOUT_ROW] = lane.without_row
     state[kc.NEXT_CODE] = roots.end
     limit = plan.max_records_without_row
+    kept_at = roots_kept(plan.num_lanes)
     while True:
         # The rows go straight into the accounting's log (see zephon_jax.engine.accounting).
         log = lane.tally.emitted_log()
@@ -546,7 +547,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
         # (Not while the kernel is placing a draw's pieces: that draw may have none held.)
-        if roots.size >= max(_ROOTS_KEPT, roots.limit) and not state[kc.PLACING]:
+        if roots.size >= max(kept_at, roots.limit) and not state[kc.PLACING]:
             _prune_roots(lane, cut)
         if stop == kc.ROWS_MADE:
             return
@@ -590,9 +591,18 @@ def _logged_rows(
 
 # Drawn roots a lane holds before it keeps only those its open rows or its
 # accounting's uncounted rows point to: 24 bytes each (see zephon_jax.engine.drawn_roots).
-# Where more are kept, the next pass waits until the roots have doubled (a pass scans
-# the open rows and the uncounted rows).
+# 512 with many lanes, more with fewer (all lanes together up to _ROOTS_ALL_LANES, a
+# lane up to 16 times 512): a pass costs about 70 us whatever it keeps. Where more are
+# kept, the next pass waits until the roots have doubled (a pass scans the open rows and
+# the uncounted rows).
 _ROOTS_KEPT = 512
+_ROOTS_ALL_LANES = 1 << 19
+
+
+def roots_kept(num_lanes: int) -> int:
+    """The drawn roots a lane of a loader of ``num_lanes`` lanes holds before a pass
+    (:func:`_prune_roots`): 512 from 1024 lanes on, 2048 at 256, 8192 up to 64."""
+    return max(_ROOTS_KEPT, min(16 * _ROOTS_KEPT, _ROOTS_ALL_LANES // max(num_lanes, 1)))
 
 
 def _prune_roots(lane: Any, cut: int) -> None:
