@@ -93,8 +93,8 @@ class DrawnRoots:
         ``base .. end - 1``), in a new array, where they take the indices ``end -
         len(kept)`` to ``end - 1`` in order (the next draw's index does not change);
         returns the first of them. Whoever holds a kept draw's index must renumber it
-        (``first + np.searchsorted(kept, index)``); views taken before keep their
-        own array. The next drop is due once twice as many are held."""
+        (to ``first`` plus its place in ``kept``); views taken before keep their own
+        array. The next pass is due once twice as many are held."""
         n = len(kept)
         array = np.empty((3, max(_FIRST_CAPACITY, 2 * n)), np.int64)
         array[:, :n] = self.array[:, kept - self.base]
