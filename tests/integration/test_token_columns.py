@@ -424,12 +424,12 @@ def test_a_mixture_of_mapped_and_in_memory_arrays(tmp_path, general):
     _assert_same_runs(compiled, _run(ds, 15))
 
 
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
+def _write_stores(directory, compression=None) -> list:
     """Two token stores: TOKENS' and SHORT's documents."""
-    directory = tmp_path_factory.mktemp("stores")
     return [
-        zj.sources.write_token_store(directory / name, list(source), dtype="uint16")
+        zj.sources.write_token_store(
+            directory / name, list(source), dtype="uint16", compression=compression
+        )
         for name, source in (
             ("a", [TOKENS[i]["tokens"] for i in range(len(TOKENS))]),
             ("b", [SHORT[i]["tokens"] for i in range(len(SHORT))]),
@@ -437,17 +437,33 @@ def stores(tmp_path_factory):
     ]
 
 
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Two plain token stores (read where their shard files are mapped)."""
+    return _write_stores(tmp_path_factory.mktemp("stores"))
+
+
+@pytest.fixture(scope="module")
+def zstd_stores(tmp_path_factory):
+    """The same two stores compressed (read through TensorStore into arrays)."""
+    return _write_stores(tmp_path_factory.mktemp("zstd_stores"), "zstd")
+
+
 @pytest.mark.parametrize("training", [None, {"field_names": "maxtext"}])
 @pytest.mark.parametrize("mix", [False, True])
-@pytest.mark.parametrize("kind", ["stores", "lists"])
+@pytest.mark.parametrize("kind", ["stores", "zstd stores", "lists"])
 def test_stores_and_lists_read_column_wise_equal_the_general_path(
-    general, stores, kind, mix, training
+    general, stores, zstd_stores, kind, mix, training
 ):
-    """Token stores (placed from their offsets, read when a batch is gathered) and Python
-    lists of ``{"tokens": array}`` records (placed from their lengths, sliced when a batch
-    is gathered), alone or mixed by records: the same batches, states and provenance as
-    the general path, and states restore on either path."""
-    sources = stores if kind == "stores" else [_as_list(TOKENS), _as_list(SHORT)]
+    """Token stores (placed from their offsets, read when a batch is gathered: a plain
+    store's pieces where its files are mapped, a compressed store's into arrays) and
+    Python lists of ``{"tokens": array}`` records (placed from their lengths, read where
+    they lie when a batch is gathered), alone or mixed by records: the same batches,
+    states and provenance as the general path, and states restore on either path."""
+    sources = {"stores": stores, "zstd stores": zstd_stores}.get(kind) or [
+        _as_list(TOKENS),
+        _as_list(SHORT),
+    ]
     if mix:
         source = zj.Dataset.mix([zj.Dataset.source(s) for s in sources], [0.6, 0.4])
     else:
@@ -746,7 +762,7 @@ def test_restoring_store_lanes_reads_each_store_together_not_lane_by_lane(tmp_pa
     state = it.get_state()
     expected = next(it)
     reads = []
-    for name in ("read_flat", "read_spans", "__getitems__"):
+    for name in ("read_flat", "read_spans", "span_addresses", "__getitems__"):
         original = getattr(TokenStore, name)
 
         def counted(self, *args, _original=original, _name=name):
@@ -773,16 +789,18 @@ def test_a_store_read_failing_when_a_batch_is_gathered_skips_nothing(stores, mon
     it = iter(zj.Loader(ds))
     got = take(it, 2)
     state = it.get_state()
-    read_spans = TokenStore.read_spans
+    reads = {name: getattr(TokenStore, name) for name in ("read_spans", "span_addresses")}
 
     def failing(self, starts, lengths):
         raise zj.sources.StorageError("injected: the store could not be read")
 
-    monkeypatch.setattr(TokenStore, "read_spans", failing)
+    for name in reads:  # a plain local store's spans are located in place, others read
+        monkeypatch.setattr(TokenStore, name, failing)
     with pytest.raises(zj.sources.StorageError, match="injected: the store could not be read"):
         next(it)
     with pytest.raises(zj.RecordError, match="Restore a state taken before the failure"):
         next(it)
-    monkeypatch.setattr(TokenStore, "read_spans", read_spans)
+    for name, read in reads.items():
+        monkeypatch.setattr(TokenStore, name, read)
     it.set_state(state)
     assert_batches_equal(got + take(it, 4), want)

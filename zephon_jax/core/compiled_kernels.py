@@ -29,6 +29,7 @@ shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, Callable, TypeVar
 
@@ -237,11 +238,73 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
 _U = np.uint64
 
 
+def tokens_at(address, count, like):
+    """The ``count`` values of ``like``'s dtype in memory from byte ``address`` on, as an
+    array that views them (no copy). The caller keeps the memory alive (it holds the
+    array the address is in) for as long as the view is used. Interpreted through
+    ``ctypes``; compiled, a kernel reads the memory directly (see
+    :func:`_compile_tokens_at`)."""
+    size = int(count) * like.itemsize
+    if size == 0:
+        return like[:0]
+    return np.frombuffer((ctypes.c_char * size).from_address(int(address)), like.dtype)
+
+
 @jit
-def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values, segment_ids,
+def data_address(array):
+    """Where ``array``'s first value is in memory (its data pointer)."""
+    return array.ctypes.data
+
+
+def _compile_tokens_at(numba: Any) -> None:
+    """Teaches numba :func:`tokens_at`: the address cast to a pointer to ``like``'s
+    dtype, viewed as an array of ``count`` values."""
+    from numba.core import types
+    from numba.extending import intrinsic, overload
+
+    @intrinsic
+    def pointer_to(typingctx, address, like):
+        pointer = types.CPointer(like.dtype)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+        return pointer(address, like), codegen
+
+    @overload(tokens_at)
+    def compiled_tokens_at(address, count, like):
+        def view(address, count, like):
+            return numba.carray(pointer_to(address, like), count)  # type: ignore[call-arg]
+
+        return view
+
+
+if _NUMBA is not None:
+    _compile_tokens_at(_NUMBA)
+
+
+def array_addresses(
+    arrays: tuple[np.ndarray, ...], starts: np.ndarray, leaves: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """``(addresses, like, arrays)``: the byte address of value ``starts[k]`` of
+    ``arrays[leaves[k]]`` (``leaves`` None: of ``arrays[0]``), an empty array of their
+    dtype, and the arrays (which hold that memory: keep them while the addresses are
+    used). The arrays are 1-D, C-contiguous and of one dtype."""
+    like = arrays[0][:0]
+    starts = np.asarray(starts, np.int64) * like.itemsize
+    if leaves is None or len(arrays) == 1:
+        return starts + data_address(arrays[0]), like, arrays
+    bases = np.array([data_address(a) for a in arrays], np.int64)
+    return bases[leaves] + starts, like, arrays
+
+
+@jit
+def gather(addresses, like, lengths, row_end, counting, low, high, values, segment_ids,
            positions, targets, loss_mask, pad_id):  # fmt: skip
     """Row ``r`` of the batch from pieces ``row_end[r - 1]:row_end[r]``: their tokens one
-    after the other (piece ``k`` from ``tokens[leaves[k]]``), segment ids 1, 2, ... and
+    after the other (piece ``k``: the ``lengths[k]`` tokens of ``like``'s dtype from byte
+    ``addresses[k]`` on, read by :func:`tokens_at`; the caller holds the arrays they are
+    in), segment ids 1, 2, ... and
     positions 0, 1, ... (``counting[:n]``) within each piece; zeros after the last piece.
     With ``low <= high``, first checks that every token lies in ``[low, high]`` (what the
     output dtype holds) and returns False, writing nothing, if one does not; else True.
@@ -257,11 +320,11 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
     checks no index for a negative wrap-around and vectorizes them (about 3x faster
     than slice assignments)."""
     if low <= high:
-        for k in range(starts.shape[0]):
-            source = tokens[leaves[k]]
-            s = _U(starts[k])
-            for t in range(_U(lengths[k])):
-                if source[s + t] < low or source[s + t] > high:
+        for k in range(addresses.shape[0]):
+            n = _U(lengths[k])
+            source = tokens_at(addresses[k], n, like)
+            for t in range(n):
+                if source[t] < low or source[t] > high:
                     return False
     shift = targets.shape[1] > 0
     width = _U(values.shape[1])
@@ -271,10 +334,10 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
         row_targets, row_mask = targets[r], loss_mask[r]
         at = _U(0)
         for k in range(begin, row_end[r]):
-            source = tokens[leaves[k]]
-            s, n, segment = _U(starts[k]), _U(lengths[k]), k - begin + 1
+            n, segment = _U(lengths[k]), k - begin + 1
+            source = tokens_at(addresses[k], n, like)
             for t in range(n):
-                row[at + t] = source[s + t]
+                row[at + t] = source[t]
             for t in range(n):
                 segments[at + t] = segment
             for t in range(n):
@@ -282,7 +345,7 @@ def gather(tokens, starts, lengths, leaves, row_end, counting, low, high, values
             if shift and n > 0:
                 last = n - _U(1)
                 for t in range(last):
-                    row_targets[at + t] = source[s + t + _U(1)]
+                    row_targets[at + t] = source[t + _U(1)]
                 for t in range(last):
                     row_mask[at + t] = 1
                 row_targets[at + last] = pad_id
@@ -553,3 +616,51 @@ def span_runs(starts, stops, chunk_tokens, chunks_per_shard, where, itemsize):
             position = end
     bounds[runs] = at
     return runs, unknown, shard, offset, first_byte, bounds
+
+
+@jit
+def span_addresses(starts, stops, chunk_tokens, chunks_per_shard, where, itemsize, bases,
+                   addresses, shard_of):  # fmt: skip
+    """Where token spans ``[starts[k], stops[k])`` (non-empty) of a sharded array lie in
+    memory (see :func:`span_runs`), for spans that lie in one run of bytes of one mapped
+    shard file (``bases[s]``: shard file ``s``'s address in memory, 0 if not mapped):
+    ``addresses[k]`` the address of the span's first token, ``shard_of[k]`` its shard
+    file. ``addresses[k] = -1`` for the others: across inner chunks stored apart, in
+    chunks never written, or not aligned to ``itemsize``.
+
+    Returns how many spans' shard files must first be mapped or have their index read
+    (``where[c] == CHUNK_UNKNOWN``); ``shard_of[:count]`` then holds a chunk of each
+    (call again once they are), and ``addresses`` is not made."""
+    missing = 0
+    for k in range(starts.shape[0]):
+        chunk = starts[k] // chunk_tokens
+        s = chunk // chunks_per_shard
+        written = where[chunk]
+        if written == CHUNK_UNKNOWN or (written >= 0 and bases[s] == 0):
+            shard_of[missing] = chunk
+            missing += 1
+    if missing:
+        return missing
+    for k in range(starts.shape[0]):
+        chunk = starts[k] // chunk_tokens
+        s = chunk // chunks_per_shard
+        written = where[chunk]
+        shard_of[k] = s
+        addresses[k] = -1
+        if written < 0:
+            continue
+        byte = written + (starts[k] - chunk * chunk_tokens) * itemsize
+        if byte % itemsize != 0:
+            continue
+        last = (stops[k] - 1) // chunk_tokens
+        apart = False
+        for c in range(chunk + 1, last + 1):  # later chunks must follow in the same file
+            if (
+                c // chunks_per_shard != s
+                or where[c] != written + (c - chunk) * chunk_tokens * itemsize
+            ):
+                apart = True
+                break
+        if not apart:
+            addresses[k] = bases[s] + byte
+    return 0

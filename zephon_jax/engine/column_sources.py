@@ -12,9 +12,13 @@ kernel needs only where documents start and how long they are, never their token
   not read while rows are open: open rows hold pointers only. A batch's rows are read
   when they are gathered, with one batched read per store of all the pieces the batch
   holds (:meth:`StoreTokens.materialize`, ``TokenStore.read_spans``).
+* :class:`RecordTokens`: Python lists of one-field records; the pieces point into
+  each list's records' arrays one after the other, which stay where they are.
 
-Both give the same pieces (the same lineages, lengths and tokens), so rows, states and
-batches do not depend on the reader.
+All give the same pieces (the same lineages, lengths and tokens), so rows, states and
+batches do not depend on the reader. The gather kernel reads a batch's pieces from
+their addresses in memory (``piece_addresses``): in the token arrays, in the arrays a
+store read, or in the records' own arrays.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+
+from zephon_jax.core.compiled_kernels import array_addresses, data_address
 
 
 class ArrayTokens:
@@ -78,17 +84,21 @@ class StreamTokens(ArrayTokens):
         into one array."""
         starts = np.asarray(starts, np.int64)
         lengths = np.asarray(lengths, np.int64)
-        if leaves is None or not self.several:
-            flat, at = self.read_spans(0, starts, lengths)
-            return (np.ascontiguousarray(flat, self.dtype),), at
-        leaves = np.asarray(leaves, np.int64)
         at = np.empty(len(starts), np.int64)
-        parts = [np.zeros(0, self.dtype)] * len(self.bases)
-        for leaf in np.unique(leaves).tolist():
-            where = np.flatnonzero(leaves == leaf)
+        parts = [np.zeros(0, self.dtype)] * (len(self.bases) if self.several else 1)
+        for leaf, where in _by_leaf(leaves if self.several else None):
             flat, at[where] = self.read_spans(leaf, starts[where], lengths[where])
             parts[leaf] = np.ascontiguousarray(flat, self.dtype)  # one array type
         return tuple(parts), at
+
+    def piece_addresses(
+        self, starts: Any, lengths: Any, leaves: Any
+    ) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The gather kernel's ``(addresses, like, held)`` for the pieces (see
+        :func:`~zephon_jax.operators.token_bins.piece_addresses`): the pieces read by
+        :meth:`materialize`, then located in the arrays read."""
+        tokens, at = self.materialize(starts, lengths, leaves)
+        return array_addresses(tokens, at, None if leaves is None else np.asarray(leaves))
 
 
 class StoreTokens(StreamTokens):
@@ -102,19 +112,82 @@ class StoreTokens(StreamTokens):
     def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
         return self.stores[leaf].read_spans(starts, lengths)
 
+    def piece_addresses(
+        self, starts: Any, lengths: Any, leaves: Any
+    ) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The gather kernel's ``(addresses, like, held)`` for the pieces: each store's
+        pieces located where the store can give them in place
+        (``TokenStore.span_addresses``: a plain local store's mapped shard files), else
+        read into one array per store (:meth:`StreamTokens.piece_addresses`)."""
+        starts = np.asarray(starts, np.int64)
+        lengths = np.asarray(lengths, np.int64)
+        addresses = np.empty(len(starts), np.int64)
+        held = []
+        for leaf, where in _by_leaf(leaves if self.several else None):
+            locate = getattr(self.stores[leaf], "span_addresses", None)
+            located = None if locate is None else locate(starts[where], lengths[where])
+            if located is None:
+                return super().piece_addresses(starts, lengths, leaves)
+            addresses[where] = located[0]
+            held.append(located[1])
+        return addresses, np.empty(0, self.dtype), held
+
+
+def _by_leaf(leaves: Any) -> list[tuple[int, Any]]:
+    """``(leaf, where)`` for each leaf among the pieces' ``leaves`` (None: all pieces
+    are of leaf 0), ``where`` the indices of its pieces."""
+    if leaves is None:
+        return [(0, slice(None))]
+    leaves = np.asarray(leaves, np.int64)
+    return [(leaf, np.flatnonzero(leaves == leaf)) for leaf in np.unique(leaves).tolist()]
+
 
 class RecordTokens(StreamTokens):
     """Documents that are records ``{field: 1-D integer array}`` of in-memory sources (a
     Python list of dicts): a leaf's stream is its records' arrays one after the other,
-    and a piece is sliced from its record's array when rows are gathered. ``arrays[l]``
-    lists leaf ``l``'s records' arrays (taken from the records once: a gather then
-    reads no dict)."""
+    and a gather reads a piece where it lies in its record's array
+    (:meth:`piece_addresses`; the general assembly slices it, :meth:`read_spans`).
+    ``arrays[l]`` lists leaf ``l``'s records' arrays, C-contiguous and of ``dtype``
+    (taken from the records once: a gather then reads no dict)."""
 
     def __init__(
         self, arrays: Sequence[list[np.ndarray]], offsets: Sequence[np.ndarray], dtype: np.dtype
     ):
         self.arrays = tuple(arrays)
         super().__init__(offsets, dtype)
+        # Where each record starts in all leaves' streams one after the other, and where
+        # its array is in memory: a gather locates its pieces in the records' own arrays.
+        sizes = [int(o[-1]) for o in offsets]
+        self.stream_bases = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+        self.record_starts = np.concatenate(
+            [o[:-1] + base for o, base in zip(offsets, self.stream_bases)]
+        )
+        self.record_addresses = self._addresses()
+
+    def _addresses(self) -> np.ndarray:
+        """The records' arrays' data addresses (of this process: not pickled)."""
+        return np.array([data_address(a) for leaf in self.arrays for a in leaf], np.int64)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "record_addresses": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.record_addresses = self._addresses()
+
+    def piece_addresses(
+        self, starts: Any, lengths: Any, leaves: Any
+    ) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The gather kernel's ``(addresses, like, held)`` for the pieces (see
+        :func:`~zephon_jax.operators.token_bins.piece_addresses`), in the records' own
+        arrays (C-contiguous, of this reader's dtype): nothing is copied before the
+        gather."""
+        at = np.asarray(starts, np.int64)
+        if leaves is not None and self.several:
+            at = at + self.stream_bases[np.asarray(leaves, np.int64)]
+        records = np.searchsorted(self.record_starts, at, side="right") - 1
+        within = (at - self.record_starts[records]) * self.dtype.itemsize
+        return self.record_addresses[records] + within, np.empty(0, self.dtype), self.arrays
 
     def read_spans(self, leaf: int, starts: np.ndarray, lengths: np.ndarray) -> tuple:
         arrays = self.arrays[leaf]

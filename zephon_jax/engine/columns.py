@@ -135,8 +135,8 @@ def _token_reader(sources: Sequence[Any]) -> tuple | None:
         field, dtype = sources[0].field, sources[0].tokens.dtype
         if any(s.field != field or s.tokens.dtype != dtype for s in sources):
             return None
-        if len(sources) > 1 and not all(s.tokens.flags.c_contiguous for s in sources):
-            return None  # the kernels take the token arrays as one tuple of one array type
+        if not all(s.tokens.flags.c_contiguous for s in sources):
+            return None  # the gather kernel reads the token arrays from their addresses
         tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
         offsets = np.concatenate([s.offsets for s in sources])
         bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
@@ -172,7 +172,12 @@ def _record_reader(sources: Sequence[list]) -> tuple | None:
             if type(record) is not dict or len(record) != 1:
                 return None
             array = record.get(field)
-            if type(array) is not np.ndarray or array.ndim != 1 or array.dtype != dtype:
+            if (
+                type(array) is not np.ndarray
+                or array.ndim != 1
+                or array.dtype != dtype
+                or not array.flags.c_contiguous
+            ):
                 return None
             lengths[i] = array.shape[0]
             leaf_arrays.append(array)

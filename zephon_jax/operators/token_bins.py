@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from zephon_jax.core.compiled_kernels import array_addresses
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
     HeldLineages,
@@ -414,7 +415,7 @@ class TokenRow(PackedRow):
         pad_id = _fused(first)
         lengths_array = np.array(lengths, np.int64)
         leaves_array = None if leaves is None else np.array(leaves, np.int64)
-        tokens, at, leaves_array = concrete(
+        addresses, like, held = piece_addresses(
             tokens, np.array(starts, np.int64), lengths_array, leaves_array
         )
         (field,) = fields
@@ -431,15 +432,14 @@ class TokenRow(PackedRow):
             dtype = np.dtype(np.int32)
             names = ("inputs", "segment_ids", "positions")
             targets, loss_mask = empty("targets", np.int32), empty("loss_mask", np.float32)
-        low, high = value_bounds(tokens[0].dtype, dtype)
+        low, high = value_bounds(like.dtype, dtype)
         values = empty(names[0], dtype)
         segment_ids = empty(names[1], SEGMENT_DTYPE)
         positions = empty(names[2], SEGMENT_DTYPE)
         fits = compiled.gather(
-            tokens,
-            at,
+            addresses,
+            like,
             lengths_array,
-            np.zeros(len(lengths), np.int64) if leaves_array is None else leaves_array,
             np.array(ends, np.int64),
             spec.counting(),
             low,
@@ -451,6 +451,7 @@ class TokenRow(PackedRow):
             loss_mask,
             0 if pad_id is None else pad_id,
         )
+        del held  # the memory the addresses are in, held until the gather returned
         if not fits:  # a token the output dtype cannot hold: the general assembly says which
             return None
         if pad_id is None:
@@ -486,6 +487,20 @@ def concrete(
         return tokens, starts, leaves
     tokens, at = tokens.materialize(starts, lengths, leaves)
     return tokens, at, leaves
+
+
+def piece_addresses(
+    tokens: Any, starts: np.ndarray, lengths: np.ndarray, leaves: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, Any]:
+    """For the gather kernel: ``(addresses, like, held)``, the byte address of each piece
+    ``[starts[k], starts[k] + lengths[k])`` of ``tokens[leaves[k]]`` (``leaves`` None:
+    of ``tokens[0]``), an empty array of the tokens' dtype, and what holds the memory the
+    addresses point into (keep it until the gather returns). ``tokens`` is a tuple of
+    token arrays, or a reader (see :func:`concrete`) that gives them itself, reading the
+    pieces first where they are not in memory."""
+    if type(tokens) is tuple:
+        return array_addresses(tokens, starts, leaves)
+    return tokens.piece_addresses(starts, lengths, leaves)
 
 
 def value_bounds(source: np.dtype, out: np.dtype) -> tuple[int, int]:

@@ -11,7 +11,10 @@ bytes that hold the spans with one kernel call
 slice, which costs a small fraction of a TensorStore read of the same spans
 (TensorStore's per-chunk work dominates reads of a few thousand tokens). A slice copy
 beats a compiled copy loop here (measured: about half the time for runs of a few
-kilobytes), so only the finding of the runs is compiled.
+kilobytes), so only the finding of the runs is compiled. The gather kernel needs no
+copy at all: :meth:`ShardFiles.addresses` says where each span lies in the mapped
+files (:func:`~zephon_jax.core.compiled_kernels.span_addresses`), and the kernel reads
+it there.
 
 :func:`shard_layout` says from an array's zarr metadata whether it has that layout; a
 store of any other layout (compressed, remote, another key encoding) is read through
@@ -30,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from zephon_jax.core.compiled_kernels import CHUNK_ABSENT, CHUNK_UNKNOWN, span_runs
+from zephon_jax.core.compiled_kernels import (
+    CHUNK_ABSENT,
+    CHUNK_UNKNOWN,
+    span_addresses,
+    span_runs,
+)
 
 __all__ = ["CorruptShard", "ShardFiles", "ShardLayout", "shard_layout"]
 
@@ -93,7 +101,7 @@ def shard_layout(metadata: dict[str, Any], array_dir: Path) -> ShardLayout | Non
 
 class ShardFiles:
     """Token spans of a directly readable array (see :func:`shard_layout`) of
-    ``num_tokens`` tokens, copied out of memory-mapped shard files.
+    ``num_tokens`` tokens, copied out of memory-mapped shard files or located in them.
 
     Each shard's index is read the first time a span touches it; at most 4096 shard
     maps stay open (the oldest is dropped first). Thread-safe. A process keeps its own
@@ -105,6 +113,8 @@ class ShardFiles:
         num_chunks = -(-num_tokens // layout.chunk_tokens)
         self._where = np.full(num_chunks, CHUNK_UNKNOWN, np.int64)  # byte offset in its shard
         self._maps: dict[int, memoryview] = {}
+        num_shards = -(-num_chunks // layout.chunks_per_shard)
+        self._base_of = np.zeros(num_shards, np.int64)  # each open map's address, else 0
         self._lock = threading.RLock()
 
     def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -112,11 +122,7 @@ class ShardFiles:
         the other in one new array of the native dtype."""
         layout = self._layout
         size = layout.dtype.itemsize
-        cut = (starts, stops, layout.chunk_tokens, layout.chunks_per_shard)
-        runs, unknown, shard, offset, first_byte, bounds = span_runs(*cut, self._where, size)
-        if unknown:  # read the indices of the shards not touched before, then again
-            self._know(shard[:unknown])
-            runs, _, shard, offset, first_byte, bounds = span_runs(*cut, self._where, size)
+        runs, shard, offset, first_byte, bounds = self._runs(starts, stops)
         out = np.empty(int(bounds[runs]), layout.dtype)
         raw = out.view(np.uint8).data  # a memoryview: its slices cost less than an array's
         maps = self._maps
@@ -136,6 +142,56 @@ class ShardFiles:
             else:
                 raw[p0:p1] = (maps.get(sh) or self._map(sh))[b0:b1]
         return out if layout.dtype.isnative else out.astype(layout.dtype.newbyteorder("="))
+
+    def addresses(
+        self, starts: np.ndarray, stops: np.ndarray
+    ) -> tuple[np.ndarray, list[Any]] | None:
+        """Where token spans ``[starts[k], stops[k])`` (non-empty, within the array) are
+        in memory: ``(addresses, held)``, the byte address of each span's first token,
+        and what holds that memory (keep it while the addresses are read). A span that
+        lies in one run of a shard file is read where the file is mapped
+        (:func:`~zephon_jax.core.compiled_kernels.span_addresses`); the others (across
+        inner chunks stored apart, or in chunks never written) are copied by
+        :meth:`read` into one new array. None where the stored dtype is not native."""
+        layout = self._layout
+        if not layout.dtype.isnative:
+            return None
+        size = layout.dtype.itemsize
+        addresses = np.empty(len(starts), np.int64)
+        shard_of = np.empty(len(starts), np.int64)
+        cut = (starts, stops, layout.chunk_tokens, layout.chunks_per_shard, self._where, size)
+        for _ in range(3):  # more shards than stay mapped at once: the spans are copied
+            with self._lock:  # no map is dropped while its addresses are taken
+                missing = span_addresses(*cut, self._base_of, addresses, shard_of)
+                if not missing:
+                    used = np.unique(shard_of[addresses >= 0]).tolist()
+                    held: list[Any] = [self._maps[shard] for shard in used]
+                    break
+            chunks = shard_of[:missing]
+            self._know(chunks)
+            for shard in np.unique(chunks // layout.chunks_per_shard).tolist():
+                self._mapped(shard)
+        else:
+            return None
+        copied = np.flatnonzero(addresses < 0)
+        if copied.size:
+            flat = self.read(starts[copied], stops[copied])
+            lengths = stops[copied] - starts[copied]
+            addresses[copied] = flat.ctypes.data + (np.cumsum(lengths) - lengths) * size
+            held.append(flat)
+        return addresses, held
+
+    def _runs(self, starts: np.ndarray, stops: np.ndarray) -> tuple:
+        """:func:`~zephon_jax.core.compiled_kernels.span_runs` of the spans (shards'
+        indices read first where needed): ``(runs, shard, offset, first_byte, bounds)``."""
+        layout = self._layout
+        size = layout.dtype.itemsize
+        cut = (starts, stops, layout.chunk_tokens, layout.chunks_per_shard)
+        runs, unknown, shard, offset, first_byte, bounds = span_runs(*cut, self._where, size)
+        if unknown:  # read the indices of the shards not touched before, then again
+            self._know(shard[:unknown])
+            runs, _, shard, offset, first_byte, bounds = span_runs(*cut, self._where, size)
+        return runs, shard, offset, first_byte, bounds
 
     def _know(self, chunks: np.ndarray) -> None:
         """Reads the index of every shard holding one of ``chunks`` not read yet."""
@@ -162,14 +218,22 @@ class ShardFiles:
         data = self._maps.get(shard)
         if data is not None:
             return data
+        return self._mapped(shard)
+
+    def _mapped(self, shard: int) -> memoryview:
+        """Shard file ``shard`` mapped (if it is not) as read-only bytes; its address in
+        memory noted in ``_base_of`` while the map is open (0: an empty file)."""
         with self._lock:
             data = self._maps.get(shard)
             if data is None:
                 data = _map_file(self._layout.directory / str(shard))
                 if len(self._maps) >= _MAPS_KEPT:
-                    del self._maps[next(iter(self._maps))]
+                    oldest = next(iter(self._maps))
+                    del self._maps[oldest]
+                    self._base_of[oldest] = 0
+                self._base_of[shard] = np.frombuffer(data, np.uint8).ctypes.data if data else 0
                 self._maps[shard] = data
-        return data
+            return data
 
 
 def _index_entries(data: np.ndarray, layout: ShardLayout, shard: int) -> np.ndarray:

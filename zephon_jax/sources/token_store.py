@@ -526,16 +526,48 @@ class TokenStore:
         ``(flat, at)``, span ``k`` being ``flat[at[k]:at[k] + lengths[k]]``. Spans may
         repeat and overlap; through TensorStore, spans within one read chunk of each
         other are covered by one range (``flat`` may hold tokens between them)."""
+        s = self._s
+        first, stops = self._checked_spans(s, starts, lengths)
+        if first.size == 0:
+            return np.empty(0, dtype=s.dtype), np.zeros(0, np.int64)
+        return self._locate_spans(s, first, stops)
+
+    def span_addresses(
+        self, starts: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[np.ndarray, Any] | None:
+        """Where token spans ``[starts[k], starts[k] + lengths[k])`` of the store's token
+        stream are in memory, without copying them where they can be read in place:
+        ``(addresses, held)``, the byte address of each span's first token (of the
+        store's dtype) and what holds that memory (keep it while the addresses are
+        read; empty spans get address 0). A plain local store's spans are read where
+        its shard files are mapped (see :mod:`zephon_jax.sources.shard_files`). None
+        for a store read through TensorStore (compressed, or in a bucket): read its
+        spans with :meth:`read_spans`."""
+        s = self._s
+        if s.direct is None:
+            return None
+        first, stops = self._checked_spans(s, starts, lengths)
+        addresses = np.zeros(first.size, np.int64)
+        keep = np.flatnonzero(stops > first)
+        if keep.size == 0:
+            return addresses, ()
+        located = _from_shard_files(s.direct.addresses, first[keep], stops[keep])
+        if located is None:
+            return None
+        addresses[keep] = located[0]
+        return addresses, located[1]
+
+    def _checked_spans(
+        self, s: _Opened, starts: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The spans' starts and stops as arrays; IndexError if one leaves the store."""
         first = np.asarray(starts, np.int64).reshape(-1)
         stops = first + np.asarray(lengths, np.int64).reshape(-1)
-        s = self._s
         if first.size and (int(first.min()) < 0 or int(stops.max()) > int(s.offsets[-1])):
             raise IndexError(
                 f"token spans reach outside the {int(s.offsets[-1])} tokens of {self._loc}"
             )
-        if first.size == 0:
-            return np.empty(0, dtype=s.dtype), np.zeros(0, np.int64)
-        return self._locate_spans(s, first, stops)
+        return first, stops
 
     def _locate(self, s: _Opened, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reads documents ``idx`` (valid indices): the tokens read, and where each
@@ -603,10 +635,7 @@ class TokenStore:
         keep = stops > starts
         if not keep.any():
             return np.empty(0, dtype=dtype)
-        try:
-            return direct.read(starts[keep], stops[keep])
-        except CorruptShard as e:
-            raise TokenStoreError(f"{e}; rewrite the store with TokenStoreWriter") from e
+        return _from_shard_files(direct.read, starts[keep], stops[keep])
 
     _getitems = __getitems__
 
@@ -1043,3 +1072,12 @@ def commit_token_store(
     }
     _write_meta(loc, meta)
     return num_docs
+
+
+def _from_shard_files(call: Any, starts: np.ndarray, stops: np.ndarray) -> Any:
+    """``call(starts, stops)`` of a store's :class:`ShardFiles`, a corrupt shard file
+    raised as a :class:`TokenStoreError` naming the fix."""
+    try:
+        return call(starts, stops)
+    except CorruptShard as e:
+        raise TokenStoreError(f"{e}; rewrite the store with TokenStoreWriter") from e

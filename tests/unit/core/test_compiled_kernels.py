@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from zephon_jax.core import compiled_kernels as ck
+from zephon_jax.core.compiled_kernels import array_addresses
 from zephon_jax.core.lineage import PIECE_BITS
 from zephon_jax.operators import pack, token_bins
 from zephon_jax.transforms.to_training import shifted
@@ -27,7 +28,7 @@ from zephon_jax.transforms.to_training import shifted
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
-           "draw_place", "gather", "span_runs")  # fmt: skip
+           "draw_place", "gather", "span_runs", "span_addresses")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -410,10 +411,10 @@ def _gather(ck, pieces, seq_len, pad_id=None):
         targets = loss_mask = np.empty((len(pieces), 0), np.int32)
     else:
         targets, loss_mask = np.full(shape, -1, np.int32), np.full(shape, -1, np.float32)
+    addresses, like, _ = array_addresses(tokens, starts, None)
     fits = ck.gather(
-        tokens, starts, lengths, np.zeros(len(flat), np.int64), row_end,
-        np.arange(seq_len, dtype=np.int32), 0, -1, values, segment_ids, positions, targets,
-        loss_mask, 0 if pad_id is None else pad_id,
+        addresses, like, lengths, row_end, np.arange(seq_len, dtype=np.int32), 0, -1, values,
+        segment_ids, positions, targets, loss_mask, 0 if pad_id is None else pad_id,
     )  # fmt: skip
     assert fits
     return values, segment_ids, positions, targets, loss_mask
@@ -440,10 +441,10 @@ def test_gather_checks_every_token_fits_before_writing(kernels, high, fits):
     values = np.full((2, 4), -1, np.int32)
     segment_ids, positions = np.full((2, 4), -1, np.int32), np.full((2, 4), -1, np.int32)
     no_shift = np.empty((2, 0), np.int32)
+    addresses, like, _ = array_addresses(tokens, starts, None)
     got = kernels.gather(
-        tokens, starts, lengths, np.zeros(2, np.int64), np.array([1, 2], np.int64),
-        np.arange(4, dtype=np.int32), 100, high, values, segment_ids, positions, no_shift,
-        no_shift, 0,
+        addresses, like, lengths, np.array([1, 2], np.int64), np.arange(4, dtype=np.int32),
+        100, high, values, segment_ids, positions, no_shift, no_shift, 0,
     )  # fmt: skip
     assert got == fits
     if fits:
@@ -492,6 +493,42 @@ def test_spans_become_runs_joined_within_a_shard_file_and_over_unwritten_chunks(
     assert offset[:runs].tolist() == [8, 0, -1, 0]
     assert first_byte[[0, 1, 3]].tolist() == [10, 0, 0]
     assert bounds[: runs + 1].tolist() == [0, 3, 5, 7, 19]
+
+
+def _span_addresses(ck, starts, stops, where, bases, itemsize=2):
+    """span_addresses over chunks of 4 tokens, 3 chunks a shard."""
+    addresses, shard_of = np.full(len(starts), -9, np.int64), np.full(len(starts), -9, np.int64)
+    args = (np.array(starts, np.int64), np.array(stops, np.int64), 4, 3)
+    missing = ck.span_addresses(*args, np.array(where, np.int64), itemsize,
+                                np.array(bases, np.int64), addresses, shard_of)  # fmt: skip
+    return missing, addresses, shard_of
+
+
+def test_span_addresses_in_one_run_of_a_mapped_file_and_minus_one_elsewhere(kernels):
+    # Chunks 0-2 are shard 0 (chunk 1 stored first, chunk 2 never written), 3-5 shard 1
+    # (in order, from byte 8 on).
+    where, bases = [8, 0, -1, 8, 16, 24], [1000, 2000]
+    spans = [(1, 3), (5, 7), (1, 6), (9, 11), (12, 24), (13, 20), (2, 4)]
+    missing, addresses, shard_of = _span_addresses(kernels, *zip(*spans), where, bases)
+    assert missing == 0
+    assert shard_of.tolist() == [0, 0, 0, 0, 1, 1, 0]
+    # token t of chunk c: bases[shard] + where[c] + (t % 4) * 2
+    assert addresses.tolist() == [1010, 1002, -1, -1, 2008, 2010, 1012]
+    # across chunks 0 and 1 (stored apart), in a chunk never written: -1; chunks 3-5 of
+    # shard 1 follow each other: one address
+    _, addresses, _ = _span_addresses(kernels, [0, 4], [2, 6], [9, 10, -1], [1000])
+    assert addresses.tolist() == [-1, 1010]  # 2-byte tokens from an odd byte: not aligned
+
+
+def test_span_addresses_name_the_chunks_of_unmapped_or_unknown_shards(kernels):
+    where, bases = [8, 0, -1, -2, -2, -2, 0, 8, 16], [1000, 0, 0]
+    missing, addresses, shard_of = _span_addresses(
+        kernels, [0, 13, 25, 9], [2, 14, 26, 10], where, bases
+    )
+    assert missing == 2 and shard_of[:missing].tolist() == [3, 6]  # shard 1 unknown, 2 unmapped
+    assert (addresses == -9).all()  # not made
+    missing, _, _ = _span_addresses(kernels, [9], [10], where, bases)
+    assert missing == 0  # a chunk never written needs no map
 
 
 def test_spans_over_shards_whose_index_is_unknown_name_one_chunk_of_each(kernels):

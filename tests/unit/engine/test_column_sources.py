@@ -3,9 +3,12 @@ stores (placed from their offsets, read when a batch's pieces are gathered)."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 
-from zephon_jax.engine.column_sources import ArrayTokens, StoreTokens
+from zephon_jax.core.compiled_kernels import tokens_at
+from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
 
 
 class FakeStore:
@@ -81,3 +84,62 @@ def test_store_tokens_materialize_of_one_store_needs_no_leaves():
     assert not reader.several
     (flat,), at = reader.materialize([2, 0], [3, 2], None)
     assert [flat[s : s + n].tolist() for s, n in zip(at.tolist(), [3, 2])] == [[3, 4, 5], [1, 2]]
+
+
+def _read(addresses, like, lengths):
+    return [tokens_at(a, n, like).tolist() for a, n in zip(addresses.tolist(), lengths)]
+
+
+def test_store_tokens_locate_pieces_in_the_arrays_they_read():
+    a = FakeStore([[1, 2], [3, 4, 5]])
+    b = FakeStore([[9], [8, 7]])
+    reader = StoreTokens([a, b], np.dtype(np.int32))
+    addresses, like, held = reader.piece_addresses([1, 3, 0], [2, 2, 1], [1, 0, 1])
+    assert like.dtype == np.int32 and len(like) == 0
+    assert _read(addresses, like, [2, 2, 1]) == [[8, 7], [4, 5], [9]]
+    assert len(a.reads) == 1 and len(b.reads) == 1  # one batched read per store
+    # the addresses are in the arrays read, which the caller holds while it gathers
+    for address, leaf in zip(addresses.tolist(), [1, 0, 1]):
+        assert held[leaf].ctypes.data <= address < held[leaf].ctypes.data + held[leaf].nbytes
+
+
+def list_reader():
+    # leaf 0: records of 3, 0 and 4 tokens; leaf 1: records of 2 and 0 and 3 tokens
+    leaves = [
+        [np.array([10, 11, 12], np.int16), np.zeros(0, np.int16), np.array([20, 21, 22, 23], np.int16)],
+        [np.array([30, 31], np.int16), np.zeros(0, np.int16), np.array([40, 41, 42], np.int16)],
+    ]  # fmt: skip
+    offsets = [np.array([0, 3, 3, 7]), np.array([0, 2, 2, 5])]
+    return RecordTokens(leaves, offsets, np.dtype(np.int16)), leaves
+
+
+def test_record_tokens_locate_pieces_in_the_records_own_arrays():
+    """A piece (a start in its leaf's stream, the records one after the other) is found in
+    its record's array, whole or from within it, past empty records, in either leaf."""
+    reader, leaves = list_reader()
+    starts, lengths, which = [3, 0, 5, 2, 1, 4], [4, 3, 2, 3, 2, 1], [0, 0, 0, 1, 0, 1]
+    addresses, like, held = reader.piece_addresses(starts, lengths, which)
+    assert like.dtype == np.int16 and held is reader.arrays
+    assert _read(addresses, like, lengths) == [
+        [20, 21, 22, 23], [10, 11, 12], [22, 23], [40, 41, 42], [11, 12], [42]
+    ]  # fmt: skip
+    # the addresses point into the records' arrays: nothing was copied
+    assert addresses[0] == leaves[0][2].ctypes.data
+    assert addresses[3] == leaves[1][2].ctypes.data
+
+
+def test_record_tokens_of_one_leaf_need_no_leaves():
+    reader = RecordTokens([[np.array([5, 6], np.int32), np.array([7, 8, 9], np.int32)]],
+                          [np.array([0, 2, 5])], np.dtype(np.int32))  # fmt: skip
+    addresses, like, _ = reader.piece_addresses([3, 0], [2, 2], None)
+    assert _read(addresses, like, [2, 2]) == [[8, 9], [5, 6]]
+
+
+def test_a_pickled_record_reader_locates_pieces_in_its_own_copies():
+    """Addresses are of one process: a reader sent to another (a loader worker) locates the
+    pieces in the arrays it unpickled, never at the sender's addresses."""
+    reader, _ = list_reader()
+    copy = pickle.loads(pickle.dumps(reader))
+    addresses, like, held = copy.piece_addresses([3, 2], [4, 3], [0, 1])
+    assert _read(addresses, like, [4, 3]) == [[20, 21, 22, 23], [40, 41, 42]]
+    assert addresses[0] == held[0][2].ctypes.data != reader.arrays[0][2].ctypes.data

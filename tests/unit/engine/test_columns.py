@@ -86,6 +86,18 @@ def test_integer_tokens_into_a_narrower_integer_dtype_are_read_column_wise():
             lambda: zj.Dataset.source([{"tokens": np.ones(3, np.float32)}]).pack(32),
             id="a list of float tokens",
         ),
+        pytest.param(
+            lambda: zj.Dataset.source(LIST + [{"tokens": np.arange(8, dtype=np.int32)[::2]}]).pack(
+                32
+            ),
+            id="a list record of a strided array",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source(TokenArray(np.arange(80, dtype=np.int32)[::2], [0, 40])).pack(
+                64
+            ),
+            id="a strided token array",
+        ),
     ],
 )
 def test_other_pipelines_take_the_general_path(build):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from zephon_jax.sources import TokenStore, TokenStoreError, write_token_store
+from zephon_jax.core.compiled_kernels import tokens_at
+from zephon_jax.sources import TokenStore, TokenStoreError, shard_files, write_token_store
 from zephon_jax.sources.shard_files import shard_layout
 
 LAYOUT = {"chunk_tokens": 64, "read_chunk_tokens": 16, "flush_tokens": 500}
@@ -62,6 +63,67 @@ def test_spans_over_unwritten_chunks_and_shards_read_as_the_fill_value(plain):
     assert store.to_token_array().tokens.tobytes() == stream.tobytes()
     where = store._s.direct._where
     assert (where == -1).any() and (where >= 0).any() and not (where == -2).any()
+
+
+def _at(addresses, lengths, dtype):
+    like = np.empty(0, dtype)
+    return [tokens_at(a, n, like).tobytes() for a, n in zip(addresses.tolist(), lengths)]
+
+
+def test_span_addresses_read_in_place_or_from_a_copy_give_every_token(plain):
+    """A plain store's spans are located where its shard files are mapped, those over
+    unwritten chunks or chunks stored apart in a copy: every span's tokens, empty ones
+    included (address 0), as TensorStore reads them."""
+    store, path, _ = plain
+    stream = tensorstore_tokens(path)
+    total = int(store.offsets[-1])
+    rng = np.random.default_rng(2)
+    in_place = copied = 0
+    for _ in range(20):
+        starts = rng.integers(0, total, int(rng.integers(1, 100)))
+        lengths = np.minimum(rng.integers(0, 40, starts.size), total - starts)
+        addresses, held = store.span_addresses(starts, lengths)
+        got = _at(addresses, lengths.tolist(), np.uint16)
+        assert got == [stream[s : s + n].tobytes() for s, n in zip(starts, lengths)]
+        assert (addresses[lengths == 0] == 0).all()
+        maps = [np.frombuffer(h, np.uint8) for h in held if isinstance(h, memoryview)]
+        for address, n in zip(addresses.tolist(), lengths.tolist()):
+            if n and any(m.ctypes.data <= address < m.ctypes.data + m.size for m in maps):
+                in_place += 1
+            elif n:
+                copied += 1
+    assert in_place > copied > 0
+    with pytest.raises(IndexError, match="token spans reach outside"):
+        store.span_addresses([total - 1], [2])
+
+
+def test_span_addresses_of_a_compressed_store_are_none(tmp_path):
+    store = write_token_store(
+        tmp_path / "zstd", docs_with_zero_runs(0), compression="zstd", **LAYOUT
+    )
+    assert store.span_addresses([0], [4]) is None  # read it with read_spans
+
+
+def test_addresses_stay_valid_while_held_after_their_map_is_dropped(plain, monkeypatch):
+    """At most ``_MAPS_KEPT`` maps stay open: a map dropped after its spans were located
+    stays readable through what ``span_addresses`` said to hold; spans over more shards
+    than can stay open at once are not located (None: read them instead)."""
+    store, path, _ = plain
+    stream = tensorstore_tokens(path)
+    monkeypatch.setattr(shard_files, "_MAPS_KEPT", 2)
+    direct = TokenStore(path)._s.direct
+    shard_tokens = direct._layout.shard_tokens
+    starts = np.array([1, shard_tokens + 1], np.int64)  # in shards 0 and 1
+    located = direct.addresses(starts, starts + 3)
+    assert located is not None
+    addresses, held = located
+    for shard in (2, 3, 4):
+        direct._mapped(shard)  # shards 0 and 1 are dropped
+    assert 0 not in direct._maps and 1 not in direct._maps
+    assert _at(addresses, [3, 3], np.uint16) == [stream[s : s + 3].tobytes() for s in starts]
+    three = np.array([1, shard_tokens + 1, 2 * shard_tokens + 1], np.int64)
+    assert direct.addresses(three, three + 3) is None
+    del held
 
 
 def test_reads_from_many_threads_at_once_are_each_whole(tmp_path):
