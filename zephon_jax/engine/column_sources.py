@@ -139,7 +139,8 @@ def _by_leaf(leaves: Any) -> list[tuple[int, Any]]:
     if leaves is None:
         return [(0, slice(None))]
     leaves = np.asarray(leaves, np.int64)
-    return [(leaf, np.flatnonzero(leaves == leaf)) for leaf in np.unique(leaves).tolist()]
+    present = np.flatnonzero(np.bincount(leaves)).tolist()  # (cheaper than np.unique)
+    return [(leaf, np.flatnonzero(leaves == leaf)) for leaf in present]
 
 
 class RecordTokens(StreamTokens):

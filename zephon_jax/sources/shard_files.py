@@ -164,7 +164,7 @@ class ShardFiles:
             with self._lock:  # no map is dropped while its addresses are taken
                 missing = span_addresses(*cut, self._base_of, addresses, shard_of)
                 if not missing:
-                    used = np.unique(shard_of[addresses >= 0]).tolist()
+                    used = np.flatnonzero(np.bincount(shard_of[addresses >= 0])).tolist()
                     held: list[Any] = [self._maps[shard] for shard in used]
                     break
             chunks = shard_of[:missing]
