@@ -67,7 +67,7 @@ from zephon_jax.transforms import DROP
 UNITS = ("records", "tokens")
 _ONE = 1 << 32
 _FIRST_CHUNK = 8
-_MAX_CHUNK = 256
+_MAX_CHUNK = 1024
 # Draws read ahead at most, all lanes of a process together (each lane holds
 # 24 bytes a draw of each component): fewer per lane with many lanes, never under 64.
 _CHUNKS_ALL_LANES = 131072
@@ -163,9 +163,9 @@ class ScheduledMixtureNode:
 
 
 def max_chunk(num_lanes: int) -> int:
-    """The draws of a component a lane reads ahead at most: 256, fewer from 512 lanes
+    """The draws of a component a lane reads ahead at most: 1024, fewer from 256 lanes
     on so that all lanes together hold at most ``_CHUNKS_ALL_LANES`` (64 at least):
-    128 at 1024 lanes, 3 KB a component less for each lane."""
+    512 at 256 lanes, 128 at 1024 lanes (24 bytes a draw and component)."""
     return max(64, min(_MAX_CHUNK, _CHUNKS_ALL_LANES // max(num_lanes, 1)))
 
 

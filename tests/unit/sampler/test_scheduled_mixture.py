@@ -209,8 +209,8 @@ def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
 
 
 def test_draws_read_ahead_shrink_with_many_lanes():
-    """A lane reads at most 256 draws of a component ahead; from 512 lanes on, fewer,
+    """A lane reads at most 1024 draws of a component ahead; from 256 lanes on, fewer,
     all lanes together 131072, never fewer than 64 a lane."""
-    assert [scheduled_mixture.max_chunk(n) for n in (1, 512, 1024, 2048, 8192)] == [
-        256, 256, 128, 64, 64
+    assert [scheduled_mixture.max_chunk(n) for n in (1, 128, 256, 512, 1024, 2048, 8192)] == [
+        1024, 1024, 512, 256, 128, 64, 64
     ]  # fmt: skip
