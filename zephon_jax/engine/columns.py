@@ -135,8 +135,8 @@ def _token_reader(sources: Sequence[Any]) -> tuple | None:
         field, dtype = sources[0].field, sources[0].tokens.dtype
         if any(s.field != field or s.tokens.dtype != dtype for s in sources):
             return None
-        if not all(s.tokens.flags.c_contiguous for s in sources):
-            return None  # the gather kernel reads the token arrays from their addresses
+        if not dtype.isnative or not all(s.tokens.flags.c_contiguous for s in sources):
+            return None  # the gather kernel reads native tokens from their addresses
         tokens = tuple(np.asarray(s.tokens) for s in sources)  # one array type, memmaps too
         offsets = np.concatenate([s.offsets for s in sources])
         bases = np.cumsum([0] + [len(s.offsets) for s in sources[:-1]]).astype(np.int64)
@@ -161,7 +161,7 @@ def _record_reader(sources: Sequence[list]) -> tuple | None:
     if type(first) is not dict or len(first) != 1:
         return None
     ((field, value),) = first.items()
-    if type(value) is not np.ndarray or value.dtype.kind not in "iu":
+    if type(value) is not np.ndarray or value.dtype.kind not in "iu" or not value.dtype.isnative:
         return None
     dtype = value.dtype
     offsets, arrays = [], []

@@ -98,6 +98,14 @@ def test_integer_tokens_into_a_narrower_integer_dtype_are_read_column_wise():
             ),
             id="a strided token array",
         ),
+        pytest.param(
+            lambda: zj.Dataset.source(TokenArray(np.arange(40, dtype=">i4"), [0, 40])).pack(64),
+            id="a big-endian token array",
+        ),
+        pytest.param(
+            lambda: zj.Dataset.source([{"tokens": np.arange(8, dtype=">i4")}]).pack(32),
+            id="a list of big-endian tokens",
+        ),
     ],
 )
 def test_other_pipelines_take_the_general_path(build):
@@ -111,3 +119,23 @@ def test_a_list_of_one_field_records_is_read_column_wise_where_it_lies():
     (flat,), at = plan.reader.materialize([4, 0, 3], [2, 3, 4], None)  # pieces of 7 and 3
     pieces = [flat[a : a + n].tolist() for a, n in zip(at.tolist(), [2, 3, 4])]
     assert pieces == [[701, 702], [300, 301, 302], [700, 701, 702, 703]]
+
+
+def test_big_endian_tokens_give_the_batches_of_native_ones():
+    """Tokens in a non-native byte order (read from a file as ``>i4``, say) take the
+    general path and give the same batches as the same tokens in native order."""
+    tokens = np.arange(1, 101, dtype=np.int32)
+
+    def first_batches(dtype):
+        ta = TokenArray(tokens.astype(dtype), [0, 30, 100])
+        listed = [{"tokens": tokens[:30].astype(dtype)}, {"tokens": tokens[30:].astype(dtype)}]
+        return [
+            next(iter(zj.Loader(zj.Dataset.source(src).shuffle(2).split(16).pack(16).batch(2))))
+            for src in (ta, listed)
+        ]
+
+    for got, want in zip(first_batches(">i4"), first_batches(np.int32)):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key].dtype == want[key].dtype
+            np.testing.assert_array_equal(got[key], want[key])
