@@ -671,7 +671,7 @@ STAGED = {0: [0.5, 0.5], 2: [0.3, 0.7]}
 @pytest.mark.parametrize("weights", [[0.5, 0.5], STAGED], ids=["fixed", "staged"])
 @pytest.mark.parametrize("empty", ["filtered", "no_tokens"])
 def test_a_component_giving_no_tokens_in_a_mixture_by_tokens_is_named_early(weights, empty):
-    from zephon_jax.sampler.scheduled_mixture import DRY_DRAWS
+    from zephon_jax.sampler.scheduled_mixture import DRY_DRAWS, max_chunk
 
     web, code = CountedReads(1000), CountedReads(0)
     dry = zj.Dataset.source(web, name="web")
@@ -685,8 +685,10 @@ def test_a_component_giving_no_tokens_in_a_mixture_by_tokens_is_named_early(weig
         r"component's filter",
     ):
         first_batches(mixed.pack(8).batch(4), 1)
-    # The work is bounded by the component's size: the limit and one read-ahead block.
-    assert web.reads <= limit + 1 + 256 and code.reads <= 256
+    # The work is bounded by the component's size: the limit and one read-ahead block
+    # (of a loader of 4 lanes, one a batch row).
+    block = max_chunk(4)
+    assert web.reads <= limit + 1 + block and code.reads <= block
 
 
 @pytest.mark.parametrize("weights", [[0.5, 0.5], STAGED], ids=["fixed", "staged"])
