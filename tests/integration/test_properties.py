@@ -687,6 +687,38 @@ def test_a_staged_mixture_resumes_from_a_state_taken_after_its_input_ended(unit)
     check({**STAGED_FINITE_SPEC, "unit": unit})
 
 
+# A column-wise lane's rows made ahead, rebuilt from a state as pointers, took the piece
+# number of a piece's lineage as it came: 1.5 was accepted (read as piece 1) and None
+# raised a TypeError, where the state must be refused.
+ROWS_AHEAD_SPEC = {
+    "sources": [(1, 1, 0), (30, 8, 0), (1, 1, 0)],
+    "weights": [1, 1, 1],
+    "epochs": None,
+    "shuffle": None,
+    "map": False,
+    "random_map": None,
+    "filter": None,
+    "pre_ops": [],
+    "pack": ("best_fit", 4, 1),
+    "post_ops": [],
+    "batch": 2,
+    "lanes": 1,
+    "steps": 4,
+    "phases": [(1, 0), (1, 0), (1, 0)],
+    "state_form": "codec",
+    "empty_docs": False,
+    "scalar_fields": False,
+    "token_dtypes": ["int32", "int32", "int32"],
+    "token_arrays": True,
+}
+
+
+@pytest.mark.parametrize("cut,entry,bad", [(4, 635, 1.5), (2, 317, None)])
+def test_a_row_made_ahead_with_an_altered_piece_number_is_refused(cut, entry, bad):
+    spec = {**ROWS_AHEAD_SPEC, "cuts": [0, cut], "tampers": [None, ("lane_entry", 0, entry, bad)]}
+    check(spec)
+
+
 # Open rows of pack over a mixture of in-memory sources, all empty when a finite input
 # ended, made pack's flush fail reading their (no) pieces.
 EMPTY_OPEN_ROWS_SPEC = {

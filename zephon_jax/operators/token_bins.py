@@ -307,7 +307,8 @@ def _held_pieces(contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool
             root, j = piece_parts(lineage)
         elif not cut:
             root = lineage
-        if not (is_draw(root) if drawn else is_position(root)):
+        piece_number = type(j) is int and j >= 0  # (1.5, None, -1: an altered state)
+        if not piece_number or not (is_draw(root) if drawn else is_position(root)):
             raise StateError(
                 f"lane {lane}: the state holds {lineage!r} in an open row of "
                 f"pack, which this pipeline never makes; the state was altered"
