@@ -396,8 +396,8 @@ def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[list[E
                     f"pieces of lengths {recipe_of(lineage)!r:.100}, its documents give "
                     f"{lengths!r:.100}; the state was altered or the sources changed"
                 )
-            row = TokenRow(
-                spec, field, reader.tokens, starts, tuple(lengths),
+            row = TokenRow.of(
+                spec, field, reader.tokens, starts, lengths,
                 leaves if reader.several else None, training,
             )  # fmt: skip
             made.append(Element(row, lineage))
@@ -469,29 +469,34 @@ def _token_rows(
     roots: DrawnRoots | None = None,
 ) -> list:
     """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
-    four lists (codes, starts, lengths, leaves) and each row's end in them. With
-    ``roots`` (a mixture lane's draws), the codes index its draws as of now, and each
-    row's lineage is made only when read (:class:`~zephon_jax.core.lineage.DeferredElement`:
-    it keeps the roots' array, whose columns up to now are never written again)."""
-    codes, starts, lengths, sources = pieces
+    four lists (codes, starts, lengths, leaves), which the rows share as their block (as
+    tuples: plain data, which the garbage collector stops tracking), and each row's end
+    in them. With ``roots`` (a mixture lane's draws), the codes index its draws as of
+    now, and each row's lineage is made only when read
+    (:class:`~zephon_jax.core.lineage.DeferredElement`: it keeps the roots' array, whose
+    columns up to now are never written again)."""
+    codes, starts, lengths, sources = map(tuple, pieces)
     _, _, spec, field, training = columns.arguments
     reader = columns.reader
-    tokens, several, translate = reader.tokens, reader.several, carry.translate
-    drawn = None if roots is None else (roots.array, roots.base, columns.cut)
+    tokens, fields = reader.tokens, (field,)
+    block = (starts, lengths, sources if reader.several else None)
     rows: list[Element] = []
     begin = 0
+    if roots is not None:
+        array, base, cut = roots.array, roots.base, columns.cut
+        for end in ends:
+            row = TokenRow(spec, fields, tokens, block, begin, end, training)
+            # (Plain data only: a batch's picks keep these arguments, not the row.)
+            lineage = (array, base, cut, codes, lengths, begin, end)
+            rows.append(DeferredElement(row, _row_lineage, lineage))
+            begin = end
+        return rows
+    translate = carry.translate
     for end in ends:
-        held = tuple(lengths[begin:end])
-        row = TokenRow(
-            spec, field, tokens, starts[begin:end], held,
-            sources[begin:end] if several else None, training,
-        )  # fmt: skip
+        row = TokenRow(spec, fields, tokens, block, begin, end, training)
         parents = codes[begin:end]
-        if drawn is not None:  # (plain data only: a batch's picks keep these arguments)
-            rows.append(DeferredElement(row, _row_lineage, (*drawn, tuple(parents), held)))
-        else:
-            parents = tuple(parents) if translate is None else translate(parents)
-            rows.append(Element(row, (parents, held)))
+        parents = parents if translate is None else translate(parents)
+        rows.append(Element(row, (parents, lengths[begin:end])))
         begin = end
     return rows
 
@@ -636,7 +641,7 @@ def _prune_roots(lane: Any, cut: int) -> None:
     tally.recode_logged(recode)
 
 
-def _drawn_lineages(lane: Any, cut: int, codes: list) -> tuple:
+def _drawn_lineages(lane: Any, cut: int, codes: Sequence[int]) -> tuple:
     """The lineages of pieces coded by indices into the lane's drawn roots (see
     :func:`_lineages_of_draws`)."""
     return _lineages_of_draws(lane.drawn.view(), cut, codes)
@@ -652,7 +657,10 @@ def _lineages_of_draws(roots: RootsView, cut: int, codes: Sequence[int]) -> tupl
     return tuple(roots.tuples(codes))
 
 
-def _row_lineage(array: np.ndarray, base: int, cut: int, codes: tuple, held: tuple) -> tuple:
-    """A row's lineage, ``(its pieces' lineages, their lengths)``, its pieces coded by
-    indices into the drawn roots ``RootsView(array, base)``."""
-    return _lineages_of_draws(RootsView(array, base), cut, codes), held
+def _row_lineage(
+    array: np.ndarray, base: int, cut: int, codes: tuple, lengths: tuple, begin: int, end: int
+) -> tuple:
+    """The lineage of the row of pieces ``[begin, end)`` of ``codes`` and ``lengths``,
+    ``(its pieces' lineages, their lengths)``, its pieces coded by indices into the
+    drawn roots ``RootsView(array, base)``."""
+    return _lineages_of_draws(RootsView(array, base), cut, codes[begin:end]), lengths[begin:end]

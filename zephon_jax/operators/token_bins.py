@@ -73,7 +73,7 @@ class TokenBins(OpenRows):
         self.cut = cut
         # Where the codes index a lane's drawn roots: codes -> their lineages (set by
         # the lane), and the rows' lineages translated so far.
-        self.translate: Callable[[list], tuple] | None = None
+        self.translate: Callable[[Sequence[int]], tuple] | None = None
         self._translated: dict[tuple, tuple] = {}
 
     def lineage_form(self) -> tuple[HeldLineages, tuple]:
@@ -321,31 +321,74 @@ class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
     ``tokens`` each is in (``leaves``; None: all in the first).
 
+    The pieces are ``[begin, end)`` of ``block``, three sequences ``(starts, lengths,
+    leaves)`` (``leaves`` None: all in the first array) that the rows of one placement
+    share: a row waiting to be batched is then one object, not one with a list or tuple
+    per column, which the garbage collector would walk (see :meth:`of` for a row of its
+    own pieces). Nothing writes to a block after its rows are made.
+
     With ``training`` (a :class:`~zephon_jax.transforms.to_training.ToTrainingTransform`
     that follows ``pack``), the row reads as that transform's output fields, and a
     batch of such rows is shifted as a whole after the gather (the same bytes as the
     transform row by row)."""
 
-    __slots__ = ("tokens", "starts", "leaves", "training")
+    __slots__ = ("tokens", "block", "begin", "end", "training")
 
     def __init__(
         self,
         spec: PackSpec,
-        field: str,
+        fields: tuple[str],
         tokens: tuple[np.ndarray, ...],
-        starts: Sequence[int],
-        lengths: tuple[int, ...],
-        leaves: Sequence[int] | None = None,
+        block: tuple[Sequence[int], Sequence[int], Sequence[int] | None],
+        begin: int,
+        end: int,
         training: ToTrainingTransform | None = None,
     ):
         self.spec = spec
-        self.fields = (field,)
+        self.fields = fields
         self.tokens = tokens
-        self.starts = starts
-        self.lengths = lengths
-        self.leaves = leaves
+        self.block = block
+        self.begin = begin
+        self.end = end
         self.training = training
         self._data = None
+
+    @classmethod
+    def of(
+        cls,
+        spec: PackSpec,
+        field: str,
+        tokens: tuple[np.ndarray, ...],
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        leaves: Sequence[int] | None = None,
+        training: ToTrainingTransform | None = None,
+    ) -> TokenRow:
+        """The row of these pieces alone (a block of its own)."""
+        block = (list(starts), list(lengths), None if leaves is None else list(leaves))
+        return cls(spec, (field,), tokens, block, 0, len(block[1]), training)
+
+    def __reduce__(self) -> tuple:
+        """Pickles the row with its own pieces only (not its whole block)."""
+        pieces = (self.starts, list(self.block[1][self.begin : self.end]), self.leaves)
+        arguments = (self.spec, self.fields, self.tokens, pieces, 0, len(pieces[1]))
+        return (TokenRow, (*arguments, self.training))
+
+    @property
+    def starts(self) -> list[int]:
+        """The pieces' starts in their token arrays."""
+        return list(self.block[0][self.begin : self.end])
+
+    @property
+    def lengths(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The pieces' lengths."""
+        return tuple(self.block[1][self.begin : self.end])
+
+    @property
+    def leaves(self) -> list[int] | None:
+        """Which token array each piece is in (None: all in the first)."""
+        leaves = self.block[2]
+        return None if leaves is None else list(leaves[self.begin : self.end])
 
     def keys(self):  # noqa: D102 - output names, without assembling
         training = self.training
@@ -397,7 +440,7 @@ class TokenRow(PackedRow):
         starts: list[int] = []
         lengths: list[int] = []
         ends: list[int] = []
-        leaves: list[int] | None = None if first.leaves is None else []
+        leaves: list[int] | None = None if first.block[2] is None else []
         for row in rows:  # rows of one plan share its spec and token arrays
             if (
                 type(row) is not TokenRow
@@ -406,11 +449,12 @@ class TokenRow(PackedRow):
                 or row.training is not training
             ):
                 return None
-            starts += row.starts
-            lengths += row.lengths or ()
+            block, begin, end = row.block, row.begin, row.end
+            starts += block[0][begin:end]
+            lengths += block[1][begin:end]
             ends.append(len(lengths))
             if leaves is not None:
-                leaves += row.leaves or ()
+                leaves += block[2][begin:end]  # type: ignore[index]
         if compiled is None:
             return None
         pad_id = _fused(first)
