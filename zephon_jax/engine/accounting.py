@@ -304,12 +304,18 @@ class _Parts:
         self.component_of: list[int] | None = None
         self.components = 0
         self.bases: list[int] = []
+        # Where every component of the mixture is a source: each one's size and leaf.
+        self.source_sizes: np.ndarray | None = None
+        self.leaf_of: np.ndarray | None = None
         if mixture is not None:
             self.component_of = [
                 k for k, child in enumerate(mixture.children) for _ in leaves(child)
             ]
             self.components = len(mixture.children)
             self.bases = np.cumsum([0] + [len(leaves(c)) for c in mixture.children]).tolist()
+            if all(isinstance(child, SourceNode) for child in mixture.children):
+                self.source_sizes = np.array([c.size for c in mixture.children], np.int64)
+                self.leaf_of = np.array(self.bases[:-1], np.int64)
 
     def count(
         self, saved: tuple, blocks: list, tokens: list | None, stage: int, roots: Any = None
@@ -372,13 +378,18 @@ class _Parts:
         component, draw in the component, length and whether it starts its document)
         delivered in mixture stage ``stage``."""
         plan = self.plan
-        leaf = np.zeros(len(subs), np.int64)
-        epoch = np.zeros(len(subs), np.int64)
-        for k in np.unique(components).tolist():
-            at = components == k
-            child = plan.mixture.children[k]
-            leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
-            leaf[at] += self.bases[k]
+        sizes, leaf_of = self.source_sizes, self.leaf_of
+        if sizes is not None and leaf_of is not None:  # components all sources: one pass
+            leaf = leaf_of[components]
+            epoch = _source_epochs(subs, self.lane, plan.num_lanes, sizes[components])
+        else:
+            leaf = np.zeros(len(subs), np.int64)
+            epoch = np.zeros(len(subs), np.int64)
+            for k in np.unique(components).tolist():
+                at = components == k
+                child = plan.mixture.children[k]
+                leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
+                leaf[at] += self.bases[k]
         _add_pieces(counts, leaf, epoch, lengths, firsts)
         base = stage * self.components
         tokens_of = np.bincount(components, weights=lengths, minlength=self.components)
@@ -464,10 +475,16 @@ def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tupl
     """The leaf and epoch of ``draws`` of sampler ``node``: for a source, its epochs by
     arithmetic alone (the shuffled record is not needed); else resolved."""
     if isinstance(node, SourceNode):
-        return np.zeros(len(draws), np.int64), (draws * num_lanes + lane) // node.size
+        return np.zeros(len(draws), np.int64), _source_epochs(draws, lane, num_lanes, node.size)
     unique, where = np.unique(draws, return_inverse=True)
     res = resolve(node, lane, unique, num_lanes)
     return res.leaf[where], res.epoch[where]
+
+
+def _source_epochs(draws: np.ndarray, lane: int, num_lanes: int, size: Any) -> np.ndarray:
+    """The epochs of ``draws`` of ``lane`` from a source of ``size`` records (or sizes,
+    one per draw): by arithmetic alone (the shuffled record is not needed)."""
+    return (draws * num_lanes + lane) // size
 
 
 def _add_pieces(

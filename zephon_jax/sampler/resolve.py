@@ -51,29 +51,46 @@ def resolve(node, lane: int, positions: np.ndarray, num_lanes: int) -> Resolutio
 def resolve_lanes(
     node, lanes: Sequence[int], positions: Sequence[np.ndarray], num_lanes: int
 ) -> list[Resolution]:
-    """:func:`resolve` of ``positions[i]`` of lane ``lanes[i]``, for each ``i``.
+    """:func:`resolve` of ``positions[i]`` of lane ``lanes[i]``, for each ``i`` (see
+    :func:`resolve_flat`)."""
+    sizes = [len(p) for p in positions]
+    if not isinstance(node, SourceNode) or len(lanes) < 2:
+        return [resolve(node, lane, p, num_lanes) for lane, p in zip(lanes, positions)]
+    flat = resolve_flat(node, lanes, positions, num_lanes)
+    out = []
+    for start, stop in zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()):
+        out.append(
+            Resolution(
+                leaf=flat.leaf[start:stop],
+                record=flat.record[start:stop],
+                epoch=flat.epoch[start:stop],
+                valid=flat.valid[start:stop],
+            )
+        )
+    return out
+
+
+def resolve_flat(
+    node, lanes: Sequence[int], positions: Sequence[np.ndarray], num_lanes: int
+) -> Resolution:
+    """:func:`resolve` of ``positions[i]`` of lane ``lanes[i]`` for all ``i``, one after
+    the other in one :class:`Resolution`.
 
     A single source is resolved for all lanes in one vectorized pass (its records
     are a pure function of ``draw * num_lanes + lane``); a mixture lane by lane.
     """
-    if not isinstance(node, SourceNode) or len(lanes) < 2:
-        return [resolve(node, lane, p, num_lanes) for lane, p in zip(lanes, positions)]
-    sizes = [len(p) for p in positions]
-    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions])
-    lane_of = np.repeat(np.asarray(lanes, dtype=np.int64), sizes)
-    records, epochs, valid = node.locate(lane_of, flat, num_lanes)
-    out = []
-    for start, stop in zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()):
-        n = stop - start
-        out.append(
-            Resolution(
-                leaf=np.zeros(n, np.int64),
-                record=records[start:stop],
-                epoch=epochs[start:stop],
-                valid=valid[start:stop],
+    if not isinstance(node, SourceNode):
+        parts = [resolve(node, lane, p, num_lanes) for lane, p in zip(lanes, positions)]
+        return Resolution(
+            *(
+                np.concatenate([getattr(r, f.name) for r in parts])
+                for f in dataclasses.fields(Resolution)
             )
         )
-    return out
+    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions])
+    lane_of = np.repeat(np.asarray(lanes, dtype=np.int64), [len(p) for p in positions])
+    records, epochs, valid = node.locate(lane_of, flat, num_lanes)
+    return Resolution(np.zeros(len(flat), np.int64), records, epochs, valid)
 
 
 def _resolve(node, lane, draws, num_lanes, where, leaf_base, out) -> int:

@@ -58,6 +58,7 @@ from zephon_jax.sampler.resolve import (
     leaf_paths,
     leaves,
     resolve,
+    resolve_flat,
     resolve_lanes,
 )
 from zephon_jax.sampler.schedule import StepSchedule
@@ -197,6 +198,11 @@ class IdsAhead:
         n = len(subs)
         self.first[component] = subs[0] if n else 0
         self.size[component] = n
+        if len(valid) == n:  # every draw has a record (all but past a source's epochs)
+            self.leaf[component, :n] = leaf_ids
+            self.record[component, :n] = records
+            self.tokens[component, :n] = counts
+            return
         self.leaf[component, :n] = -1
         self.leaf[component, valid] = leaf_ids
         self.record[component, valid] = records
@@ -415,7 +421,8 @@ class MixtureDrawer:
         """Reads ahead the next chunk of draws of ``component`` from ``sub`` on as ids
         and lengths (see ``ids``): nothing is read."""
         subs = self._next_chunk(component, sub)
-        located = self._ids_of(component, subs)
+        child = self.node.children[component]
+        located = self._ids_of(component, resolve(child, self.lane, subs, self.num_lanes))
         assert self._ids is not None
         self._put_ids(component, subs, located, self._ids(*located[1:]))
 
@@ -429,13 +436,9 @@ class MixtureDrawer:
         assert self.ids_ahead is not None
         self.ids_ahead.put(component, subs, valid, leaf_ids, records, counts)
 
-    def _ids_of(
-        self, component: int, subs: np.ndarray, res: Resolution | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Which of draws ``subs`` have a record, and those's global sampler leaves and
-        records (``res``: where ``subs`` resolve, if known)."""
-        if res is None:
-            res = resolve(self.node.children[component], self.lane, subs, self.num_lanes)
+    def _ids_of(self, component: int, res: Resolution) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Which of the draws of ``component`` that resolve to ``res`` have a record, and
+        those's global sampler leaves and records."""
         valid = np.flatnonzero(res.valid)
         return valid, self._leaf_base[component] + res.leaf[valid], res.record[valid]
 
@@ -593,27 +596,31 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
     if len(drawers) < 2:
         return
     first = drawers[0]
-    asked = []  # (drawer, component, subs, valid, leaf ids, records)
+    asked = []  # per component: (component, drawers, their draws, valid, leaf ids, records)
     reads = _reads_next(drawers)
     for component, child in enumerate(first.node.children):
         todo = [drawers[i] for i in np.flatnonzero(reads[:, component]).tolist()]
         if not todo:
             continue
         subs = [d._next_chunk(component, int(d.next_sub[component])) for d in todo]
-        resolved = resolve_lanes(child, [d.lane for d in todo], subs, first.num_lanes)
-        for d, wanted, res in zip(todo, subs, resolved, strict=True):
-            asked.append((d, component, wanted, *d._ids_of(component, wanted, res)))
+        res = resolve_flat(child, [d.lane for d in todo], subs, first.num_lanes)
+        asked.append((component, todo, subs, *first._ids_of(component, res)))
     if not asked:
         return
     assert first._ids is not None
     lengths = first._ids(
         np.concatenate([a[4] for a in asked]), np.concatenate([a[5] for a in asked])
     )
-    at = 0
-    for d, component, wanted, *located in asked:
-        count = len(located[2])
-        d._put_ids(component, wanted, tuple(located), lengths[at : at + count])
-        at += count
+    at = 0  # the valid draws of the components before
+    for component, todo, subs, valid, leaf_ids, records in asked:
+        ends = np.cumsum([len(wanted) for wanted in subs])
+        cuts = np.searchsorted(valid, ends).tolist()  # each drawer's valid draws end
+        begin = done = 0  # the draws and valid draws of the drawers before
+        for d, wanted, end, stop in zip(todo, subs, ends.tolist(), cuts, strict=True):
+            located = (valid[done:stop] - begin, leaf_ids[done:stop], records[done:stop])
+            d._put_ids(component, wanted, located, lengths[at + done : at + stop])
+            begin, done = end, stop
+        at += done
 
 
 def _reads_next(drawers: Sequence[MixtureDrawer]) -> np.ndarray:

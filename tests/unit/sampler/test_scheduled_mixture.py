@@ -9,6 +9,7 @@ import pytest
 from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler import scheduled_mixture
+from zephon_jax.sampler.mixture import MixtureNode
 from zephon_jax.sampler.scheduled_mixture import (
     MixtureDrawer,
     ScheduledMixtureNode,
@@ -206,6 +207,45 @@ def test_drawers_read_ahead_together_exactly_where_each_next_draw_would():
             assert changed == wanted[j]
             if wanted[j]:  # the next draw is held now
                 assert d.ids_ahead.first[j] == d.next_sub[j] and d.ids_ahead.size[j] > 0
+
+
+def test_draws_read_ahead_together_hold_what_each_drawer_reads_on_its_own():
+    """Read ahead for all drawers at once (one resolve per component), each drawer holds
+    the same draws, leaves, records and token counts as reading its own: also where a
+    component is a nested mixture whose finite source leaves draws without a record."""
+    sources = [docs(2, 10), docs(3, 3, base=50), docs(1, 7, base=100)]
+    nested = MixtureNode((SourceNode(sources[1], num_epochs=1), SourceNode(sources[2])), (0.5, 0.5))
+    node = ScheduledMixtureNode(
+        (SourceNode(sources[0]), nested), parse_weight_stages([0.6, 0.4], 2)
+    )
+
+    def lengths(leaf_ids, records):
+        return np.array([len(sources[l][r]["tokens"]) for l, r in zip(leaf_ids, records)])
+
+    def drawers():
+        return [MixtureDrawer(node, lane, 4, None, None, ids=lengths) for lane in range(4)]
+
+    together, alone = drawers(), drawers()
+    read_draws_ahead(together)
+    for a in alone:
+        for j in range(2):
+            a.read_ids_ahead(j, 0)
+    held = [t.ids_ahead for t in together]
+    assert all(h.size.tolist() == [8, 8] for h in held)  # every drawer read both components
+    invalid = 0
+    for t, a in zip(held, (a.ids_ahead for a in alone)):
+        for name in ("first", "size"):
+            assert getattr(t, name).tolist() == getattr(a, name).tolist()
+        for j in range(2):
+            n = int(t.size[j])
+            for name in ("leaf", "record", "tokens"):
+                valid = t.leaf[j, :n] >= 0  # (a draw without a record holds leaf -1 only)
+                assert np.array_equal(
+                    getattr(t, name)[j, :n][valid], getattr(a, name)[j, :n][valid]
+                )
+            assert np.array_equal(t.leaf[j, :n] < 0, a.leaf[j, :n] < 0)
+            invalid += int((t.leaf[j, :n] < 0).sum())
+    assert invalid > 0  # the nested mixture's finite source ran out in some lane
 
 
 def test_draws_read_ahead_shrink_with_many_lanes():
