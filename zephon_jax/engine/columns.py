@@ -448,10 +448,10 @@ def _place_spans(
     stage = columns.stage
     cut, best, spec, _, _ = columns.arguments
     # The accounting keeps the rows' pieces as the kernel writes them.
-    (codes, starts, lengths, sources), ends = carry.place(
+    placed, ends = carry.place(
         (offsets, bases, leaves, records, positions), cut, spec, best, lane.tally.emitted_log()
     )
-    rows = _token_rows(columns, carry, (codes, starts, lengths, sources), ends)
+    rows = _token_rows(columns, carry, np.array(placed, np.int64).reshape(4, -1), ends)
     if rows:
         lane.row_reached(rows, logged=True)
     else:  # the stage the records reached, for the no-progress error
@@ -464,39 +464,39 @@ def _place_spans(
 def _token_rows(
     columns: ColumnarPlan,
     carry: TokenBins,
-    pieces: Any,
+    pieces: np.ndarray,
     ends: list,
     roots: DrawnRoots | None = None,
 ) -> list:
     """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
-    four lists (codes, starts, lengths, leaves), which the rows share as their block (as
-    tuples: plain data, which the garbage collector stops tracking), and each row's end
-    in them. With ``roots`` (a mixture lane's draws), the codes index its draws as of
-    now, and each row's lineage is made only when read
+    an int64 array of four rows (codes, starts, lengths, leaves), which nothing writes
+    to afterwards and the rows share as their block, and each row's end in it. With
+    ``roots`` (a mixture lane's draws), the codes index its draws as of now, and each
+    row's lineage is made only when read
     (:class:`~zephon_jax.core.lineage.DeferredElement`: it keeps the roots' array, whose
-    columns up to now are never written again)."""
-    codes, starts, lengths, sources = map(tuple, pieces)
+    columns up to now are never written again, and ``pieces``: plain data the garbage
+    collector does not walk)."""
     _, _, spec, field, training = columns.arguments
     reader = columns.reader
     tokens, fields = reader.tokens, (field,)
-    block = (starts, lengths, sources if reader.several else None)
+    block = pieces[1:] if reader.several else pieces[1:3]
     rows: list[Element] = []
     begin = 0
     if roots is not None:
         array, base, cut = roots.array, roots.base, columns.cut
         for end in ends:
             row = TokenRow(spec, fields, tokens, block, begin, end, training)
-            # (Plain data only: a batch's picks keep these arguments, not the row.)
-            lineage = (array, base, cut, codes, lengths, begin, end)
+            lineage = (array, base, cut, pieces, begin, end)
             rows.append(DeferredElement(row, _row_lineage, lineage))
             begin = end
         return rows
     translate = carry.translate
+    codes, lengths = pieces[0].tolist(), pieces[2].tolist()
     for end in ends:
         row = TokenRow(spec, fields, tokens, block, begin, end, training)
         parents = codes[begin:end]
-        parents = parents if translate is None else translate(parents)
-        rows.append(Element(row, (parents, lengths[begin:end])))
+        parents = tuple(parents) if translate is None else translate(parents)
+        rows.append(Element(row, (parents, tuple(lengths[begin:end]))))
         begin = end
     return rows
 
@@ -590,7 +590,7 @@ def _logged_rows(
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
     size, rows = log.size, log.rows
-    pieces = log.out[:, size:n_out].tolist()
+    pieces = log.out[:, size:n_out].copy()  # (the log is recoded by copying, never in place)
     if n_rows == rows + 1:  # the common case: one row, all the new pieces
         ends = [n_out - size]
     else:
@@ -658,9 +658,11 @@ def _lineages_of_draws(roots: RootsView, cut: int, codes: Sequence[int]) -> tupl
 
 
 def _row_lineage(
-    array: np.ndarray, base: int, cut: int, codes: tuple, lengths: tuple, begin: int, end: int
+    array: np.ndarray, base: int, cut: int, pieces: np.ndarray, begin: int, end: int
 ) -> tuple:
-    """The lineage of the row of pieces ``[begin, end)`` of ``codes`` and ``lengths``,
-    ``(its pieces' lineages, their lengths)``, its pieces coded by indices into the
-    drawn roots ``RootsView(array, base)``."""
-    return _lineages_of_draws(RootsView(array, base), cut, codes[begin:end]), lengths[begin:end]
+    """The lineage of the row of pieces ``[begin, end)`` of ``pieces`` (see
+    :func:`_token_rows`), ``(its pieces' lineages, their lengths)``, its pieces coded by
+    indices into the drawn roots ``RootsView(array, base)``."""
+    codes = pieces[0, begin:end].tolist()
+    held = tuple(pieces[2, begin:end].tolist())
+    return _lineages_of_draws(RootsView(array, base), cut, codes), held

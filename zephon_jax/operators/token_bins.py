@@ -321,11 +321,13 @@ class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
     ``tokens`` each is in (``leaves``; None: all in the first).
 
-    The pieces are ``[begin, end)`` of ``block``, three sequences ``(starts, lengths,
-    leaves)`` (``leaves`` None: all in the first array) that the rows of one placement
-    share: a row waiting to be batched is then one object, not one with a list or tuple
-    per column, which the garbage collector would walk (see :meth:`of` for a row of its
-    own pieces). Nothing writes to a block after its rows are made.
+    The pieces are columns ``[begin, end)`` of ``block``, an int64 array of their
+    starts, their lengths and, where the pieces are in several arrays (three rows),
+    their leaves (two rows: all in the first), which the rows of one placement share: a
+    row waiting to be batched is then one object pointing into an array, which the
+    garbage collector does not walk, not a list or tuple of ints per column (see
+    :meth:`of` for a row of its own pieces). Nothing writes to a block after its rows
+    are made.
 
     With ``training`` (a :class:`~zephon_jax.transforms.to_training.ToTrainingTransform`
     that follows ``pack``), the row reads as that transform's output fields, and a
@@ -339,7 +341,7 @@ class TokenRow(PackedRow):
         spec: PackSpec,
         fields: tuple[str],
         tokens: tuple[np.ndarray, ...],
-        block: tuple[Sequence[int], Sequence[int], Sequence[int] | None],
+        block: np.ndarray,
         begin: int,
         end: int,
         training: ToTrainingTransform | None = None,
@@ -365,30 +367,32 @@ class TokenRow(PackedRow):
         training: ToTrainingTransform | None = None,
     ) -> TokenRow:
         """The row of these pieces alone (a block of its own)."""
-        block = (list(starts), list(lengths), None if leaves is None else list(leaves))
-        return cls(spec, (field,), tokens, block, 0, len(block[1]), training)
+        columns = (starts, lengths) if leaves is None else (starts, lengths, leaves)
+        block = np.array(columns, np.int64).reshape(len(columns), len(lengths))
+        return cls(spec, (field,), tokens, block, 0, len(lengths), training)
 
     def __reduce__(self) -> tuple:
         """Pickles the row with its own pieces only (not its whole block)."""
-        pieces = (self.starts, list(self.block[1][self.begin : self.end]), self.leaves)
-        arguments = (self.spec, self.fields, self.tokens, pieces, 0, len(pieces[1]))
+        own = self.block[:, self.begin : self.end].copy()
+        arguments = (self.spec, self.fields, self.tokens, own, 0, own.shape[1])
         return (TokenRow, (*arguments, self.training))
 
     @property
     def starts(self) -> list[int]:
         """The pieces' starts in their token arrays."""
-        return list(self.block[0][self.begin : self.end])
+        return self.block[0, self.begin : self.end].tolist()
 
     @property
     def lengths(self) -> tuple[int, ...]:  # type: ignore[override]
         """The pieces' lengths."""
-        return tuple(self.block[1][self.begin : self.end])
+        return tuple(self.block[1, self.begin : self.end].tolist())
 
     @property
     def leaves(self) -> list[int] | None:
         """Which token array each piece is in (None: all in the first)."""
-        leaves = self.block[2]
-        return None if leaves is None else list(leaves[self.begin : self.end])
+        if self.block.shape[0] < 3:
+            return None
+        return self.block[2, self.begin : self.end].tolist()
 
     def keys(self):  # noqa: D102 - output names, without assembling
         training = self.training
@@ -437,10 +441,9 @@ class TokenRow(PackedRow):
         compiled = kernels()
         first = rows[0]
         tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
-        starts: list[int] = []
-        lengths: list[int] = []
+        views = []
         ends: list[int] = []
-        leaves: list[int] | None = None if first.block[2] is None else []
+        total = 0
         for row in rows:  # rows of one plan share its spec and token arrays
             if (
                 type(row) is not TokenRow
@@ -449,20 +452,18 @@ class TokenRow(PackedRow):
                 or row.training is not training
             ):
                 return None
-            block, begin, end = row.block, row.begin, row.end
-            starts += block[0][begin:end]
-            lengths += block[1][begin:end]
-            ends.append(len(lengths))
-            if leaves is not None:
-                leaves += block[2][begin:end]  # type: ignore[index]
+            begin, end = row.begin, row.end
+            views.append(row.block[:, begin:end])
+            total += end - begin
+            ends.append(total)
         if compiled is None:
             return None
+        pieces = np.concatenate(views, axis=1) if len(views) > 1 else views[0]
         pad_id = _fused(first)
-        lengths_array = np.array(lengths, np.int64)
-        leaves_array = None if leaves is None else np.array(leaves, np.int64)
-        addresses, like, held = piece_addresses(
-            tokens, np.array(starts, np.int64), lengths_array, leaves_array
-        )
+        lengths = np.ascontiguousarray(pieces[1])
+        leaves = np.ascontiguousarray(pieces[2]) if pieces.shape[0] > 2 else None
+        starts = np.ascontiguousarray(pieces[0])
+        addresses, like, held = piece_addresses(tokens, starts, lengths, leaves)
         (field,) = fields
         shape = (len(rows), spec.seq_len)
 
@@ -484,7 +485,7 @@ class TokenRow(PackedRow):
         fits = compiled.gather(
             addresses,
             like,
-            lengths_array,
+            lengths,
             np.array(ends, np.int64),
             spec.counting(),
             low,

@@ -122,7 +122,7 @@ def test_a_token_row_reads_its_pieces_from_the_arrays():
 
 
 def test_rows_of_one_block_read_their_own_pieces_and_pickle_alone():
-    block = ([1, 3, 10, 20], [5, 2, 3, 4], [0, 1, 0, 1])  # four pieces, two rows of two
+    block = np.array([[1, 3, 10, 20], [5, 2, 3, 4], [0, 1, 0, 1]])  # two rows of two pieces
     spec = PackSpec(16, "pack")
     first, second = (TokenRow(spec, ("tokens",), TOKENS, block, b, b + 2) for b in (0, 2))
     assert (first.starts, first.lengths, first.leaves) == ([1, 3], (5, 2), [0, 1])
@@ -132,7 +132,7 @@ def test_rows_of_one_block_read_their_own_pieces_and_pickle_alone():
     assert batch["tokens"][1, :7].tolist() == [10, 11, 12, 1020, 1021, 1022, 1023]
     assert batch["tokens_segment_ids"][0, :8].tolist() == [1] * 5 + [2] * 2 + [0]
     again = pickle.loads(pickle.dumps(second))
-    assert again.block == ([10, 20], [3, 4], [0, 1]) and (again.begin, again.end) == (0, 2)
+    assert again.block.tolist() == [[10, 20], [3, 4], [0, 1]] and (again.begin, again.end) == (0, 2)
     assert all(np.array_equal(again[k], second[k]) for k in second)
 
 
