@@ -448,10 +448,10 @@ def _place_spans(
     stage = columns.stage
     cut, best, spec, _, _ = columns.arguments
     # The accounting keeps the rows' pieces as the kernel writes them.
-    placed, ends = carry.place(
+    pieces, ends = carry.place(
         (offsets, bases, leaves, records, positions), cut, spec, best, lane.tally.emitted_log()
     )
-    rows = _token_rows(columns, carry, np.array(placed, np.int64).reshape(4, -1), ends)
+    rows = _token_rows(columns, carry, pieces, ends)
     if rows:
         lane.row_reached(rows, logged=True)
     else:  # the stage the records reached, for the no-progress error

@@ -116,12 +116,12 @@ class OpenRows:
 
     def place(
         self, documents: tuple, cut: int, spec: PackSpec, best: bool, log: Any = None
-    ) -> tuple[list, list]:
+    ) -> tuple[np.ndarray, list]:
         """Places ``documents`` = ``(offsets, bases, leaves, records, positions)`` (see
         :func:`~zephon_jax.core.compiled_kernels.place`) with ``spec``'s row length and
         segment bound, growing the arrays as the kernel asks. Returns the emitted
-        rows: their pieces as four lists (codes, starts, lengths, leaves) and each
-        row's end in them.
+        rows: their pieces as a new int64 array of four rows (codes, starts, lengths,
+        leaves) and each row's end in it.
 
         ``log``, given, receives the emitted rows instead of this object's scratch
         arrays: an :class:`EmittedRows` (its ``out`` and ``row_end`` arrays, appended to
@@ -130,10 +130,10 @@ class OpenRows:
         self._changed()
         offsets, bases, leaves, records, positions = documents
         seq_len, max_segments = spec.seq_len, spec.max_segments or -1
-        columns: list[list[int]] = [[], [], [], []]
+        parts: list[np.ndarray] = []
         ends: list[int] = []
         sink = self if log is None else log
-        k = j = 0
+        k = j = done = 0  # (done: the pieces emitted by the calls before)
         while True:
             out, row_end = sink.out, sink.row_end
             size, rows = (0, 0) if log is None else (log.size, log.rows)
@@ -142,14 +142,17 @@ class OpenRows:
                 positions, k, j, cut, seq_len, max_segments, best, out, row_end, size, rows,
             )  # fmt: skip
             if n_rows > rows:
-                done = len(columns[0]) - size
-                for column, part in zip(columns, out[:, size:n_out].tolist()):
-                    column += part
-                ends += [done + e for e in row_end[rows:n_rows].tolist()]
+                parts.append(out[:, size:n_out].copy())
+                ends += [done - size + e for e in row_end[rows:n_rows].tolist()]
+                done += n_out - size
                 if log is not None:
                     log.size, log.rows = n_out, n_rows
             if stop == DONE:
-                return columns, ends
+                if len(parts) == 1:
+                    return parts[0], ends
+                return (
+                    np.concatenate(parts, axis=1) if parts else np.zeros((4, 0), np.int64)
+                ), ends
             if stop == OUT_FULL:
                 sink.grow_out()
             else:
@@ -363,14 +366,17 @@ class Bins(OpenRows):
         """Puts a record (its array, or tuple of arrays) of length ``n`` into bin ``a``."""
         self.put(a, self.hold(record, lineage), n)
 
-    def rows(self, emitted: tuple[list, list], spec: PackSpec, compact: bool) -> list[Element]:
+    def rows(
+        self, emitted: tuple[np.ndarray, list], spec: PackSpec, compact: bool
+    ) -> list[Element]:
         """The rows :meth:`place` emitted, as packed rows derived from their records
         (recipe: their lengths); their records leave the bins.
 
         ``compact``: the rows' lineages keep the bins' compact piece lineages (see
         :func:`~zephon_jax.core.lineage.plain_lineage`), for rows that go straight to
         the batch."""
-        (ids, _, lengths, _), ends = emitted
+        pieces, ends = emitted
+        ids, lengths = pieces[0].tolist(), pieces[2].tolist()
         fields = self.fields or ()
         pop_record, pop_lineage = self.record_of.pop, self.lineage_of.pop
         expand = self.compact and not compact
@@ -392,9 +398,9 @@ class Bins(OpenRows):
         self._changed()
         i = self.slots[a]
         c = int(self.count[i])
-        ids, _, lengths, _ = self.piece_array[:, i, :c].tolist()
+        pieces = self.piece_array[:, i, :c].copy()
         self.fill[i] = self.count[i] = 0
-        return self.rows(([ids, [], lengths, []], [c]), spec, compact)[0]
+        return self.rows((pieces, [c]), spec, compact)[0]
 
 
 def _hold_pieces(carry: Bins, record: np.ndarray, lineage: Any, cut: int, lengths: list[int]):

@@ -441,8 +441,9 @@ class TokenRow(PackedRow):
         compiled = kernels()
         first = rows[0]
         tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
-        views = []
+        views = []  # runs of rows one after the other in a block, as views of it
         ends: list[int] = []
+        block, begin, end = first.block, first.begin, first.begin
         total = 0
         for row in rows:  # rows of one plan share its spec and token arrays
             if (
@@ -452,10 +453,13 @@ class TokenRow(PackedRow):
                 or row.training is not training
             ):
                 return None
-            begin, end = row.begin, row.end
-            views.append(row.block[:, begin:end])
-            total += end - begin
+            if row.block is not block or row.begin != end:
+                views.append(block[:, begin:end])
+                block, begin = row.block, row.begin
+            end = row.end
+            total += row.end - row.begin
             ends.append(total)
+        views.append(block[:, begin:end])
         if compiled is None:
             return None
         pieces = np.concatenate(views, axis=1) if len(views) > 1 else views[0]
