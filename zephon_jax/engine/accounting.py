@@ -127,7 +127,7 @@ class Tally:
         self.plan = plan
         self.lane = lane
         self.saved = empty_tally(plan)
-        self._parts = _Parts(plan, lane)
+        self._parts = _Parts(plan, lane, plan.parts_shape)
         self.made: list = []  # blocks of rows made and not counted yet, in order
         self.rows = 0  # the rows in ``made``
         self.tokens: list | None = [] if whole_records(plan) else None
@@ -293,18 +293,20 @@ def plain_tally(saved: Any) -> Any:
     return saved.saved() if type(saved) is LazyTally else saved
 
 
-class _Parts:
-    """Counts delivered rows of one lane into a tally (a pure function of the rows)."""
+class PartsShape:
+    """What the tally counting of every lane of a plan holds alike (see :class:`_Parts`),
+    made once for all the lanes: whether rows are packed of known pieces, each leaf's
+    mixture component, the components' first leaves and, where every component is a
+    source, each one's size and leaf. Shared by the lanes and never changed."""
 
-    def __init__(self, plan: Any, lane: int):
-        self.plan = plan
-        self.lane = lane
+    __slots__ = ("packed", "component_of", "components", "bases", "source_sizes", "leaf_of")
+
+    def __init__(self, plan: Any):
         self.packed = packed_rows(plan)
         mixture = plan.mixture
         self.component_of: list[int] | None = None
         self.components = 0
         self.bases: list[int] = []
-        # Where every component of the mixture is a source: each one's size and leaf.
         self.source_sizes: np.ndarray | None = None
         self.leaf_of: np.ndarray | None = None
         if mixture is not None:
@@ -316,6 +318,21 @@ class _Parts:
             if all(isinstance(child, SourceNode) for child in mixture.children):
                 self.source_sizes = np.array([c.size for c in mixture.children], np.int64)
                 self.leaf_of = np.array(self.bases[:-1], np.int64)
+
+
+class _Parts:
+    """Counts delivered rows of one lane into a tally (a pure function of the rows)."""
+
+    def __init__(self, plan: Any, lane: int, shape: PartsShape | None = None):
+        self.plan = plan
+        self.lane = lane
+        shape = PartsShape(plan) if shape is None else shape
+        self.packed = shape.packed
+        self.component_of = shape.component_of
+        self.components = shape.components
+        self.bases = shape.bases
+        self.source_sizes = shape.source_sizes
+        self.leaf_of = shape.leaf_of
 
     def count(
         self, saved: tuple, blocks: list, tokens: list | None, stage: int, roots: Any = None

@@ -36,7 +36,7 @@ import numpy as np
 
 from zephon_jax.core.checks import TransformFailed, user_error
 from zephon_jax.core.lineage import Element, draw_parts, first_root, is_draw, root_position
-from zephon_jax.engine.accounting import Tally
+from zephon_jax.engine.accounting import PartsShape, Tally
 from zephon_jax.engine.blocks import (
     MIN_BLOCK,
     block_cap,
@@ -64,7 +64,7 @@ from zephon_jax.sampler.resolve import (
     resolve,
     resolve_lanes,
 )
-from zephon_jax.sampler.scheduled_mixture import MixtureDrawer, ScheduledMixtureNode
+from zephon_jax.sampler.scheduled_mixture import DrawerLayout, MixtureDrawer, ScheduledMixtureNode
 from zephon_jax.sampler.source import source_label
 from zephon_jax.state.lane_format import (
     LANE_FORMAT,
@@ -96,6 +96,8 @@ class LanePlan:
         self.rows_per_lane_at = batched.rows_per_lane_at
         # A mixture by tokens or with weight stages is drawn sequentially by each lane.
         self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
+        # What every lane's mixture drawer holds alike, made once.
+        self.drawer_layout = None if self.mixture is None else DrawerLayout.of(self.mixture)
         self.leaves = leaves(self.sampler)
         self.can_end = can_end(self.sampler)  # whether the input may end at all
         self.leaf_transforms = leaf_paths(self.sampler)
@@ -120,6 +122,8 @@ class LanePlan:
         # the draw kernel's sorted keys (set together).
         self.excluded: Excluded = {}
         self.excluded_keys = excluded_keys(self.excluded)
+        # What every lane's tally counting holds alike, made once.
+        self.parts_shape = PartsShape(self)
 
 
 def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
@@ -159,6 +163,7 @@ class Lane:
                 self._transform_root,
                 self._transform_roots,
                 None if columnar is None else columnar.reader.ahead,
+                plan.drawer_layout,
             )
         self.carries = [op.init(lane) for op in plan.operators]
         self.pending: collections.deque[Element] = collections.deque()

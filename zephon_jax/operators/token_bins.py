@@ -14,6 +14,7 @@ arrays, gathered into the batch by one kernel call per batch.
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -28,7 +29,6 @@ from zephon_jax.core.lineage import (
     is_position,
     piece_code,
     piece_parts,
-    position_of,
 )
 from zephon_jax.core.packed import (
     POSITIONS,
@@ -273,20 +273,26 @@ def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
     else:
         contents = _contents(bins)
     held = _held_pieces(contents, plan.cut, plan.drawn, lane)
-    if not held:
+    if held is None:
         return None
-    rows, js, lengths = (np.array(c, np.int64) for c in zip(*[h[::2] + h[3:] for h in held]))
-    roots = [h[1] for h in held]
+    rows, roots, js, held_lengths = held
+    lengths = None
     if type(bins) is SavedRows:
-        lengths = None  # type: ignore[assignment]
-        furthest = max(map(position_of, roots))
+        furthest = max(map(_first, roots)) if plan.drawn else max(roots)
         if furthest >= bins.next_position:
             raise StateError(
                 f"lane {lane}: the state points to lane-local position {furthest}, but the "
                 f"lane has read only positions before {bins.next_position}; the state was "
                 "altered"
             )
-    return rows, js, lengths, roots if plan.drawn else np.array(roots, np.int64)
+    else:
+        lengths = np.array(held_lengths, np.int64)
+    return (
+        np.array(rows, np.int64),
+        np.array(js, np.int64),
+        lengths,
+        roots if plan.drawn else np.array(roots, np.int64),
+    )
 
 
 def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:
@@ -296,11 +302,52 @@ def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:
             yield i, held_lineage(lineage), n
 
 
-def _held_pieces(contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool, lane: int):
-    """``(row, position or drawn root, piece, length)`` of each piece of ``contents``
-    (``(row, lineage, length)``); raises if a lineage is not one this pipeline makes."""
-    held = []
-    for i, lineage, n in contents:
+def _held_pieces(
+    contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool, lane: int
+) -> tuple[list, list, list, list] | None:
+    """``(rows, roots, pieces, lengths)``: of each piece of ``contents`` (``(row,
+    lineage, length)``), its row, its position or drawn root, its piece number and its
+    length, as lists (None where ``contents`` is empty); raises if a lineage is not one
+    this pipeline makes. The lineages are checked in passes over all of them (a restore
+    with many lanes checks some 100 a lane), one by one only where a pass finds one of
+    another form, to name it."""
+    columns = list(zip(*contents))
+    if not columns:
+        return None
+    rows, lineages, lengths = columns
+    found = _pieces_of_pointers(lineages, cut, drawn)
+    if found is None:
+        found = _pieces_one_by_one(lineages, cut, drawn, lane)
+    return list(rows), found[0], found[1], list(lengths)
+
+
+def _pieces_of_pointers(lineages: Sequence, cut: int, drawn: bool) -> tuple[list, list] | None:
+    """``(roots, pieces)`` of ``lineages`` where every one is a piece of a root (``cut``)
+    or a root, each root a draw (``drawn``) or a position, checked in passes over all;
+    None where one is of another form (:func:`_pieces_one_by_one` then says which)."""
+    if cut:
+        if set(map(type, lineages)) != {tuple} or set(map(len, lineages)) != {2}:
+            return None
+        parents, js = list(map(_first, lineages)), list(map(_second, lineages))
+        if set(map(type, parents)) != {tuple} or set(map(len, parents)) != {1}:
+            return None
+        if set(map(type, js)) != {int} or min(js) < 0:
+            return None
+        roots = list(map(_first, parents))
+    else:
+        roots, js = list(lineages), [0] * len(lineages)
+    if drawn:
+        fits = set(map(type, roots)) == {tuple} and set(map(len, roots)) == {3}
+    else:
+        fits = set(map(type, roots)) == {int} and min(roots) >= 0
+    return (roots, js) if fits else None
+
+
+def _pieces_one_by_one(lineages: Sequence, cut: int, drawn: bool, lane: int) -> tuple[list, list]:
+    """:func:`_pieces_of_pointers`, one lineage at a time: raises naming the first
+    lineage that is not one this pipeline makes."""
+    roots, js = [], []
+    for lineage in lineages:
         root: Any = None
         j = 0
         if cut and is_piece(lineage):
@@ -313,8 +360,13 @@ def _held_pieces(contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool
                 f"lane {lane}: the state holds {lineage!r} in an open row of "
                 f"pack, which this pipeline never makes; the state was altered"
             )
-        held.append((i, root, j, n))
-    return held
+        roots.append(root)
+        js.append(j)
+    return roots, js
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
 
 
 class TokenRow(PackedRow):

@@ -222,6 +222,46 @@ class _Entry:
         self.tokens = tokens
 
 
+class DrawerLayout:
+    """What every lane's :class:`MixtureDrawer` of one node holds alike, made once for
+    all of them (with many lanes, making it per lane was a large part of a restore):
+    each component's first global leaf and leaf transforms, the stages' weights as int64
+    arrays (:func:`quantize`), the most tokens a draw may count and the dry-draw bounds.
+    Its arrays are shared by the drawers and never written to."""
+
+    __slots__ = ("leaf_base", "child_transforms", "quanta", "max_tokens", "dry_limit")
+
+    def __init__(
+        self,
+        leaf_base: list[int],
+        child_transforms: list,
+        quanta: list[np.ndarray],
+        dry_limit: np.ndarray,
+    ):
+        self.leaf_base = leaf_base
+        self.child_transforms = child_transforms
+        self.quanta = quanta
+        self.max_tokens = max_draw_tokens(quanta)
+        self.dry_limit = dry_limit
+
+    @classmethod
+    def of(cls, node: ScheduledMixtureNode) -> DrawerLayout:
+        """The layout of ``node``'s drawers."""
+        bases = np.cumsum([0] + [len(leaves(child)) for child in node.children])
+        return cls(
+            bases[:-1].tolist(),
+            [leaf_paths(child) for child in node.children],
+            [np.array(quantize(ws), np.int64) for ws in node.stages.values],
+            np.array(
+                [
+                    16 * sum(leaf.size for leaf in leaves(child)) + DRY_DRAWS
+                    for child in node.children
+                ],
+                np.int64,
+            ),
+        )
+
+
 class MixtureDrawer:
     """One lane's sequential chooser over a :class:`ScheduledMixtureNode` (see module doc).
 
@@ -240,6 +280,9 @@ class MixtureDrawer:
     lanes that read the documents column-wise, only without transforms), and
     :meth:`draw` is not used. Restoring (:meth:`regenerate`) reads the records as
     without it.
+
+    ``layout``: :meth:`DrawerLayout.of` ``node``, where the caller makes many drawers of
+    one node (made here otherwise).
     """
 
     def __init__(
@@ -251,6 +294,7 @@ class MixtureDrawer:
         transform: Callable[[tuple, Any, Any, str], Any],
         transform_block: Callable[[tuple, list, list, Callable[[int], str]], list] | None = None,
         ids: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+        layout: DrawerLayout | None = None,
     ):
 
         self.node = node
@@ -261,17 +305,14 @@ class MixtureDrawer:
         self._transform_block = transform_block
         self._ids = ids
         k = len(node.children)
-        self._leaf_base = []
-        base = 0
-        for child in node.children:
-            self._leaf_base.append(base)
-            base += len(leaves(child))
-        self._child_transforms = [leaf_paths(child) for child in node.children]
+        shared = DrawerLayout.of(node) if layout is None else layout
+        self._leaf_base = shared.leaf_base
+        self._child_transforms = shared.child_transforms
         self._ends = [end_position(child, lane, num_lanes) for child in node.children]
         # The same for the kernels: int64 arrays, -1 for no end.
         self.ends = np.array([-1 if e is None else e for e in self._ends], np.int64)
-        self.quanta = [np.array(quantize(ws), np.int64) for ws in node.stages.values]
-        self.max_tokens = max_draw_tokens(self.quanta)
+        self.quanta = shared.quanta
+        self.max_tokens = shared.max_tokens
         self.rotation = derive_key(node.node_key, lane) % k
         self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
         self.max_chunk = max_chunk(num_lanes)
@@ -279,10 +320,7 @@ class MixtureDrawer:
         self._chunk = [_FIRST_CHUNK] * k
         # Draws of each component in a row that gave no tokens (not state: a guard).
         self.dry = np.zeros(k, np.int64)
-        self.dry_limit = np.array(
-            [16 * sum(leaf.size for leaf in leaves(child)) + DRY_DRAWS for child in node.children],
-            np.int64,
-        )
+        self.dry_limit = shared.dry_limit
         self.stage = 0
         # The carry (int64 arrays, which the draw kernels update in place).
         self.credits = np.zeros(k, np.int64)

@@ -4,6 +4,7 @@ read back as the ``Bins`` of the general path (the same pieces, lineages and fil
 from __future__ import annotations
 
 import pickle
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -179,3 +180,23 @@ def test_adopt_of_saved_rows_takes_lengths_from_the_documents_and_reads_nothing(
 def test_adopt_of_saved_rows_refuses_what_the_pipeline_never_makes(saved, error):
     with pytest.raises(StateError, match=error):
         TokenBins.adopt(saved, 1, columnar_plan(16), 7, records_of)
+
+
+@pytest.mark.parametrize(
+    "cut, good, bad",
+    [
+        (16, ((1,), 0), ((3,), -1)),  # a negative piece number
+        (16, ((1,), 0), ((3,), 1.5)),
+        (16, ((1,), 0), ((True,), 0)),  # a bool is no position
+        (16, ((1,), 0), ((3, 2), 0)),  # two parents
+        (16, ((1,), 0), (3, 0)),
+        (0, 1, 2.0),
+        (0, 1, True),
+        (0, 1, ((1,), 0)),  # a piece, in a pipeline without split
+    ],
+)
+def test_adopt_names_the_one_foreign_lineage_among_many_checked_together(cut, good, bad):
+    # The lineages are checked in passes over all of them; the error still names the one.
+    saved = SavedRows((good,) * 40 + (bad,) + (good,) * 9, (50,), 9)
+    with pytest.raises(StateError, match=r"lane 7: the state holds " + re.escape(repr(bad))):
+        TokenBins.adopt(saved, 1, columnar_plan(cut), 7, records_of)
