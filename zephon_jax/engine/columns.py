@@ -234,20 +234,24 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     that must place a block are resolved together first (see
     :func:`read_documents_ahead`), and lanes holding ``n`` finished rows hand them over
     at once."""
-    needy = [lane for lane in lanes.values() if len(lane.pending) < n]
-    if len(needy) > 1:
-        open_rows_of_lanes(needy)
-        if needy[0].drawer is not None:
-            read_draws_ahead([lane.drawer for lane in needy])
-        read_documents_ahead(needy, n)
-    taken = {}
-    for l, lane in lanes.items():
+    taken: dict[int, list | None] = {}
+    needy, keys = [], []
+    for l, lane in lanes.items():  # (lanes are independent: the order of takes is free)
         pending = lane.pending
         if len(pending) >= n:
             taken[l] = [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
             lane.step += 1
         else:
-            taken[l] = lane.take(n)
+            taken[l] = None  # (its place in the order of lanes)
+            needy.append(lane)
+            keys.append(l)
+    if len(needy) > 1:
+        open_rows_of_lanes(needy)
+        if needy[0].drawer is not None:
+            read_draws_ahead([lane.drawer for lane in needy])
+        read_documents_ahead(needy, n)
+    for l, lane in zip(keys, needy):
+        taken[l] = lane.take(n)
     return taken
 
 

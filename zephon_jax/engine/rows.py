@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -35,14 +36,9 @@ class Picks(Sequence[tuple[int, Any]]):
 
     def __init__(self, lanes: list[int], elements: list[Element]):
         self._lanes = lanes
-        self._makes: list = []  # a function per row, or None: the value is the lineage
-        self._values: list = []  # its arguments, or the lineage
-        for element in elements:
-            make, value = (
-                element.recipe() if type(element) is DeferredElement else (None, element.lineage)
-            )
-            self._makes.append(make)
-            self._values.append(value)
+        # A function per row, or None (the value is the lineage); its arguments, or the
+        # lineage.
+        self._makes, self._values = _recipes(elements)
         self._pairs: list[tuple[int, Any]] | None = None
 
     def _list(self) -> list[tuple[int, Any]]:
@@ -70,6 +66,33 @@ class Picks(Sequence[tuple[int, Any]]):
         return f"Picks({self._list()!r})"
 
 
+_DATA = operator.attrgetter("data")
+_LINEAGE = operator.attrgetter("lineage")
+_MAKE = operator.attrgetter("_make")
+_ARGS = operator.attrgetter("_args")
+
+
+def _recipes(elements: list[Element]) -> tuple[list, list]:
+    """``(makes, values)`` of :class:`Picks`: each element's
+    :meth:`~zephon_jax.core.lineage.DeferredElement.recipe`, or ``(None, lineage)`` for
+    a plain element; in passes over all the elements where they are of one kind."""
+    kinds = set(map(type, elements))
+    if kinds == {Element}:
+        return [None] * len(elements), list(map(_LINEAGE, elements))
+    if kinds == {DeferredElement}:
+        makes = list(map(_MAKE, elements))
+        if None not in makes:  # no lineage made yet
+            return makes, list(map(_ARGS, elements))
+    makes, values = [], []
+    for element in elements:
+        make, value = (
+            element.recipe() if type(element) is DeferredElement else (None, element.lineage)
+        )
+        makes.append(make)
+        values.append(value)
+    return makes, values
+
+
 def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     """Stacks rows (dicts of arrays, or arrays) into a batch with a leading row axis.
 
@@ -78,7 +101,7 @@ def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     """
     first = rows[0]
     if isinstance(first, PackedRow):
-        if all(isinstance(row, PackedRow) for row in rows):
+        if all(issubclass(kind, PackedRow) for kind in set(map(type, rows))):
             return assemble_rows(rows, pool)
     if any(isinstance(row, PackedRow) for row in rows):
         rows = _plain_rows(rows)
@@ -259,6 +282,8 @@ class RowProducer:
             size: [(r // (size // batched.num_lanes), r % (size // batched.num_lanes)) for r in rs]
             for size, rs in self._rows.items()
         }
+        # The lane of each row of a batch of each size (shared by the Picks, never changed).
+        self._pick_lanes = {size: [l for l, _ in picks] for size, picks in self._picks.items()}
         self.step = 0  # the global step produced next
         # Seconds spent making rows in the lanes and assembling them, for metrics().
         self.stage_seconds = {"lanes": 0.0, "assemble": 0.0}
@@ -321,16 +346,14 @@ class RowProducer:
             self._failure = e
             raise
         self.step += 1
-        rows: dict[int, list[Element]] = {}
-        for l, elements in taken.items():
-            if elements is None:
-                self._last = None
-                self._undelivered(taken)
-                return None
-            rows[l] = elements
+        if None in taken.values():  # a lane's input ended
+            self._last = None
+            self._undelivered(taken)
+            return None
+        rows: Mapping[int, list[Element]] = taken  # type: ignore[assignment]  # (no None)
         picked = [rows[l][i] for l, i in self._picks[size]]
-        self._last = Picks([l for l, _ in self._picks[size]], picked)
-        return [element.data for element in picked]
+        self._last = Picks(self._pick_lanes[size], picked)
+        return list(map(_DATA, picked))
 
     def skip_rows(self) -> bool:
         """Passes over the next global batch: the lanes make their rows of it, which are

@@ -492,29 +492,12 @@ class TokenRow(PackedRow):
         :func:`~zephon_jax.transforms.to_training.shifted`)."""
         compiled = kernels()
         first = rows[0]
-        tokens, spec, fields, training = first.tokens, first.spec, first.fields, first.training
-        views = []  # runs of rows one after the other in a block, as views of it
-        ends: list[int] = []
-        block, begin, end = first.block, first.begin, first.begin
-        total = 0
-        for row in rows:  # rows of one plan share its spec and token arrays
-            if (
-                type(row) is not TokenRow
-                or row.spec is not spec
-                or row.tokens is not tokens
-                or row.training is not training
-            ):
-                return None
-            if row.block is not block or row.begin != end:
-                views.append(block[:, begin:end])
-                block, begin = row.block, row.begin
-            end = row.end
-            total += row.end - row.begin
-            ends.append(total)
-        views.append(block[:, begin:end])
+        tokens, spec, fields = first.tokens, first.spec, first.fields
+        if not _one_kind(rows):
+            return None
         if compiled is None:
             return None
-        pieces = np.concatenate(views, axis=1) if len(views) > 1 else views[0]
+        pieces, ends = _pieces_of_rows(rows)
         pad_id = _fused(first)
         lengths = np.ascontiguousarray(pieces[1])
         leaves = np.ascontiguousarray(pieces[2]) if pieces.shape[0] > 2 else None
@@ -542,7 +525,7 @@ class TokenRow(PackedRow):
             addresses,
             like,
             lengths,
-            np.array(ends, np.int64),
+            ends,
             spec.counting(),
             low,
             high,
@@ -565,6 +548,48 @@ class TokenRow(PackedRow):
             "segment_ids": segment_ids,
             "positions": positions,
         }
+
+
+_SPEC = operator.attrgetter("spec")
+_TOKENS = operator.attrgetter("tokens")
+_TRAINING = operator.attrgetter("training")
+_BLOCK = operator.attrgetter("block")
+_BEGIN = operator.attrgetter("begin")
+_END = operator.attrgetter("end")
+
+
+def _one_kind(rows: Sequence[Any]) -> bool:
+    """Whether ``rows`` are all :class:`TokenRow` of one spec, one set of token arrays
+    and one ``to_training`` (the same objects), checked in passes over all."""
+    if set(map(type, rows)) != {TokenRow}:
+        return False
+    return all(len(set(map(id, map(part, rows)))) == 1 for part in (_SPEC, _TOKENS, _TRAINING))
+
+
+def _pieces_of_rows(rows: Sequence[TokenRow]) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces of ``rows`` one after the other, as one int64 array of the rows of
+    their blocks (starts, lengths and, where there are several, leaves), and each row's
+    end in it. Rows one after the other in a block are taken as one view of it."""
+    n = len(rows)
+    blocks = list(map(_BLOCK, rows))
+    begins = np.fromiter(map(_BEGIN, rows), np.int64, n)
+    stops = np.fromiter(map(_END, rows), np.int64, n)
+    ends = np.cumsum(stops - begins)
+    if n == 1:
+        return blocks[0][:, begins[0] : stops[0]], ends
+    same = np.fromiter(map(id, blocks), np.uint64, n)
+    # A run of rows starts where the block changes or a row does not follow the last.
+    starts = np.flatnonzero(
+        np.concatenate(([True], (same[1:] != same[:-1]) | (begins[1:] != stops[:-1])))
+    )
+    if len(starts) == 1:
+        return blocks[0][:, begins[0] : stops[-1]], ends
+    lasts = np.append(starts[1:], n) - 1
+    views = [
+        blocks[i][:, b:e]
+        for i, b, e in zip(starts.tolist(), begins[starts].tolist(), stops[lasts].tolist())
+    ]
+    return np.concatenate(views, axis=1), ends
 
 
 def _fused(row: TokenRow) -> int | None:
