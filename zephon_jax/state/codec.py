@@ -221,83 +221,13 @@ def _draw_piece(data: bytes, pos: int) -> tuple[tuple, int] | None:
     return (((a, b, c),), d), pos
 
 
-# Runs of draw pieces at least this long are read in passes (see _draw_pieces): the
-# open rows of a mixture lane's pack hold some 100 of them.
-_RUN = 16
-# A draw piece's bytes below 0x80 (the others continue a varint): the prefix's six,
-# then a tag and a varint's last byte for each of its four ints.
-_UNITS = 14
-_FIXED = [1, 2, 3, 4, 5, 6, 8, 10, 12]  # units right after the one before (no varint between)
-_TAGS = [6, 8, 10, 12]
-_ENDS = [7, 9, 11, 13]  # the last bytes of the four varints
-_PREFIX = np.frombuffer(_DRAW_PIECE, np.uint8)
-_MOST_BYTES = len(_DRAW_PIECE) + 4 * 9  # a piece of four varints of at most 8 bytes
-
-
-def _draw_pieces(data: bytes, pos: int, most: int) -> tuple[list, int]:
-    """The ``(((a, b, c),), d)`` of ints one after the other from ``pos`` (which starts
-    with ``_DRAW_PIECE``), at most ``most`` of them, and the position after them, as
-    :func:`_value` reads each; read in passes over windows of growing size (see
-    :func:`_piece_window`). Stops before the first that is of another form or has an
-    int of more than 8 varint bytes (none if the first is)."""
-    found: list = []
-    window = _RUN * 4
-    while most > 0:
-        pieces, pos, whole = _piece_window(data, pos, min(window, most))
-        found += pieces
-        most -= len(pieces)
-        if not whole:
-            break
-        window *= 2
-    return found, pos
-
-
-def _piece_window(data: bytes, pos: int, k: int) -> tuple[list, int, bool]:
-    """:func:`_draw_pieces` of at most ``k``, and whether it read ``k``."""
-    raw = np.frombuffer(data, np.uint8, min(len(data) - pos, k * _MOST_BYTES), pos)
-    units = _piece_units(raw, k)
-    if not len(units):
-        return [], pos, False
-    firsts = (units[:, _TAGS] + 1).reshape(-1)  # each varint's first byte
-    sizes = units[:, _ENDS].reshape(-1) - firsts + 1
-    values = np.zeros(len(firsts), np.uint64)
-    for j in range(int(sizes.max())):  # byte j of a varint holds bits 7j to 7j + 6
-        byte = raw[np.where(sizes > j, firsts + j, 0)].astype(np.uint64) & np.uint64(0x7F)
-        values |= np.where(sizes > j, byte << np.uint64(7 * j), np.uint64(0))
-    half = (values >> np.uint64(1)).astype(np.int64)  # zigzag
-    ints = iter(np.where(values & np.uint64(1), -half - 1, half).tolist())
-    pieces = [(((a, b, c),), d) for a, b, c, d in zip(ints, ints, ints, ints)]
-    return pieces, pos + int(units[-1, -1]) + 1, len(pieces) == k
-
-
-def _piece_units(raw: np.ndarray, k: int) -> np.ndarray:
-    """Where in ``raw`` the first of its (at most ``k``) draw pieces one after the other
-    have their bytes below 0x80 (14 a piece: the bytes at or above continue varints),
-    one row a piece: located in one pass, then checked, up to the first piece that is
-    not one (of another form, or with a varint of more than 8 bytes)."""
-    below = np.flatnonzero(raw < 0x80)
-    m = min(k, len(below) // _UNITS)
-    if not m:
-        return np.zeros((0, _UNITS), np.int64)
-    units = below[: m * _UNITS].reshape(m, _UNITS)
-    starts = np.concatenate(([0], units[:-1, -1] + 1))  # where each piece starts, if so
-    ok = units[:, 0] == starts
-    ok &= (units[:, _FIXED] == units[:, [c - 1 for c in _FIXED]] + 1).all(1)
-    ok &= (raw[units[:, :6]] == _PREFIX).all(1) & (raw[units[:, _TAGS]] == _INT).all(1)
-    ok &= (units[:, _ENDS] - units[:, _TAGS] <= 8).all(1)
-    bad = np.flatnonzero(~ok)
-    return units[: int(bad[0])] if len(bad) else units
-
-
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
     """``n`` values from ``pos``; ints, tuples, ``((int,), int)`` and ``(((int, int, int),),
-    int)`` (the bulk of record pointers; runs of them in passes, see
-    :func:`_draw_pieces`) inline, with the same result as :func:`_value` of each."""
+    int)`` (the bulk of record pointers) inline, with the same result as :func:`_value` of
+    each."""
     items: list = []
     append = items.append
-    done = 0
-    while done < n:
-        done += 1
+    for _ in range(n):
         tag = data[pos]
         if tag == _INT:
             z = data[pos + 1]
@@ -314,12 +244,6 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
                     append(piece(parent, recipe))
                     continue
             elif data.startswith(_DRAW_PIECE, pos):
-                if n - done >= _RUN:
-                    run, pos = _draw_pieces(data, pos, n - done + 1)
-                    if run:
-                        items += run
-                        done += len(run) - 1
-                        continue
                 found = _draw_piece(data, pos)
                 if found is not None:  # else decoded in general below
                     append(found[0])

@@ -194,47 +194,6 @@ def test_draw_pieces_round_trip_around_the_varint_limits(a):
     assert same(fully_general(data), value)
 
 
-# Long runs of draw pieces (read in passes over windows, see codec._draw_pieces), now
-# and then broken by a piece with a value of another type or an int of a long varint.
-run_ints = st.one_of(st.integers(0, 300), st.integers(-(2**20), 2**40), st.sampled_from(EDGE_INTS))
-run_pieces = st.tuples(st.tuples(st.tuples(run_ints, run_ints, run_ints)), run_ints)
-runs = st.lists(
-    st.one_of(run_pieces, run_pieces, run_pieces, run_pieces, draw_pieces, values),
-    min_size=codec._RUN - 2,
-    max_size=300,
-)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(runs | draw_pieces, min_size=1, max_size=3))
-def test_runs_of_draw_pieces_equal_general_decoding(value):
-    data = codec.encode(value)
-    assert same(codec.decode(data), fully_general(data))
-    assert same(codec.decode(data), value)
-
-
-@pytest.mark.parametrize("n", [15, 16, 17, 63, 64, 65, 191, 192, 193, 1000])
-@pytest.mark.parametrize("breaker", [None, True, 2**70, "x", ((1,), 2)])
-def test_a_run_stops_where_its_list_ends_or_a_piece_of_another_form_comes(n, breaker, monkeypatch):
-    runs_read = []
-    read_run = codec._draw_pieces
-    monkeypatch.setattr(codec, "_draw_pieces", lambda *a: runs_read.append(a) or read_run(*a))
-    pieces = [(((i, i % 3, 2**i % 10**6),), i % 5) for i in range(n)]
-    if breaker is not None:
-        pieces[n // 2] = (((1, breaker, 3),), 0)
-    # a list of pieces, then pieces of its parent: the run must not read into them
-    value = (pieces, *pieces[:20], [pieces[:3], pieces], tuple(pieces))
-    data = codec.encode(value)
-    assert same(codec.decode(data), value)
-    assert runs_read  # the runs were read in passes
-    assert same(fully_general(data), value)
-
-
-def test_tampered_runs_of_draw_pieces_fail_alike():
-    body = codec.encode([(((i * 37, i % 2, i * 11),), i % 4) for i in range(120)])
-    assert_tampered_fail_alike(body, fully_general, seed=3)
-
-
 def mixture_lane_bodies() -> list[bytes]:
     """Lane states of a mixture by tokens (whose lineages are draws) cut into pieces."""
     mixed = zj.Dataset.mix(
