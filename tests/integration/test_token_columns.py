@@ -293,7 +293,7 @@ def test_packed_row_read_alone_equals_its_batch_row():
     it = iter(zj.Loader(_pipeline()))
     next(it)
     lane = it._producer.lanes[0]
-    row = lane.pending[0].data if lane.pending else lane.take(1)[0].data
+    row = next(iter(lane.pending)).data if lane.pending else lane.take(1)[0].data
     assert isinstance(row, token_bins.TokenRow)
     alone = dict(row)
     general = token_bins.PackedRow(row.spec, row.fields, row.pieces, row.lengths).to_dict()

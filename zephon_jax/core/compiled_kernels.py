@@ -22,6 +22,7 @@ rows opened; if none has room, the fullest row (the lowest of equals) is emitted
 and the piece starts a new row there, for first_fit after the others; a row is
 emitted once full or at ``max_segments``. ``gather``: writes packed rows (or the
 fields a ``to_training`` fused into it makes of them) into the batch arrays.
+``collect_pieces``: a batch's rows' pieces, from the arrays their placements emitted.
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
 shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
@@ -364,6 +365,24 @@ def gather(addresses, like, lengths, row_end, counting, low, high, values, segme
                 row_mask[t] = 0
         begin = row_end[r]
     return True
+
+
+@jit
+def collect_pieces(addresses, widths, begins, ends, out):
+    """Copies, one row after the other, columns ``[begins[r], ends[r])`` of rows ``1`` to
+    ``out.shape[0]`` of the int64 array of ``widths[r]`` columns whose first value is at
+    byte ``addresses[r]`` (the caller holds the arrays) into ``out``: the starts, lengths
+    and (with three rows) leaves of batch rows' pieces, from the arrays of pieces their
+    placements emitted."""
+    like = out[0, :0]
+    at = 0
+    for r in range(addresses.shape[0]):
+        n = ends[r] - begins[r]
+        for f in range(out.shape[0]):
+            source = tokens_at(addresses[r] + ((f + 1) * widths[r] + begins[r]) * 8, n, like)
+            for t in range(n):
+                out[f, at + t] = source[t]
+        at += n
 
 
 @jit

@@ -97,6 +97,7 @@ def _kernel_namespace() -> SimpleNamespace:
         place=compiled.place,
         draw_place=compiled.draw_place,
         gather=compiled.gather,
+        collect_pieces=compiled.collect_pieces,
         permute=compiled.permute,
         mix64=compiled.mix64,
     )

@@ -41,7 +41,7 @@ from __future__ import annotations
 import operator
 import sys
 from itertools import chain
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -222,9 +222,10 @@ class Tally:
         counting = (self._parts, self.stage, roots)
         return LazyTally(counting, self.saved, self.made, n, self.tokens)
 
-    def load(self, saved: Any, pending: Sequence[Any]) -> None:
+    def load(self, saved: Any, pending: Iterable[Any]) -> None:
         """Takes the counters of a state's lane (checked against this pipeline), with
         its unbatched rows ``pending`` made and not delivered."""
+        pending = list(pending)
         saved = plain_tally(saved)
         empty = empty_tally(self.plan)
         if len(saved[1]) != len(empty[1]) or len(saved[2]) != len(empty[2]):

@@ -34,19 +34,18 @@ from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
     MAX_PIECE,
-    DeferredElement,
     Element,
     code_position,
     decode_piece,
     parents_of,
-    piece,
     piece_code,
     recipe_of,
 )
 from zephon_jax.engine.blocks import fill_pending, first_block
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
-from zephon_jax.engine.drawn_roots import DrawnRoots, RootsView
+from zephon_jax.engine.drawn_roots import DrawnRoots
 from zephon_jax.engine.exclusion import excluded_columns
+from zephon_jax.engine.token_rows import TokenRowRun, lineages_of_draws
 from zephon_jax.errors import StateError
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import SavedRows, TokenBins, TokenRow
@@ -81,6 +80,13 @@ class ColumnarPlan:
     def tokens(self) -> tuple[np.ndarray, ...]:
         """The token arrays the pieces point into now."""
         return self.reader.tokens
+
+    @functools.cached_property
+    def row_kind(self) -> tuple:
+        """``(spec, fields, tokens, training)`` of the lanes' rows (see
+        :class:`~zephon_jax.engine.token_rows.TokenRowRun`), one tuple for all."""
+        _, _, spec, field, training = self.arguments
+        return (spec, (field,), self.reader.tokens, training)
 
 
 def columnar_plan(plan: Any) -> ColumnarPlan | None:
@@ -202,8 +208,8 @@ def take_columns(lane: Any, n: int) -> list | None:
     """:meth:`Lane._take <zephon_jax.engine.lane.Lane._take>` for a column-wise lane: the same
     blocks, read as document ids and placed by the kernel."""
     pending = lane.pending
-    if n == 1 and pending:  # the common case with one lane per row
-        return [pending.popleft()]
+    if len(pending) >= n:  # made ahead
+        return pending.take(n)
     if lane.drawer is not None:
         return _take_drawn(lane, n)
     if len(pending) < n:
@@ -211,7 +217,7 @@ def take_columns(lane: Any, n: int) -> list | None:
         place = functools.partial(_place, lane, lane.plan.columnar)
         if not fill_pending(lane, n, read, place):
             return None
-    return [pending.popleft() for _ in range(n)]
+    return pending.take(n)
 
 
 def _document_block(lane: Any, size: int) -> tuple[tuple | None, int] | None:
@@ -239,7 +245,7 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
     for l, lane in lanes.items():  # (lanes are independent: the order of takes is free)
         pending = lane.pending
         if len(pending) >= n:
-            taken[l] = [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
+            taken[l] = pending.take(n)
             lane.step += 1
         else:
             taken[l] = None  # (its place in the order of lanes)
@@ -471,36 +477,29 @@ def _token_rows(
     pieces: np.ndarray,
     ends: list,
     roots: DrawnRoots | None = None,
-) -> list:
-    """The rows the placement emitted, as elements of :class:`TokenRow`: their pieces as
-    an int64 array of four rows (codes, starts, lengths, leaves), which nothing writes
-    to afterwards and the rows share as their block, and each row's end in it. With
-    ``roots`` (a mixture lane's draws), the codes index its draws as of now, and each
-    row's lineage is made only when read
-    (:class:`~zephon_jax.core.lineage.DeferredElement`: it keeps the roots' array, whose
-    columns up to now are never written again, and ``pieces``: plain data the garbage
-    collector does not walk)."""
-    _, _, spec, field, training = columns.arguments
+) -> Sequence[Element] | TokenRowRun:
+    """The rows the placement emitted: their pieces as an int64 array of four rows
+    (codes, starts, lengths, leaves), which nothing writes to afterwards and the rows
+    share as their block, and each row's end in it; with ``roots`` (a mixture lane's
+    draws), the codes index its draws as of now. A :class:`TokenRowRun` (its elements
+    made when taken), or, where the codes are translated by the carry as it is now,
+    the elements."""
     reader = columns.reader
-    tokens, fields = reader.tokens, (field,)
-    block = pieces[1:] if reader.several else pieces[1:3]
+    row = columns.row_kind
+    if roots is not None:
+        return TokenRowRun(
+            row, pieces, reader.several, ends, (roots.array, roots.base, columns.cut)
+        )
+    run = TokenRowRun(row, pieces, reader.several, ends, None)
+    translate = carry.translate
+    if translate is None:
+        return run
+    codes, lengths = pieces[0].tolist(), pieces[2].tolist()
     rows: list[Element] = []
     begin = 0
-    if roots is not None:
-        array, base, cut = roots.array, roots.base, columns.cut
-        for end in ends:
-            row = TokenRow(spec, fields, tokens, block, begin, end, training)
-            lineage = (array, base, cut, pieces, begin, end)
-            rows.append(DeferredElement(row, _row_lineage, lineage))
-            begin = end
-        return rows
-    translate = carry.translate
-    codes, lengths = pieces[0].tolist(), pieces[2].tolist()
     for end in ends:
-        row = TokenRow(spec, fields, tokens, block, begin, end, training)
-        parents = codes[begin:end]
-        parents = tuple(parents) if translate is None else translate(parents)
-        rows.append(Element(row, (parents, tuple(lengths[begin:end]))))
+        lineage = (translate(codes[begin:end]), tuple(lengths[begin:end]))
+        rows.append(Element(run.row(begin, end), lineage))
         begin = end
     return rows
 
@@ -517,7 +516,7 @@ def _take_drawn(lane: Any, n: int) -> list | None:
         _draw_rows(lane, lane.draw_target(n) - len(pending))
     if len(pending) < n:
         return None
-    return [pending.popleft() for _ in range(n)]
+    return pending.take(n)
 
 
 def _draw_rows(lane: Any, wanted: int) -> None:
@@ -590,7 +589,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
 
 def _logged_rows(
     columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
-) -> list:
+) -> Sequence[Element] | TokenRowRun:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
     size, rows = log.size, log.rows
@@ -647,26 +646,5 @@ def _prune_roots(lane: Any, cut: int) -> None:
 
 def _drawn_lineages(lane: Any, cut: int, codes: Sequence[int]) -> tuple:
     """The lineages of pieces coded by indices into the lane's drawn roots (see
-    :func:`_lineages_of_draws`)."""
-    return _lineages_of_draws(lane.drawn.view(), cut, codes)
-
-
-def _lineages_of_draws(roots: RootsView, cut: int, codes: Sequence[int]) -> tuple:
-    """The lineages of pieces coded by indices into ``roots``: ``((root,), piece)`` with
-    a cut, else the root (as the general path holds them)."""
-    if cut:
-        parts = list(map(decode_piece, codes))
-        drawn = roots.tuples([at for at, _ in parts])
-        return tuple(piece(root, j) for root, (_, j) in zip(drawn, parts))
-    return tuple(roots.tuples(codes))
-
-
-def _row_lineage(
-    array: np.ndarray, base: int, cut: int, pieces: np.ndarray, begin: int, end: int
-) -> tuple:
-    """The lineage of the row of pieces ``[begin, end)`` of ``pieces`` (see
-    :func:`_token_rows`), ``(its pieces' lineages, their lengths)``, its pieces coded by
-    indices into the drawn roots ``RootsView(array, base)``."""
-    codes = pieces[0, begin:end].tolist()
-    held = tuple(pieces[2, begin:end].tolist())
-    return _lineages_of_draws(RootsView(array, base), cut, codes), held
+    :func:`~zephon_jax.engine.token_rows.lineages_of_draws`)."""
+    return lineages_of_draws(lane.drawn.view(), cut, codes)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,6 +52,7 @@ from zephon_jax.engine.columns import (
 )
 from zephon_jax.engine.drawn_roots import DrawnRoots
 from zephon_jax.engine.exclusion import Excluded, drop_excluded, excluded_keys
+from zephon_jax.engine.pending import PendingRows
 from zephon_jax.engine.provenance import leaf_labels
 from zephon_jax.errors import PipelineError, RecordError, ZephonError
 from zephon_jax.operators.base import StepFailed, save_lineages, step_block_of
@@ -83,7 +83,6 @@ _SKIP = object()  # a position whose source is past its epochs while another is 
 # on all lanes together keeps memory per lane small when a process runs many lanes.
 _MAX_AHEAD = 256
 _MAX_AHEAD_ALL_LANES = 65536
-_lineage = operator.attrgetter("lineage")
 _LOCATED_BLOCKS = 4  # 256 to 1,024 positions, 0.6 to 2.2 KB (int32 record and epoch)
 
 
@@ -166,7 +165,7 @@ class Lane:
                 plan.drawer_layout,
             )
         self.carries = [op.init(lane) for op in plan.operators]
-        self.pending: collections.deque[Element] = collections.deque()
+        self.pending = PendingRows()  # finished rows not taken yet
         self.tally = Tally(plan, lane)  # what it delivered (see zephon_jax.engine.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
@@ -499,12 +498,12 @@ class Lane:
             return take_columns(self, n)
         pending = self.pending
         if len(pending) >= n:  # made ahead by the last block
-            return [pending.popleft()] if n == 1 else [pending.popleft() for _ in range(n)]
+            return pending.take(n)
         if self.drawer is not None:
             done = self._draw_pending(n)
         else:  # in blocks (see zephon_jax.engine.blocks)
             done = fill_pending(self, n, self._next_block, functools.partial(self._push, 0))
-        return [pending.popleft() for _ in range(n)] if done else None
+        return pending.take(n) if done else None
 
     def _draw_pending(self, n: int) -> bool:
         """Draws and pushes records one at a time (a mixture drawer's draws depend on the
@@ -608,7 +607,7 @@ class Lane:
         them in full.
         """
         carries = tuple(map(save_lineages, self.plan.operators, self.carries))
-        pending = tuple(map(_lineage, self.pending))
+        pending = self.pending.lineages()
         mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
             LANE_FORMAT,
@@ -633,7 +632,7 @@ class Lane:
             self.lane, data, plan.num_operators, self.end_position, plan.can_end
         )
 
-    def load(self, snapshot: LaneSnapshot, carries: list, pending: collections.deque) -> None:
+    def load(self, snapshot: LaneSnapshot, carries: list, pending: PendingRows) -> None:
         """Takes ``snapshot``'s position and step, with the carries and unbatched rows
         regenerated from it (see :func:`zephon_jax.engine.restore.restore_lanes`)."""
         self.next_position = snapshot.next_position

@@ -13,7 +13,6 @@ operator outputs is done lane by lane (their transforms' random keys name the la
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ from zephon_jax.core.lineage import (
 from zephon_jax.engine.columns import open_rows_of_lanes, restored_rows
 from zephon_jax.engine.exclusion import holds_excluded
 from zephon_jax.engine.lane import Lane, read_ahead_together, read_roots_of_lanes
+from zephon_jax.engine.pending import PendingRows
 from zephon_jax.errors import StateError, ZephonError
 from zephon_jax.operators.base import Saved
 from zephon_jax.operators.token_bins import SavedRows
@@ -94,7 +94,7 @@ def _restore_lanes(
             ]
             final = lane.plan.num_operators
             rows = rebuild.build_all(final, snapshot.pending) if made is None else made[k]
-            pending = collections.deque(rows)
+            pending = PendingRows(rows)
         except ZephonError:
             raise
         except Exception as e:  # an operator could not read its saved carry
@@ -145,7 +145,7 @@ def _without_excluded(lane: Lane, rebuild: Rebuilder, snapshot: LaneSnapshot) ->
             carries.append(op.load(Saved(tuple(rebuild.build_all(stage, held)), aux), lane.lane))
         from_carries.append(found)
     from_rows: list[list] = [[] for _ in range(n)]
-    pending: collections.deque = collections.deque()
+    pending: list = []
     recut_rest = n > 0 and cuts_stream(plan.operators[-1])
     cutting = False
     for lineage in snapshot.pending:
@@ -165,7 +165,7 @@ def _without_excluded(lane: Lane, rebuild: Rebuilder, snapshot: LaneSnapshot) ->
             carries[stage], recut[stage] = _stream_pieces(
                 lane, rebuild, stage, snapshot.carries[stage], taken, again, from_rows
             )
-    return carries, pending, again, recut
+    return carries, PendingRows(pending), again, recut
 
 
 def _saved_rows(op: Any, held: Sequence, aux: Any, lane: int, next_position: int) -> Any:

@@ -17,6 +17,7 @@ from zephon_jax.engine.exclusion import excluded_keys, excluded_records
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
+from zephon_jax.engine.token_rows import RunRow, RunRows
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler.resolve import can_end, end_position
 from zephon_jax.state.global_state import exclusion_of, lane_bytes
@@ -30,25 +31,33 @@ class Picks(Sequence[tuple[int, Any]]):
     It keeps what makes each lineage, not the rows: plain data (tuples of ints and
     arrays, which the garbage collector stops tracking), so that the rows die with
     the batch and what a batch leaves alive does not push the process towards full
-    collections (see :mod:`zephon_jax.core.gc_pause`)."""
+    collections (see :mod:`zephon_jax.core.gc_pause`); for rows of column-wise
+    placements (``rows``, see :class:`~zephon_jax.engine.token_rows.RunRows`), the
+    placements' runs and an array of where each row is in its run."""
 
-    __slots__ = ("_lanes", "_makes", "_values", "_pairs")
+    __slots__ = ("_lanes", "_makes", "_values", "_runs", "_pairs")
 
-    def __init__(self, lanes: list[int], elements: list[Element]):
+    def __init__(self, lanes: list[int], elements: list[Element], rows: RunRows | None = None):
         self._lanes = lanes
+        self._runs = rows
         # A function per row, or None (the value is the lineage); its arguments, or the
         # lineage.
-        self._makes, self._values = _recipes(elements)
+        self._makes, self._values = ([], []) if rows is not None else _recipes(elements)
         self._pairs: list[tuple[int, Any]] | None = None
 
     def _list(self) -> list[tuple[int, Any]]:
         pairs = self._pairs
         if pairs is None:
-            pairs = self._pairs = [
-                (l, value if make is None else make(*value))
-                for l, make, value in zip(self._lanes, self._makes, self._values)
-            ]
+            if self._runs is not None:
+                pairs = list(zip(self._lanes, self._runs.lineages()))
+            else:
+                pairs = [
+                    (l, value if make is None else make(*value))
+                    for l, make, value in zip(self._lanes, self._makes, self._values)
+                ]
+            self._pairs = pairs
             self._makes = self._values = []
+            self._runs = None
         return pairs
 
     def __getitem__(self, i: Any) -> Any:
@@ -73,9 +82,11 @@ _ARGS = operator.attrgetter("_args")
 
 
 def _recipes(elements: list[Element]) -> tuple[list, list]:
-    """``(makes, values)`` of :class:`Picks`: each element's
-    :meth:`~zephon_jax.core.lineage.DeferredElement.recipe`, or ``(None, lineage)`` for
-    a plain element; in passes over all the elements where they are of one kind."""
+    """``(makes, values)`` of :class:`Picks`: each element's ``recipe()``
+    (:meth:`DeferredElement.recipe <zephon_jax.core.lineage.DeferredElement.recipe>`,
+    :meth:`RunRow.recipe <zephon_jax.engine.token_rows.RunRow.recipe>`), or ``(None,
+    lineage)`` for a plain element; in passes over all the elements where they are of
+    one kind."""
     kinds = set(map(type, elements))
     if kinds == {Element}:
         return [None] * len(elements), list(map(_LINEAGE, elements))
@@ -85,12 +96,14 @@ def _recipes(elements: list[Element]) -> tuple[list, list]:
             return makes, list(map(_ARGS, elements))
     makes, values = [], []
     for element in elements:
-        make, value = (
-            element.recipe() if type(element) is DeferredElement else (None, element.lineage)
-        )
+        with_recipe: Any = element if type(element) in _WITH_RECIPE else None
+        make, value = (None, element.lineage) if with_recipe is None else with_recipe.recipe()
         makes.append(make)
         values.append(value)
     return makes, values
+
+
+_WITH_RECIPE = (DeferredElement, RunRow)
 
 
 def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
@@ -99,6 +112,8 @@ def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:
     Packed rows still held as pointers are assembled straight into the batch,
     into arrays from ``pool`` when given (see :class:`OutputPool`).
     """
+    if type(rows) is RunRows:
+        return assemble_rows(rows, pool)
     first = rows[0]
     if isinstance(first, PackedRow):
         if all(issubclass(kind, PackedRow) for kind in set(map(type, rows))):
@@ -327,7 +342,7 @@ class RowProducer:
                 "set_state(state), or start a new iterator"
             ) from self._failure
 
-    def next_rows(self) -> list[Any] | None:
+    def next_rows(self) -> Sequence[Any] | None:
         """The data of this producer's rows of the next global batch (None at the end).
 
         After an error the producer refuses to continue until :meth:`restore`.
@@ -352,8 +367,9 @@ class RowProducer:
             return None
         rows: Mapping[int, list[Element]] = taken  # type: ignore[assignment]  # (no None)
         picked = [rows[l][i] for l, i in self._picks[size]]
-        self._last = Picks(self._pick_lanes[size], picked)
-        return list(map(_DATA, picked))
+        run_rows = RunRows.of(picked)  # (rows of column-wise placements: made when read)
+        self._last = Picks(self._pick_lanes[size], picked, run_rows)
+        return list(map(_DATA, picked)) if run_rows is None else run_rows
 
     def skip_rows(self) -> bool:
         """Passes over the next global batch: the lanes make their rows of it, which are

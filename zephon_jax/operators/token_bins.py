@@ -560,7 +560,11 @@ _END = operator.attrgetter("end")
 
 def _one_kind(rows: Sequence[Any]) -> bool:
     """Whether ``rows`` are all :class:`TokenRow` of one spec, one set of token arrays
-    and one ``to_training`` (the same objects), checked in passes over all."""
+    and one ``to_training`` (the same objects), checked in passes over all (or by
+    ``rows.one_kind()``, where the sequence gives it, see :func:`_pieces_of_rows`)."""
+    own = getattr(rows, "one_kind", None)
+    if own is not None:
+        return bool(own())
     if set(map(type, rows)) != {TokenRow}:
         return False
     return all(len(set(map(id, map(part, rows)))) == 1 for part in (_SPEC, _TOKENS, _TRAINING))
@@ -569,7 +573,13 @@ def _one_kind(rows: Sequence[Any]) -> bool:
 def _pieces_of_rows(rows: Sequence[TokenRow]) -> tuple[np.ndarray, np.ndarray]:
     """The pieces of ``rows`` one after the other, as one int64 array of the rows of
     their blocks (starts, lengths and, where there are several, leaves), and each row's
-    end in it. Rows one after the other in a block are taken as one view of it."""
+    end in it. Rows one after the other in a block are taken as one view of it. A
+    sequence of rows may give these itself, as ``rows.pieces()`` (with ``one_kind()``,
+    see :func:`_one_kind`): one that makes its rows only when read (see
+    :class:`~zephon_jax.engine.token_rows.RunRows`)."""
+    own = getattr(rows, "pieces", None)
+    if own is not None:
+        return own()
     n = len(rows)
     blocks = list(map(_BLOCK, rows))
     begins = np.fromiter(map(_BEGIN, rows), np.int64, n)

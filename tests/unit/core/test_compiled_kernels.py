@@ -28,7 +28,7 @@ from zephon_jax.transforms.to_training import shifted
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
-           "draw_place", "gather", "span_runs", "span_addresses")  # fmt: skip
+           "draw_place", "gather", "collect_pieces", "span_runs", "span_addresses")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -430,6 +430,22 @@ def test_gather_writes_rows_and_fused_to_training_shifts_within_pieces(kernels):
     # get the pad id and no loss.
     assert targets.tolist() == [[101, 102, 9, 111, 9, 9], [9, 9, 9, 9, 9, 9]]
     assert loss_mask.tolist() == [[1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_collect_pieces_copies_each_rows_columns_from_its_own_array(kernels, rows):
+    """Rows ``1..rows`` of columns ``[begins[r], ends[r])`` of the four-row array at
+    ``addresses[r]`` (``widths[r]`` columns), one batch row after the other."""
+    first = np.arange(4 * 5, dtype=np.int64).reshape(4, 5)  # value 5 * row + column
+    second = 100 + np.arange(4 * 3, dtype=np.int64).reshape(4, 3)  # 100 + 3 * row + column
+    addresses = np.array([ck.data_address(second), ck.data_address(first), 0], np.int64)
+    addresses[2] = addresses[1]
+    widths = np.array([3, 5, 5], np.int64)
+    begins, ends = np.array([1, 0, 4], np.int64), np.array([3, 2, 4], np.int64)
+    out = np.full((rows, 4), -1, np.int64)
+    kernels.collect_pieces(addresses, widths, begins, ends, out)
+    expected = [[104, 105, 5, 6], [107, 108, 10, 11], [110, 111, 15, 16]]
+    assert out.tolist() == expected[:rows]
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])

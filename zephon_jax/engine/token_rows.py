@@ -1,0 +1,238 @@
+"""The rows one placement of a column-wise lane emits, as one run, and a batch of them.
+
+The placement kernel writes a run's pieces into one int64 array of four rows
+(codes, starts, lengths, leaves), which nothing writes to afterwards, and gives
+each row's end in it. :class:`TokenRowRun` holds that array and the ends; a lane
+holds its rows made ahead as such runs (see :mod:`zephon_jax.engine.pending`), and a
+take hands out :class:`RunRow` elements, one small object per row, whose row (a
+:class:`~zephon_jax.operators.token_bins.TokenRow`) and lineage are made only when
+read. A batch of them (:class:`RunRows`) gives the gather its pieces straight from
+the runs' arrays, by one kernel (no row objects, no per-row array views).
+
+A row's lineage is ``(its pieces' lineages, their lengths)``. A piece's code is its
+lineage (a record position) or, in a mixture lane, the index of its draw among the
+lane's drawn roots as of the placement (:func:`lineages_of_draws`): the run keeps
+the roots' array of that moment, whose columns up to then are never written again.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Sequence, overload
+
+import numpy as np
+
+from zephon_jax.core.compiled_kernels import data_address
+from zephon_jax.core.kernels import kernels
+from zephon_jax.core.lineage import Element, decode_piece, piece
+from zephon_jax.engine.drawn_roots import RootsView
+from zephon_jax.operators.token_bins import TokenRow
+
+__all__ = ["RunRow", "RunRows", "TokenRowRun", "lineages_of_draws", "row_lineage"]
+
+
+def lineages_of_draws(roots: RootsView, cut: int, codes: Sequence[int]) -> tuple:
+    """The lineages of pieces coded by indices into ``roots``: ``((root,), piece)`` with
+    a cut, else the root (as the general path holds them)."""
+    if cut:
+        parts = list(map(decode_piece, codes))
+        drawn = roots.tuples([at for at, _ in parts])
+        return tuple(piece(root, j) for root, (_, j) in zip(drawn, parts))
+    return tuple(roots.tuples(codes))
+
+
+def row_lineage(
+    array: np.ndarray, base: int, cut: int, pieces: np.ndarray, begin: int, end: int
+) -> tuple:
+    """The lineage of the row of pieces ``[begin, end)`` of ``pieces``, its pieces
+    coded by indices into the drawn roots ``RootsView(array, base)``."""
+    codes = pieces[0, begin:end].tolist()
+    held = tuple(pieces[2, begin:end].tolist())
+    return lineages_of_draws(RootsView(array, base), cut, codes), held
+
+
+def coded_lineage(pieces: np.ndarray, begin: int, end: int) -> tuple:
+    """The lineage of the row of pieces ``[begin, end)`` whose codes are their lineages."""
+    return tuple(pieces[0, begin:end].tolist()), tuple(pieces[2, begin:end].tolist())
+
+
+class TokenRowRun:
+    """Rows ``0 .. len - 1`` of one placement: row ``i`` holds pieces
+    ``[ends[i - 1], ends[i])`` of ``pieces`` (``ends[-1]``: 0).
+
+    ``kind``: ``(spec, fields, tokens, training)`` of
+    :class:`~zephon_jax.operators.token_bins.TokenRow`, whose block is ``pieces``' rows
+    of starts, lengths and (with ``several`` token arrays) leaves. ``roots``: ``(array,
+    base, cut)`` of the drawn roots the codes index (a mixture lane's, as of the
+    placement), or None where the codes are the pieces' lineages. A lineage, once made
+    by :meth:`lineages`, is kept and given out again."""
+
+    __slots__ = ("kind", "pieces", "block", "address", "width", "ends", "roots", "_lineages")
+
+    def __init__(self, kind: tuple, pieces: np.ndarray, several: bool, ends: list[int], roots: Any):
+        pieces = np.ascontiguousarray(pieces)  # (as collect_pieces reads it)
+        self.kind = kind
+        self.pieces = pieces
+        self.block = pieces[1:] if several else pieces[1:3]
+        self.address = data_address(pieces) if pieces.size else 0
+        self.width = pieces.shape[1]
+        self.ends = ends
+        self.roots = roots
+        self._lineages: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def elements(self, begin: int, end: int) -> list[Element]:
+        """Elements of rows ``[begin, end)``."""
+        ends = self.ends
+        start = ends[begin - 1] if begin else 0
+        out: list[Element] = []
+        for i in range(begin, end):
+            stop = ends[i]
+            out.append(RunRow(self, i, start, stop))
+            start = stop
+        return out
+
+    def row(self, begin: int, end: int) -> TokenRow:
+        """The row of pieces ``[begin, end)``."""
+        spec, fields, tokens, training = self.kind
+        return TokenRow(spec, fields, tokens, self.block, begin, end, training)
+
+    def recipe(self, i: int, begin: int, end: int) -> tuple[Callable[..., Any] | None, Any]:
+        """``(make, args)`` making row ``i``'s lineage (pieces ``[begin, end)``) later
+        from plain data (see :class:`~zephon_jax.engine.rows.Picks`), or ``(None,
+        lineage)`` where it is made already."""
+        made = self._lineages
+        if made is not None and made[i] is not None:
+            return None, made[i]
+        if self.roots is None:
+            return coded_lineage, (self.pieces, begin, end)
+        array, base, cut = self.roots
+        return row_lineage, (array, base, cut, self.pieces, begin, end)
+
+    def lineage_of(self, i: int, begin: int, end: int) -> Any:
+        """The lineage of row ``i`` (pieces ``[begin, end)``)."""
+        make, args = self.recipe(i, begin, end)
+        return args if make is None else make(*args)
+
+    def lineage_at(self, i: int) -> Any:
+        """The lineage of row ``i``."""
+        return self.lineage_of(i, self.ends[i - 1] if i else 0, self.ends[i])
+
+    def lineages(self, begin: int) -> list:
+        """The lineages of rows ``begin`` on, made once and kept."""
+        made = self._lineages
+        if made is None:
+            made = self._lineages = [None] * len(self.ends)
+        for i in range(begin, len(made)):
+            if made[i] is None:
+                made[i] = self.lineage_at(i)
+        return made[begin:]
+
+
+class RunRow(Element):
+    """Row ``index`` of ``run``, its pieces ``[begin, end)``: an element whose row and
+    lineage are made each time they are read."""
+
+    __slots__ = ("run", "index", "begin", "end")
+
+    def __init__(self, run: TokenRowRun, index: int, begin: int, end: int):
+        self.run = run
+        self.index = index
+        self.begin = begin
+        self.end = end
+
+    @property
+    def data(self) -> TokenRow:
+        return self.run.row(self.begin, self.end)
+
+    @property
+    def lineage(self) -> Any:
+        return self.run.lineage_of(self.index, self.begin, self.end)
+
+    def recipe(self) -> tuple[Callable[..., Any] | None, Any]:
+        """See :meth:`TokenRowRun.recipe`."""
+        return self.run.recipe(self.index, self.begin, self.end)
+
+    def __repr__(self) -> str:
+        return f"RunRow(lineage={self.lineage!r})"
+
+
+_RUN = operator.attrgetter("run")
+_INDEX = operator.attrgetter("index")
+_KIND = operator.attrgetter("kind")
+_ADDRESS = operator.attrgetter("address")
+_WIDTH = operator.attrgetter("width")
+_BEGIN = operator.attrgetter("begin")
+_END = operator.attrgetter("end")
+
+
+class RunRows(Sequence[TokenRow]):
+    """The rows of a batch given as :class:`RunRow` elements: each item a new
+    :class:`~zephon_jax.operators.token_bins.TokenRow`, and, for the gather of
+    :meth:`TokenRow.gather_batch <zephon_jax.operators.token_bins.TokenRow.gather_batch>`,
+    :meth:`one_kind` and :meth:`pieces` read from the runs in passes."""
+
+    __slots__ = ("_elements", "runs", "indices", "begins", "ends")
+
+    def __init__(self, elements: list[RunRow]):
+        n = len(elements)
+        self._elements = elements
+        self.runs: list[TokenRowRun] = list(map(_RUN, elements))
+        self.indices = np.fromiter(map(_INDEX, elements), np.int64, n)
+        self.begins = np.fromiter(map(_BEGIN, elements), np.int64, n)
+        self.ends = np.fromiter(map(_END, elements), np.int64, n)
+
+    @staticmethod
+    def of(elements: list[Element]) -> RunRows | None:
+        """The rows of ``elements`` where all are :class:`RunRow`, else None."""
+        if elements and set(map(type, elements)) == {RunRow}:
+            return RunRows(elements)  # type: ignore[arg-type]  # (all RunRow)
+        return None
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    @overload
+    def __getitem__(self, i: int) -> TokenRow: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[TokenRow]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [element.data for element in self._elements[i]]
+        return self._elements[i].data
+
+    def lineages(self) -> list:
+        """The rows' lineages, made now."""
+        return list(
+            map(
+                TokenRowRun.lineage_of,
+                self.runs,
+                self.indices.tolist(),
+                self.begins.tolist(),
+                self.ends.tolist(),
+            )
+        )
+
+    def one_kind(self) -> bool:
+        """Whether the rows have one spec, one set of token arrays and one
+        ``to_training`` (the same objects)."""
+        kinds = {id(kind): kind for kind in map(_KIND, self.runs)}
+        if len(kinds) == 1:
+            return True
+        return all(len({id(kind[k]) for kind in kinds.values()}) == 1 for k in (0, 2, 3))
+
+    def pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' pieces one after the other, as one int64 array of their starts,
+        lengths and (where there are several token arrays) leaves, and each row's end
+        in it; by one kernel over the runs' arrays (compiled kernels only)."""
+        runs, n = self.runs, len(self.runs)
+        addresses = np.fromiter(map(_ADDRESS, runs), np.int64, n)
+        widths = np.fromiter(map(_WIDTH, runs), np.int64, n)
+        ends = np.cumsum(self.ends - self.begins)
+        out = np.empty((runs[0].block.shape[0], int(ends[-1]) if n else 0), np.int64)
+        kernels().collect_pieces(addresses, widths, self.begins, self.ends, out)
+        return out, ends
