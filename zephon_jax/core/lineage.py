@@ -52,41 +52,6 @@ class Element:
         return f"Element(lineage={self.lineage!r})"
 
 
-class DeferredElement(Element):
-    """An element whose lineage is made on first use, as ``make(*args)``, and kept.
-
-    For rows made in bulk whose lineages are rarely read (a state or provenance reads
-    them): ``args`` must not change meaning later (hold immutable data or views no one
-    writes to)."""
-
-    __slots__ = ("_make", "_args", "_made")
-
-    def __init__(self, data: Any, make: Callable[..., Any], args: tuple):
-        self.data = data
-        self._make: Callable[..., Any] | None = make
-        self._args = args
-        self._made: Any = None
-
-    @property
-    def lineage(self) -> Any:
-        make = self._make
-        if make is not None:
-            self._made = make(*self._args)
-            self._make = None
-            self._args = ()
-        return self._made
-
-    @lineage.setter
-    def lineage(self, value: Any) -> None:
-        self._made, self._make, self._args = value, None, ()
-
-    def recipe(self) -> tuple[Callable[..., Any] | None, Any]:
-        """``(make, args)`` while the lineage is not made, else ``(None, lineage)``:
-        what makes it later without keeping this element."""
-        make = self._make
-        return (None, self._made) if make is None else (make, self._args)
-
-
 class Opaque:
     """Lineage of a record that cannot be regenerated: it carries the record itself."""
 

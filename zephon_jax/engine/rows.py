@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from zephon_jax.core.gc_pause import paused_gc
-from zephon_jax.core.lineage import DeferredElement, Element
+from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.engine.accounting import stage_check
 from zephon_jax.engine.exclusion import excluded_keys, excluded_records
@@ -77,33 +77,20 @@ class Picks(Sequence[tuple[int, Any]]):
 
 _DATA = operator.attrgetter("data")
 _LINEAGE = operator.attrgetter("lineage")
-_MAKE = operator.attrgetter("_make")
-_ARGS = operator.attrgetter("_args")
 
 
 def _recipes(elements: list[Element]) -> tuple[list, list]:
-    """``(makes, values)`` of :class:`Picks`: each element's ``recipe()``
-    (:meth:`DeferredElement.recipe <zephon_jax.core.lineage.DeferredElement.recipe>`,
-    :meth:`RunRow.recipe <zephon_jax.engine.token_rows.RunRow.recipe>`), or ``(None,
-    lineage)`` for a plain element; in passes over all the elements where they are of
-    one kind."""
-    kinds = set(map(type, elements))
-    if kinds == {Element}:
+    """``(makes, values)`` of :class:`Picks`: each element's
+    :meth:`~zephon_jax.engine.token_rows.RunRow.recipe`, or ``(None, lineage)`` for a
+    plain element (in a pass over all where they all are)."""
+    if set(map(type, elements)) == {Element}:
         return [None] * len(elements), list(map(_LINEAGE, elements))
-    if kinds == {DeferredElement}:
-        makes = list(map(_MAKE, elements))
-        if None not in makes:  # no lineage made yet
-            return makes, list(map(_ARGS, elements))
     makes, values = [], []
     for element in elements:
-        with_recipe: Any = element if type(element) in _WITH_RECIPE else None
-        make, value = (None, element.lineage) if with_recipe is None else with_recipe.recipe()
+        make, value = element.recipe() if isinstance(element, RunRow) else (None, element.lineage)
         makes.append(make)
         values.append(value)
     return makes, values
-
-
-_WITH_RECIPE = (DeferredElement, RunRow)
 
 
 def stack_rows(rows: Sequence[Any], pool: OutputPool | None = None) -> Any:

@@ -169,16 +169,16 @@ _END = operator.attrgetter("end")
 
 
 class RunRows(Sequence[TokenRow]):
-    """The rows of a batch given as :class:`RunRow` elements: each item a new
+    """The rows of a batch given as :class:`RunRow` elements, kept as their runs and
+    arrays of where they are in them (no object per row): each item a new
     :class:`~zephon_jax.operators.token_bins.TokenRow`, and, for the gather of
     :meth:`TokenRow.gather_batch <zephon_jax.operators.token_bins.TokenRow.gather_batch>`,
     :meth:`one_kind` and :meth:`pieces` read from the runs in passes."""
 
-    __slots__ = ("_elements", "runs", "indices", "begins", "ends")
+    __slots__ = ("runs", "indices", "begins", "ends")
 
     def __init__(self, elements: list[RunRow]):
         n = len(elements)
-        self._elements = elements
         self.runs: list[TokenRowRun] = list(map(_RUN, elements))
         self.indices = np.fromiter(map(_INDEX, elements), np.int64, n)
         self.begins = np.fromiter(map(_BEGIN, elements), np.int64, n)
@@ -192,7 +192,7 @@ class RunRows(Sequence[TokenRow]):
         return None
 
     def __len__(self) -> int:
-        return len(self._elements)
+        return len(self.runs)
 
     @overload
     def __getitem__(self, i: int) -> TokenRow: ...
@@ -202,8 +202,8 @@ class RunRows(Sequence[TokenRow]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [element.data for element in self._elements[i]]
-        return self._elements[i].data
+            return [self[k] for k in range(len(self))[i]]
+        return self.runs[i].row(int(self.begins[i]), int(self.ends[i]))
 
     def lineages(self) -> list:
         """The rows' lineages, made now."""

@@ -15,7 +15,6 @@ import pytest
 import zephon_jax
 from zephon_jax.core.lineage import (
     PIECE_BITS,
-    DeferredElement,
     Element,
     HeldLineages,
     LineageKind,
@@ -43,21 +42,6 @@ from zephon_jax.core.lineage import (
     root_key,
     root_position,
 )
-
-
-def test_a_deferred_element_makes_its_lineage_once_on_first_read():
-    calls = []
-
-    def make(a, b):
-        calls.append((a, b))
-        return ((a,), b)
-
-    element = DeferredElement("row", make, (3, 1))
-    assert calls == [] and element.data == "row" and isinstance(element, Element)
-    assert element.lineage == ((3,), 1) and element.lineage == ((3,), 1)
-    assert calls == [(3, 1)]
-    element.lineage = 7  # set like any element's
-    assert element.lineage == 7 and calls == [(3, 1)]
 
 
 def test_derive_keeps_the_inputs_lineages_in_order_and_the_recipe():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import zephon_jax as zj
-from zephon_jax.core.lineage import DeferredElement
 from zephon_jax.core.packed import PackedRow, PackSpec
 from zephon_jax.engine.rows import (
     RowProducer,
@@ -19,6 +18,7 @@ from zephon_jax.engine.rows import (
     rows_by_size,
     stack_rows,
 )
+from zephon_jax.engine.token_rows import RunRow
 from zephon_jax.errors import PipelineError
 from zephon_jax.operators.token_bins import TokenRow
 from zephon_jax.state.global_state import make_state
@@ -125,7 +125,7 @@ def test_the_picks_keep_no_row_alive_and_give_the_rows_lineages():
     gc.collect()
     # Rows made ahead wait as the placements' runs, with no element each until taken.
     assert sum(len(lane.pending) for lane in producer.lanes.values()) > 0
-    assert not any(type(o) in (DeferredElement, TokenRow) for o in gc.get_objects())
+    assert not any(type(o) in (RunRow, TokenRow) for o in gc.get_objects())
     picks = producer.last_picks()
     gc.collect()  # the inner tuples are untracked first, then the tuples holding them
     assert not any(gc.is_tracked(v) for v in picks._values)
