@@ -62,15 +62,18 @@ def draw_ahead(num_lanes: int) -> int:
 
 
 def draw_target(
-    step: int, n: int, same_stage_until: int, rows_at: Callable[[int], int], ahead: int
+    step: int, n: int, same_stage_until: int, rows_at: Callable[[int], int] | int, ahead: int
 ) -> int:
     """The rows a lane drawing from a mixture holds once a take of ``n`` rows at
     ``step`` has drawn: ``n``, plus the rows of the next steps (``rows_at(s)`` at step
-    ``s``) before ``same_stage_until`` (the first step of the next stage), whole steps
-    while the total stays within ``min(ahead, n + step)`` (``ahead``: see
-    :func:`draw_ahead`; so a new lane's first takes draw only what they take). One draw
-    call then makes the rows of several steps."""
+    ``s``; an int: the same at every step) before ``same_stage_until`` (the first step
+    of the next stage), whole steps while the total stays within ``min(ahead, n +
+    step)`` (``ahead``: see :func:`draw_ahead`; so a new lane's first takes draw only
+    what they take). One draw call then makes the rows of several steps."""
     limit = min(ahead, n + step)
+    if isinstance(rows_at, int):  # whole steps of ``rows_at`` rows, by arithmetic
+        steps = min(same_stage_until - step - 1, (limit - n) // rows_at if rows_at else 0)
+        return n + max(0, steps) * rows_at
     total = n
     step += 1
     while step < same_stage_until:

@@ -93,6 +93,8 @@ class LanePlan:
         self.num_lanes = batched.num_lanes
         self.sampler = batched.sampler
         self.rows_per_lane_at = batched.rows_per_lane_at
+        # The rows each lane makes at every step (None: a ramp changes them).
+        self.fixed_rows = None if batched.is_ramp else batched.rows_per_lane_at(0)
         # A mixture by tokens or with weight stages is drawn sequentially by each lane.
         self.mixture = self.sampler if isinstance(self.sampler, ScheduledMixtureNode) else None
         # What every lane's mixture drawer holds alike, made once.
@@ -538,9 +540,10 @@ class Lane:
         """The rows a mixture lane holds once its take of ``n`` rows has drawn (see
         :func:`~zephon_jax.engine.blocks.draw_target`): a function of its state."""
         assert self.drawer is not None
+        plan = self.plan
         stage_end = self.drawer.node.stages.next_start(self.step)
-        ahead = draw_ahead(self.plan.num_lanes)
-        return draw_target(self.step, n, stage_end, self.plan.rows_per_lane_at, ahead)
+        rows_at = plan.rows_per_lane_at if plan.fixed_rows is None else plan.fixed_rows
+        return draw_target(self.step, n, stage_end, rows_at, draw_ahead(plan.num_lanes))
 
     def _next_block(self, size: int) -> tuple[list | None, int] | None:
         """The records at the next ``size`` positions (fewer where the input ends), less

@@ -455,6 +455,18 @@ def test_draw_target_holds_whole_steps_of_the_stage_up_to_draw_ahead():
     assert lane_blocks.draw_target(10, 1, never, lambda s: 1, 16) == 11  # n + step
 
 
+def test_draw_target_with_the_same_rows_at_every_step_equals_stepping():
+    """Given the rows of every step as an int (no ramp), the target is the one that
+    stepping through ``rows_at`` gives."""
+    never = sys.maxsize
+    for step in range(0, 30):
+        for n in (1, 2, 3, 8, 16):
+            for until in (step + 1, step + 2, step + 5, never):
+                for ahead in (8, 16):
+                    stepped = lane_blocks.draw_target(step, n, until, lambda s, n=n: n, ahead)
+                    assert lane_blocks.draw_target(step, n, until, n, ahead) == stepped
+
+
 def test_draw_ahead_is_larger_with_few_lanes_and_bounded_for_all_lanes_together():
     """16 rows a lane up to 128 lanes (2048 rows in all), then fewer, never under 8."""
     ahead = lane_blocks.draw_ahead
