@@ -8,7 +8,8 @@ and integer tokens (or tokens the output dtype always holds; always, before
 lane resolves its next positions to document ids, and one kernel call per block
 cuts the documents into pieces and places them into the lane's
 :class:`~zephon_jax.operators.token_bins.TokenBins`, returning the finished rows
-as :class:`~zephon_jax.operators.token_bins.TokenRow`. A ``to_training`` after
+as one run (:class:`~zephon_jax.engine.token_rows.TokenRowRun`, rows of
+:class:`~zephon_jax.operators.token_bins.TokenRow`). A ``to_training`` after
 ``pack`` is made by the gather of the batch, or shifts the gathered batch arrays as
 a whole (see :meth:`TokenRow.assemble_batch
 <zephon_jax.operators.token_bins.TokenRow.assemble_batch>`).
@@ -34,7 +35,6 @@ from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
     MAX_PIECE,
-    Element,
     code_position,
     decode_piece,
     parents_of,
@@ -48,7 +48,7 @@ from zephon_jax.engine.exclusion import excluded_columns
 from zephon_jax.engine.token_rows import TokenRowRun, lineages_of_draws
 from zephon_jax.errors import StateError
 from zephon_jax.operators.base import BinPacking
-from zephon_jax.operators.token_bins import SavedRows, TokenBins, TokenRow
+from zephon_jax.operators.token_bins import SavedRows, TokenBins
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
 from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
@@ -369,12 +369,12 @@ def open_rows_of_lanes(lanes: Sequence[Any]) -> None:
             carry.translate = functools.partial(_drawn_lineages, lane, columns.cut)
 
 
-def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[list[Element]]:
+def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[TokenRowRun | None]:
     """The rows made ahead that ``snapshots[i]`` holds for column-wise ``lanes[i]``, as
-    the lane makes them: :class:`TokenRow` pointers into the token arrays with the
-    state's lineages, their documents located for all the lanes together (as
-    :func:`open_rows_of_lanes` locates open rows), nothing read. Raises a StateError
-    where a row's pieces are not those of its documents."""
+    the lane makes them: one :class:`TokenRowRun` (None: no row) of pointers into the
+    token arrays with the state's lineages, their documents located for all the lanes
+    together (as :func:`open_rows_of_lanes` locates open rows), nothing read. Raises a
+    StateError where a row's pieces are not those of its documents."""
     columns = lanes[0].plan.columnar
     saved = []
     for snapshot in snapshots:
@@ -384,7 +384,7 @@ def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[list[E
         saved.append(SavedRows(pieces, counts, snapshot.next_position) if pieces else None)
     most = max((len(snapshot.pending) for snapshot in snapshots), default=0)
     if not most:
-        return [[] for _ in lanes]
+        return [None for _ in lanes]
     located = functools.partial(_held_records, lanes, columns.drawn, register=False)
     adopted = TokenBins.adopt_lanes(
         [(rows, lane.lane) for rows, lane in zip(saved, lanes, strict=True)],
@@ -392,27 +392,33 @@ def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[list[E
         columns,
         located,
     )
-    _, _, spec, field, training = columns.arguments
-    reader = columns.reader
-    out = []
-    for lane, snapshot, carry in zip(lanes, snapshots, adopted, strict=True):
-        made = []
-        for i, lineage in enumerate(snapshot.pending):
-            c = int(carry.count[i])
-            starts, lengths, leaves = carry.piece_array[1:, i, :c].tolist()
-            if tuple(lengths) != tuple(recipe_of(lineage)):
-                raise StateError(
-                    f"lane {lane.lane}: the state's row {lineage!r:.200} made ahead holds "
-                    f"pieces of lengths {recipe_of(lineage)!r:.100}, its documents give "
-                    f"{lengths!r:.100}; the state was altered or the sources changed"
-                )
-            row = TokenRow.of(
-                spec, field, reader.tokens, starts, lengths,
-                leaves if reader.several else None, training,
-            )  # fmt: skip
-            made.append(Element(row, lineage))
-        out.append(made)
-    return out
+    return [
+        _restored_run(columns, lane.lane, snapshot.pending, carry)
+        for lane, snapshot, carry in zip(lanes, snapshots, adopted, strict=True)
+    ]
+
+
+def _restored_run(
+    columns: ColumnarPlan, lane: int, lineages: Sequence[Any], carry: TokenBins
+) -> TokenRowRun | None:
+    """The rows ``lineages`` whose pieces ``carry`` (adopted from them) holds in its rows
+    ``0, 1, ...``, as one run with these lineages."""
+    if not lineages:
+        return None
+    counts = carry.count[: len(lineages)].tolist()
+    pieces = np.concatenate([carry.piece_array[:, i, :c] for i, c in enumerate(counts)], axis=1)
+    ends = np.cumsum(counts).tolist()
+    begin = 0
+    for lineage, end in zip(lineages, ends):
+        lengths = tuple(pieces[2, begin:end].tolist())
+        if lengths != tuple(recipe_of(lineage)):
+            raise StateError(
+                f"lane {lane}: the state's row {lineage!r:.200} made ahead holds pieces of "
+                f"lengths {recipe_of(lineage)!r:.100}, its documents give {lengths!r:.100}; "
+                "the state was altered or the sources changed"
+            )
+        begin = end
+    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, None, list(lineages))
 
 
 def _held_records(
@@ -461,7 +467,7 @@ def _place_spans(
     pieces, ends = carry.place(
         (offsets, bases, leaves, records, positions), cut, spec, best, lane.tally.emitted_log()
     )
-    rows = _token_rows(columns, carry, pieces, ends)
+    rows = _token_rows(columns, pieces, ends)
     if rows:
         lane.row_reached(rows, logged=True)
     else:  # the stage the records reached, for the no-progress error
@@ -472,36 +478,14 @@ def _place_spans(
 
 
 def _token_rows(
-    columns: ColumnarPlan,
-    carry: TokenBins,
-    pieces: np.ndarray,
-    ends: list,
-    roots: DrawnRoots | None = None,
-) -> Sequence[Element] | TokenRowRun:
-    """The rows the placement emitted: their pieces as an int64 array of four rows
-    (codes, starts, lengths, leaves), which nothing writes to afterwards and the rows
-    share as their block, and each row's end in it; with ``roots`` (a mixture lane's
-    draws), the codes index its draws as of now. A :class:`TokenRowRun` (its elements
-    made when taken), or, where the codes are translated by the carry as it is now,
-    the elements."""
-    reader = columns.reader
-    row = columns.row_kind
-    if roots is not None:
-        return TokenRowRun(
-            row, pieces, reader.several, ends, (roots.array, roots.base, columns.cut)
-        )
-    run = TokenRowRun(row, pieces, reader.several, ends, None)
-    translate = carry.translate
-    if translate is None:
-        return run
-    codes, lengths = pieces[0].tolist(), pieces[2].tolist()
-    rows: list[Element] = []
-    begin = 0
-    for end in ends:
-        lineage = (translate(codes[begin:end]), tuple(lengths[begin:end]))
-        rows.append(Element(run.row(begin, end), lineage))
-        begin = end
-    return rows
+    columns: ColumnarPlan, pieces: np.ndarray, ends: list, roots: DrawnRoots | None = None
+) -> TokenRowRun:
+    """The rows the placement emitted, as one run: their pieces as an int64 array of four
+    rows (codes, starts, lengths, leaves), which nothing writes to afterwards, and each
+    row's end in it; with ``roots`` (a mixture lane's draws), the codes index its draws
+    as of now, else they are the pieces' lineages."""
+    at = None if roots is None else (roots.array, roots.base, columns.cut)
+    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, at)
 
 
 def _take_drawn(lane: Any, n: int) -> list | None:
@@ -589,7 +573,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
 
 def _logged_rows(
     columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
-) -> Sequence[Element] | TokenRowRun:
+) -> TokenRowRun:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
     size, rows = log.size, log.rows
@@ -599,7 +583,7 @@ def _logged_rows(
     else:
         ends = [end - size for end in log.row_end[rows:n_rows].tolist()]
     log.size, log.rows = n_out, n_rows
-    return _token_rows(columns, carry, pieces, ends, roots)
+    return _token_rows(columns, pieces, ends, roots)
 
 
 # Drawn roots a lane holds before it keeps only those its open rows or its

@@ -93,8 +93,10 @@ def _restore_lanes(
                 )
             ]
             final = lane.plan.num_operators
+            pending = PendingRows()
             rows = rebuild.build_all(final, snapshot.pending) if made is None else made[k]
-            pending = PendingRows(rows)
+            if rows is not None:
+                pending.extend(rows)
         except ZephonError:
             raise
         except Exception as e:  # an operator could not read its saved carry

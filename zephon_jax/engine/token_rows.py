@@ -64,12 +64,21 @@ class TokenRowRun:
     :class:`~zephon_jax.operators.token_bins.TokenRow`, whose block is ``pieces``' rows
     of starts, lengths and (with ``several`` token arrays) leaves. ``roots``: ``(array,
     base, cut)`` of the drawn roots the codes index (a mixture lane's, as of the
-    placement), or None where the codes are the pieces' lineages. A lineage, once made
-    by :meth:`lineages`, is kept and given out again."""
+    placement), or None where the codes are the pieces' lineages. ``lineages``: the
+    rows' lineages where they are known (a restore's rows). A lineage, once made by
+    :meth:`lineages`, is kept and given out again."""
 
     __slots__ = ("kind", "pieces", "block", "address", "width", "ends", "roots", "_lineages")
 
-    def __init__(self, kind: tuple, pieces: np.ndarray, several: bool, ends: list[int], roots: Any):
+    def __init__(
+        self,
+        kind: tuple,
+        pieces: np.ndarray,
+        several: bool,
+        ends: list[int],
+        roots: Any,
+        lineages: list | None = None,
+    ):
         pieces = np.ascontiguousarray(pieces)  # (as collect_pieces reads it)
         self.kind = kind
         self.pieces = pieces
@@ -78,7 +87,7 @@ class TokenRowRun:
         self.width = pieces.shape[1]
         self.ends = ends
         self.roots = roots
-        self._lineages: list | None = None
+        self._lineages = lineages  # made so far (None: none), or given
 
     def __len__(self) -> int:
         return len(self.ends)

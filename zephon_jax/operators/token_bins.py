@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import (
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    NamedTuple,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 import numpy as np
 
@@ -369,6 +378,28 @@ _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 
 
+@runtime_checkable
+class GatheredRows(Protocol):
+    """Rows that :meth:`TokenRow.gather_batch` gathers by one kernel call: a sequence of
+    :class:`TokenRow` that gives its pieces itself, read from the arrays its rows point
+    into (see :class:`~zephon_jax.engine.token_rows.RunRows`, the rows of a batch of a
+    column-wise lane); any other sequence is assembled row by row."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> TokenRow: ...
+
+    def one_kind(self) -> bool:
+        """Whether the rows have one spec, one set of token arrays and one
+        ``to_training`` (the same objects)."""
+        ...
+
+    def pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' pieces one after the other, as one int64 array of their starts,
+        lengths and (with several token arrays) leaves, and each row's end in it."""
+        ...
+
+
 class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
     ``tokens`` each is in (``leaves``; None: all in the first).
@@ -406,22 +437,6 @@ class TokenRow(PackedRow):
         self.end = end
         self.training = training
         self._data = None
-
-    @classmethod
-    def of(
-        cls,
-        spec: PackSpec,
-        field: str,
-        tokens: tuple[np.ndarray, ...],
-        starts: Sequence[int],
-        lengths: Sequence[int],
-        leaves: Sequence[int] | None = None,
-        training: ToTrainingTransform | None = None,
-    ) -> TokenRow:
-        """The row of these pieces alone (a block of its own)."""
-        columns = (starts, lengths) if leaves is None else (starts, lengths, leaves)
-        block = np.array(columns, np.int64).reshape(len(columns), len(lengths))
-        return cls(spec, (field,), tokens, block, 0, len(lengths), training)
 
     def __reduce__(self) -> tuple:
         """Pickles the row with its own pieces only (not its whole block)."""
@@ -467,8 +482,8 @@ class TokenRow(PackedRow):
 
     @staticmethod
     def assemble_batch(rows: Sequence[Any], pool: Any = None) -> dict[str, np.ndarray] | None:
-        """``rows`` as a batch by one compiled gather, or None if they are not all
-        TokenRows of one set of token arrays and one pack (the general assembly then runs).
+        """``rows`` as a batch by one compiled gather, or None where they are not
+        :class:`GatheredRows` of one kind (the general assembly then runs).
         Rows with ``training`` are shifted in the gather where the transform can be fused
         into it (see :meth:`~zephon_jax.transforms.to_training.ToTrainingTransform.fused_pad`),
         else after it (after the general assembly where the gather does not take them)."""
@@ -491,13 +506,11 @@ class TokenRow(PackedRow):
         under the default names instead (see
         :func:`~zephon_jax.transforms.to_training.shifted`)."""
         compiled = kernels()
+        if compiled is None or not isinstance(rows, GatheredRows) or not rows.one_kind():
+            return None
         first = rows[0]
         tokens, spec, fields = first.tokens, first.spec, first.fields
-        if not _one_kind(rows):
-            return None
-        if compiled is None:
-            return None
-        pieces, ends = _pieces_of_rows(rows)
+        pieces, ends = rows.pieces()
         pad_id = _fused(first)
         lengths = np.ascontiguousarray(pieces[1])
         leaves = np.ascontiguousarray(pieces[2]) if pieces.shape[0] > 2 else None
@@ -548,58 +561,6 @@ class TokenRow(PackedRow):
             "segment_ids": segment_ids,
             "positions": positions,
         }
-
-
-_SPEC = operator.attrgetter("spec")
-_TOKENS = operator.attrgetter("tokens")
-_TRAINING = operator.attrgetter("training")
-_BLOCK = operator.attrgetter("block")
-_BEGIN = operator.attrgetter("begin")
-_END = operator.attrgetter("end")
-
-
-def _one_kind(rows: Sequence[Any]) -> bool:
-    """Whether ``rows`` are all :class:`TokenRow` of one spec, one set of token arrays
-    and one ``to_training`` (the same objects), checked in passes over all (or by
-    ``rows.one_kind()``, where the sequence gives it, see :func:`_pieces_of_rows`)."""
-    own = getattr(rows, "one_kind", None)
-    if own is not None:
-        return bool(own())
-    if set(map(type, rows)) != {TokenRow}:
-        return False
-    return all(len(set(map(id, map(part, rows)))) == 1 for part in (_SPEC, _TOKENS, _TRAINING))
-
-
-def _pieces_of_rows(rows: Sequence[TokenRow]) -> tuple[np.ndarray, np.ndarray]:
-    """The pieces of ``rows`` one after the other, as one int64 array of the rows of
-    their blocks (starts, lengths and, where there are several, leaves), and each row's
-    end in it. Rows one after the other in a block are taken as one view of it. A
-    sequence of rows may give these itself, as ``rows.pieces()`` (with ``one_kind()``,
-    see :func:`_one_kind`): one that makes its rows only when read (see
-    :class:`~zephon_jax.engine.token_rows.RunRows`)."""
-    own = getattr(rows, "pieces", None)
-    if own is not None:
-        return own()
-    n = len(rows)
-    blocks = list(map(_BLOCK, rows))
-    begins = np.fromiter(map(_BEGIN, rows), np.int64, n)
-    stops = np.fromiter(map(_END, rows), np.int64, n)
-    ends = np.cumsum(stops - begins)
-    if n == 1:
-        return blocks[0][:, begins[0] : stops[0]], ends
-    same = np.fromiter(map(id, blocks), np.uint64, n)
-    # A run of rows starts where the block changes or a row does not follow the last.
-    starts = np.flatnonzero(
-        np.concatenate(([True], (same[1:] != same[:-1]) | (begins[1:] != stops[:-1])))
-    )
-    if len(starts) == 1:
-        return blocks[0][:, begins[0] : stops[-1]], ends
-    lasts = np.append(starts[1:], n) - 1
-    views = [
-        blocks[i][:, b:e]
-        for i, b, e in zip(starts.tolist(), begins[starts].tolist(), stops[lasts].tolist())
-    ]
-    return np.concatenate(views, axis=1), ends
 
 
 def _fused(row: TokenRow) -> int | None:

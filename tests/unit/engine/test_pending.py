@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zephon_jax.core.lineage import Element
-from zephon_jax.core.packed import PackSpec
+from zephon_jax.core.packed import PackSpec, assemble_rows
 from zephon_jax.engine.pending import PendingRows
 from zephon_jax.engine.rows import Picks
 from zephon_jax.engine.token_rows import RunRow, RunRows, TokenRowRun, row_lineage
@@ -87,12 +87,15 @@ def test_a_batch_of_run_rows_gathers_as_its_rows_do(several):
     assert rows is not None and RunRows.of(elements + [Element("x", 0)]) is None
     plain = [element.data for element in elements]
     assert [type(row) for row in rows] == [TokenRow] * 3 and len(rows) == 3
-    assert rows.one_kind() and token_bins._one_kind(plain)
-    got, want = rows.pieces(), token_bins._pieces_of_rows(plain)
-    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
-    batch = TokenRow.gather_batch(rows)
-    expected = TokenRow.gather_batch(plain)
-    assert batch is not None and expected is not None
+    assert rows.one_kind() and isinstance(rows, token_bins.GatheredRows)
+    pieces, ends = rows.pieces()
+    columns = [row.block[:, row.begin : row.end] for row in plain]
+    assert pieces.tolist() == np.concatenate(columns, axis=1).tolist()
+    assert ends.tolist() == [1, 2, 4]
+    batch = TokenRow.assemble_batch(rows)  # by the kernel
+    assert TokenRow.assemble_batch(plain) is None  # (a list: row by row)
+    expected = assemble_rows(plain)  # the general assembly, row by row
+    assert batch is not None and batch.keys() == expected.keys()
     for name, values in expected.items():
         np.testing.assert_array_equal(batch[name], values)
     picks = Picks([0, 1, 2], elements, rows)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zephon_jax.core.lineage import piece_code
-from zephon_jax.core.packed import PackSpec
+from zephon_jax.core.packed import PackSpec, assemble_rows
 from zephon_jax.engine.column_sources import ArrayTokens
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins
@@ -116,9 +116,10 @@ def test_adopt_of_nothing_is_empty_and_of_a_foreign_lineage_is_a_state_error():
 
 
 def test_a_token_row_reads_its_pieces_from_the_arrays():
-    row = TokenRow.of(None, "tokens", TOKENS, [3, 1], (2, 3), [0, 1])
+    block = np.array([[3, 1], [2, 3], [0, 1]], np.int64)  # starts, lengths, leaves
+    row = TokenRow(None, ("tokens",), TOKENS, block, 0, 2)
     assert [p.tolist() for p in row.pieces] == [[3, 4], [1001, 1002, 1003]]
-    first_only = TokenRow.of(None, "tokens", TOKENS, [3], (2,))
+    first_only = TokenRow(None, ("tokens",), TOKENS, block[:2], 0, 1)  # (no leaves)
     assert [p.tolist() for p in first_only.pieces] == [[3, 4]]
 
 
@@ -129,7 +130,7 @@ def test_rows_of_one_block_read_their_own_pieces_and_pickle_alone():
     assert (first.starts, first.lengths, first.leaves) == ([1, 3], (5, 2), [0, 1])
     assert (second.starts, second.lengths, second.leaves) == ([10, 20], (3, 4), [0, 1])
     assert [p.tolist() for p in second.pieces] == [[10, 11, 12], [1020, 1021, 1022, 1023]]
-    batch = TokenRow.assemble_batch([first, second])
+    batch = assemble_rows([first, second])
     assert batch["tokens"][1, :7].tolist() == [10, 11, 12, 1020, 1021, 1022, 1023]
     assert batch["tokens_segment_ids"][0, :8].tolist() == [1] * 5 + [2] * 2 + [0]
     again = pickle.loads(pickle.dumps(second))
