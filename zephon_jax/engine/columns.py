@@ -212,12 +212,9 @@ def take_columns(lane: Any, n: int) -> list | None:
         return pending.take(n)
     if lane.drawer is not None:
         return _take_drawn(lane, n)
-    if len(pending) < n:
-        read = functools.partial(_document_block, lane)
-        place = functools.partial(_place, lane, lane.plan.columnar)
-        if not fill_pending(lane, n, read, place):
-            return None
-    return pending.take(n)
+    read = functools.partial(_document_block, lane)
+    place = functools.partial(_place, lane, lane.plan.columnar)
+    return pending.take(n) if fill_pending(lane, n, read, place) else None
 
 
 def _document_block(lane: Any, size: int) -> tuple[tuple | None, int] | None:
