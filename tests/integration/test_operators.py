@@ -110,7 +110,7 @@ def test_a_lineage_operator_state_holds_pointers_not_records():
 
     narrow = lane_states(docs)
     assert lane_states(wide) == narrow
-    assert max(map(len, narrow.values())) < 2048
+    assert max(map(len, narrow.values())) < 4096  # (rows made ahead: about one block)
 
 
 def test_split_pieces_are_bounded_and_cover_each_document():

@@ -1,13 +1,16 @@
 """The sizes of the blocks in which a lane pushes records through its operators.
 
 A take that still needs ``missing`` rows reads a first block of
-``first_block(missing, cap)`` records (8 per row still needed, at least 32, at
-most 128, and at most ``cap``), doubling while blocks yield no row
+``first_block(missing, cap, least)`` records (8 per row still needed, at least
+``least``, at most 128, and at most ``cap``), doubling while blocks yield no row
 (:func:`next_block`). ``cap`` (:func:`block_cap`) keeps a block to about 32 rows'
 worth of records at the rate the lane has made rows so far, so a pipeline that
 makes many rows of each record (a ``flat_map`` of whole files into passages, say)
 reads a record or two at a time; before its first row a lane starts with 2
-records. The sizes depend only on the lane's state, so a restored lane cuts the
+records. ``least`` (:func:`min_block`) is 32 records, or more where the loader has
+few lanes (fewer, larger blocks: each block costs a placement call), while all its
+lanes together stay within ``MIN_BLOCK_ALL_LANES``. The sizes depend only on the
+lane's state and the number of lanes, so a restored lane cuts the
 same blocks, and a lane makes about one block of rows ahead at most (they are
 part of its state, as pointers). Rows do not depend on the blocks; states do
 (which rows are made ahead), so every path of a lane uses these sizes.
@@ -23,7 +26,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 BLOCK_PER_ROW = 8  # records per row still needed
-MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once
+MIN_BLOCK = 32  # a lane that owns one row reads 32 records at once ...
+MIN_BLOCK_FEW_LANES = 128  # ... or up to this many where the loader has few lanes ...
+MIN_BLOCK_ALL_LANES = 8192  # ... while all its lanes' least blocks stay within these
 MAX_BLOCK = 128
 ROWS_PER_BLOCK = 32  # rows' worth of records a block starts with, at most
 FIRST_BLOCK = 2  # records of a lane's first block, before it made a row
@@ -41,15 +46,26 @@ def block_cap(records_read: int, rows_made: int) -> int:
     return max(1, min(MAX_BLOCK, -(-records_read * ROWS_PER_BLOCK // rows_made)))
 
 
-def first_block(missing: int, cap: int = MAX_BLOCK) -> int:
-    """The records of a take's first block when it still needs ``missing`` rows."""
-    return min(cap, MAX_BLOCK, max(MIN_BLOCK, BLOCK_PER_ROW * missing))
+def min_block(num_lanes: int) -> int:
+    """The least records a block starts with when the loader has ``num_lanes`` lanes:
+    ``MIN_BLOCK``, or more (up to ``MIN_BLOCK_FEW_LANES``) while all lanes together stay
+    within ``MIN_BLOCK_ALL_LANES``. Fewer placement calls with few lanes; with many, the
+    rows each lane makes ahead (part of a state, and rebuilt by a restore) stay few."""
+    return max(MIN_BLOCK, min(MIN_BLOCK_FEW_LANES, MIN_BLOCK_ALL_LANES // max(1, num_lanes)))
 
 
-def next_block(size: int, missing: int, grew: bool, cap: int = MAX_BLOCK) -> int:
+def first_block(missing: int, cap: int = MAX_BLOCK, least: int = MIN_BLOCK) -> int:
+    """The records of a take's first block when it still needs ``missing`` rows
+    (``cap``: see :func:`block_cap`; ``least``: see :func:`min_block`)."""
+    return min(cap, MAX_BLOCK, max(least, BLOCK_PER_ROW * missing))
+
+
+def next_block(
+    size: int, missing: int, grew: bool, cap: int = MAX_BLOCK, least: int = MIN_BLOCK
+) -> int:
     """The next block's records after one of ``size`` (0: none yet); ``grew``: whether
-    the last block made a row; ``cap``: see :func:`block_cap`."""
-    need = first_block(missing, cap)
+    the last block made a row; ``cap``, ``least``: see :func:`first_block`."""
+    need = first_block(missing, cap, least)
     return need if grew or not size else min(MAX_BLOCK, max(2 * size, need))
 
 
@@ -107,7 +123,8 @@ def fill_pending(lane: Any, n: int, read: ReadBlock, place: Callable[[Any], None
     while len(pending) < n:
         if lane.input_done:
             return False
-        size = next_block(size, n - len(pending), len(pending) != had, lane.block_cap(n))
+        missing, grew = n - len(pending), len(pending) != had
+        size = next_block(size, missing, grew, lane.block_cap(n), lane.plan.min_block)
         had = len(pending)
         got = read(min(size, limit + 1 - lane.without_row))
         if got is None:

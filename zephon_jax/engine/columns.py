@@ -41,7 +41,7 @@ from zephon_jax.core.lineage import (
     piece_code,
     recipe_of,
 )
-from zephon_jax.engine.blocks import fill_pending, first_block
+from zephon_jax.engine.blocks import fill_pending
 from zephon_jax.engine.column_sources import ArrayTokens, RecordTokens, StoreTokens
 from zephon_jax.engine.drawn_roots import DrawnRoots
 from zephon_jax.engine.exclusion import excluded_columns
@@ -54,8 +54,18 @@ from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
-# that provenance keeps of its last blocks, see Lane.remember).
+# that provenance keeps of its last blocks, see Lane.remember): 256, or more (up to
+# 1,024) while all lanes together stay within 65,536 (see documents_ahead).
 DOCUMENTS_AHEAD = 256
+DOCUMENTS_AHEAD_FEW_LANES = 1024
+DOCUMENTS_AHEAD_ALL_LANES = 65536
+
+
+def documents_ahead(num_lanes: int) -> int:
+    """The document ids a lane resolves at a time when the loader has ``num_lanes``
+    lanes: fewer resolving calls with few lanes, bounded memory with many."""
+    cap = DOCUMENTS_AHEAD_ALL_LANES // max(1, num_lanes)
+    return max(DOCUMENTS_AHEAD, min(DOCUMENTS_AHEAD_FEW_LANES, cap))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +85,7 @@ class ColumnarPlan:
     # Whether a mixture by tokens or with stages draws the documents (see _take_drawn):
     # the kernel's codes are then indices of the lane's drawn roots.
     drawn: bool = False
+    ahead: int = DOCUMENTS_AHEAD  # the document ids a lane resolves at a time
 
     @property
     def tokens(self) -> tuple[np.ndarray, ...]:
@@ -127,7 +138,16 @@ def columnar_plan(plan: Any) -> ColumnarPlan | None:
     if compiled is None:
         return None
     arguments = (cut, packing.best, spec, field, training)
-    return ColumnarPlan(stage, packing, cut, field, reader(), arguments, mixture is not None)
+    return ColumnarPlan(
+        stage,
+        packing,
+        cut,
+        field,
+        reader(),
+        arguments,
+        drawn=mixture is not None,
+        ahead=documents_ahead(plan.num_lanes),
+    )
 
 
 def _token_reader(sources: Sequence[Any]) -> tuple | None:
@@ -259,7 +279,7 @@ def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
 
 
 def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
-    """Resolves, all together (one vectorized pass), the next ``DOCUMENTS_AHEAD``
+    """Resolves, all together (one vectorized pass), the next ``ColumnarPlan.ahead``
     document ids of each of ``lanes`` whose next ``take(rows)`` would start by resolving
     on its own (it lacks rows and the ids of its first block). Ids read ahead only
     cache what the sampler gives for the next positions: no row or state depends on it."""
@@ -275,11 +295,13 @@ def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
         if (
             ahead is not None
             and ahead[0] <= start
-            and start + first_block(missing, lane.block_cap(rows)) <= ahead[0] + len(ahead[1])
+            and start + lane.first_block(rows) <= ahead[0] + len(ahead[1])
         ):
             continue
         end = lane.end_position
-        stop = start + DOCUMENTS_AHEAD if end is None else min(start + DOCUMENTS_AHEAD, end)
+        stop = start + lane.plan.columnar.ahead
+        if end is not None:
+            stop = min(stop, end)
         if stop > start:
             short.append(lane)
             starts.append(np.arange(start, stop, dtype=np.int64))
@@ -311,7 +333,7 @@ def _next_documents(lane: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.nd
     ahead = lane.documents_ahead
     if ahead is None or not ahead[0] <= start <= start + size <= ahead[0] + len(ahead[1]):
         plan = lane.plan
-        stop = start + max(size, DOCUMENTS_AHEAD)
+        stop = start + max(size, plan.columnar.ahead)
         if end is not None:
             stop = min(stop, end)
         positions = np.arange(start, stop, dtype=np.int64)

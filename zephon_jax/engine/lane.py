@@ -43,6 +43,7 @@ from zephon_jax.engine.blocks import (
     draw_target,
     fill_pending,
     first_block,
+    min_block,
 )
 from zephon_jax.engine.columns import (
     columnar_plan,
@@ -109,6 +110,7 @@ class LanePlan:
         self.num_operators = len(self.operators)
         self.fused = [_fused_with_next(self, k) for k in range(self.num_operators)]
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
+        self.min_block = min_block(self.num_lanes)  # (see zephon_jax.engine.blocks)
         # A lane that reads this many records without a row reaching the batch (all of
         # them dropped, by a filter or an operator that emits nothing) would likely wait
         # forever: 16x the sources (a filter may drop long runs), plus what operators hold.
@@ -344,11 +346,13 @@ class Lane:
         if not self.step and not self.pending:
             count = MIN_BLOCK
         else:
-            cap = self.block_cap(rows)
-            count = first_block(rows - len(self.pending), cap)
-            count = max(count, min(self._ahead_size, 4 * cap))
+            count = max(self.first_block(rows), min(self._ahead_size, 4 * self.block_cap(rows)))
         self._ahead_size = min(self.plan.max_ahead, 2 * count)
         return np.arange(start, start + count, dtype=np.int64)
+
+    def first_block(self, n: int) -> int:
+        """:func:`~zephon_jax.engine.blocks.first_block` of a take of ``n`` rows now."""
+        return first_block(n - len(self.pending), self.block_cap(n), self.plan.min_block)
 
     def block_cap(self, n: int) -> int:
         """:func:`~zephon_jax.engine.blocks.block_cap` of this lane, taking ``n`` rows a step:
@@ -710,7 +714,7 @@ def read_ahead_for_take(lanes: Sequence[Lane], rows: int) -> None:
         if lane.drawer is None
         and not lane.input_done
         and len(lane.pending) < rows
-        and len(lane._ahead) < first_block(rows - len(lane.pending), lane.block_cap(rows))
+        and len(lane._ahead) < lane.first_block(rows)
     ]
     if len(short) > 1:
         sizes = [lane._ahead_size for lane in short]

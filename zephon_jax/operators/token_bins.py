@@ -23,6 +23,7 @@ from typing import (
     NamedTuple,
     Protocol,
     Sequence,
+    TypeGuard,
     runtime_checkable,
 )
 
@@ -400,6 +401,19 @@ class GatheredRows(Protocol):
         ...
 
 
+_GATHERED_TYPES: dict[type, bool] = {}
+
+
+def _is_gathered(rows: Sequence[Any]) -> TypeGuard[GatheredRows]:
+    """Whether ``rows`` are :class:`GatheredRows`, checked once per type (a protocol
+    check costs microseconds; its members are the class's methods)."""
+    kind = type(rows)
+    known = _GATHERED_TYPES.get(kind)
+    if known is None:
+        known = _GATHERED_TYPES[kind] = isinstance(rows, GatheredRows)
+    return known
+
+
 class TokenRow(PackedRow):
     """A packed row of pieces of token arrays: their starts and lengths, and which of
     ``tokens`` each is in (``leaves``; None: all in the first).
@@ -506,7 +520,7 @@ class TokenRow(PackedRow):
         under the default names instead (see
         :func:`~zephon_jax.transforms.to_training.shifted`)."""
         compiled = kernels()
-        if compiled is None or not isinstance(rows, GatheredRows) or not rows.one_kind():
+        if compiled is None or not _is_gathered(rows) or not rows.one_kind():
             return None
         first = rows[0]
         tokens, spec, fields = first.tokens, first.spec, first.fields

@@ -47,6 +47,7 @@ _LITTLE_BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
 _INDEX_CODECS = [_LITTLE_BYTES, {"name": "crc32c"}]
 _INDEX_CHECKSUM_BYTES = 4
 _MAPS_KEPT = 4096  # open shard maps at most (each is one kernel mapping)
+_MAPS_HELD_ALL = 64  # a gather holds all open maps while there are at most these
 
 
 class CorruptShard(ValueError):
@@ -164,8 +165,7 @@ class ShardFiles:
             with self._lock:  # no map is dropped while its addresses are taken
                 missing = span_addresses(*cut, self._base_of, addresses, shard_of)
                 if not missing:
-                    used = np.flatnonzero(np.bincount(shard_of[addresses >= 0])).tolist()
-                    held: list[Any] = [self._maps[shard] for shard in used]
+                    held = self._held(addresses, shard_of)
                     break
             chunks = shard_of[:missing]
             self._know(chunks)
@@ -180,6 +180,14 @@ class ShardFiles:
             addresses[copied] = flat.ctypes.data + (np.cumsum(lengths) - lengths) * size
             held.append(flat)
         return addresses, held
+
+    def _held(self, addresses: np.ndarray, shard_of: np.ndarray) -> list[Any]:
+        """The maps the located spans (``addresses >= 0``, in shards ``shard_of``) are
+        in: all maps open while they are few (cheaper than finding those used)."""
+        if len(self._maps) <= _MAPS_HELD_ALL:
+            return list(self._maps.values())
+        used = np.flatnonzero(np.bincount(shard_of[addresses >= 0])).tolist()
+        return [self._maps[shard] for shard in used]
 
     def _runs(self, starts: np.ndarray, stops: np.ndarray) -> tuple:
         """:func:`~zephon_jax.core.compiled_kernels.span_runs` of the spans (shards'

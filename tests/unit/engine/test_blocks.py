@@ -380,6 +380,42 @@ def test_block_sizes():
     assert lane_blocks.next_block(2, 1, grew=False, cap=2) == 4  # no row yet: doubling
 
 
+def test_least_block_grows_with_few_lanes_within_a_bound_for_all_lanes():
+    """32 records at least, up to 128 while all lanes' least blocks stay within 8,192."""
+    assert [lane_blocks.min_block(n) for n in (1, 8, 64, 65, 128, 256, 1024)] == [
+        128,
+        128,
+        128,
+        126,
+        64,
+        32,
+        32,
+    ]
+    assert lane_blocks.first_block(1, least=128) == 128
+    assert lane_blocks.first_block(1, cap=54, least=128) == 54  # the cap still bounds it
+    assert lane_blocks.next_block(128, 1, grew=True, least=128) == 128
+
+
+@pytest.mark.parametrize("num_lanes, least", [(8, 128), (512, 32)])
+def test_lanes_read_their_least_block_when_a_take_needs_a_row(monkeypatch, num_lanes, least):
+    """A lane that needs one more row reads ``min_block(num_lanes)`` records (here below
+    the cap: about 4 records a row), on the column-wise path and the general one."""
+    sizes = []
+    real = lane_blocks.next_block
+
+    def spy(*args, **kwargs):
+        sizes.append(real(*args, **kwargs))
+        return sizes[-1]
+
+    monkeypatch.setattr(lane_blocks, "next_block", spy)
+    docs = make_docs(6000, 30, seed=5, min_len=2)
+    for source in (zj.sources.TokenArray.from_documents([d["tokens"] for d in docs]), docs):
+        sizes.clear()
+        ds = zj.Dataset.source(source).split(64).pack(64).batch(num_lanes, num_lanes=num_lanes)
+        take(iter(zj.Loader(ds)), 30)
+        assert max(set(sizes), key=sizes.count) == least
+
+
 def _whole_files(count, seed):
     rng = np.random.default_rng(seed)
     return [

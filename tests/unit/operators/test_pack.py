@@ -323,7 +323,10 @@ def test_maps_after_pack_get_plain_dicts():
     assert seen and all(t is dict for t in seen)
 
 
-def test_lane_state_is_pointers_within_two_kib_at_seq_len_2048():
+def test_lane_state_is_pointers_within_four_kib_at_seq_len_2048():
+    """A lane's state points to its open rows' and its rows made ahead's pieces (at most
+    about one block of rows, 128 records with this few lanes): a few KB, where the
+    tokens of one row alone are 8 KB."""
     rng = np.random.default_rng(0)
     lengths = np.maximum(1, rng.lognormal(np.log(600) - 0.5, 1.0, 600).astype(int))
     docs = [{"tokens": np.ones(n, np.int32)} for n in lengths]
@@ -331,7 +334,7 @@ def test_lane_state_is_pointers_within_two_kib_at_seq_len_2048():
     it = iter(zj.Loader(ds))
     take(it, 30)
     sizes = [len(v) for v in it.get_state()["lanes"].values()]
-    assert max(sizes) <= 2048
+    assert max(sizes) <= 4096
 
 
 def _lineages_of_save(op, carry):

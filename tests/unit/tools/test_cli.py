@@ -86,7 +86,7 @@ def test_inspect_prints_the_plan_and_timing(pipelines, capsys):
     for part in ("1. split", "2. pack", "3. window_shuffle", "rows not yet batched"):
         assert part in state
     whole = re.search(r"whole lane state +([\d,]+) +([\d,]+)", state)
-    assert whole and 0 < int(whole.group(2).replace(",", "")) < 2048, state
+    assert whole and 0 < int(whole.group(2).replace(",", "")) < 4096, state
     assert main(["inspect", f"{pipelines}:unbatched"]) == 1
     assert "without a batch size" in capsys.readouterr().err
 
