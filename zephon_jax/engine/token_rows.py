@@ -96,6 +96,8 @@ class TokenRowRun:
         """Elements of rows ``[begin, end)``."""
         ends = self.ends
         start = ends[begin - 1] if begin else 0
+        if end == begin + 1:  # (one row: most takes of a lane that owns one row)
+            return [RunRow(self, begin, start, ends[begin])]
         out: list[Element] = []
         for i in range(begin, end):
             stop = ends[i]
@@ -241,7 +243,7 @@ class RunRows(Sequence[TokenRow]):
         runs, n = self.runs, len(self.runs)
         addresses = np.fromiter(map(_ADDRESS, runs), np.int64, n)
         widths = np.fromiter(map(_WIDTH, runs), np.int64, n)
-        ends = np.cumsum(self.ends - self.begins)
+        ends = (self.ends - self.begins).cumsum()
         out = np.empty((runs[0].block.shape[0], int(ends[-1]) if n else 0), np.int64)
         kernels().collect_pieces(addresses, widths, self.begins, self.ends, out)
         return out, ends

@@ -143,7 +143,7 @@ class OpenRows:
             )  # fmt: skip
             if n_rows > rows:
                 parts.append(out[:, size:n_out].copy())
-                ends += [done - size + e for e in row_end[rows:n_rows].tolist()]
+                ends += (row_end[rows:n_rows] + (done - size)).tolist()
                 done += n_out - size
                 if log is not None:
                     log.size, log.rows = n_out, n_rows
