@@ -416,6 +416,28 @@ def test_lanes_read_their_least_block_when_a_take_needs_a_row(monkeypatch, num_l
         assert max(set(sizes), key=sizes.count) == least
 
 
+@pytest.mark.parametrize("column_wise", [True, False])
+def test_a_state_restores_exactly_under_other_block_sizes(monkeypatch, column_wise):
+    """Rows do not depend on the blocks: a state saved with 32-record least blocks (as
+    before ``min_block``) restores under 128-record ones, and back, with the
+    uninterrupted run's batches."""
+    docs = make_docs(3000, 40, seed=9)
+    source = (
+        zj.sources.TokenArray.from_documents([d["tokens"] for d in docs]) if column_wise else docs
+    )
+    ds = zj.Dataset.source(source).shuffle(2).split(64).pack(64).batch(8, num_lanes=8)
+    expected = take(iter(zj.Loader(ds)), 30)
+    for saved_with, restored_with in ((32, 128), (128, 32)):
+        monkeypatch.setattr(lane_blocks, "MIN_BLOCK_FEW_LANES", saved_with)
+        it = iter(zj.Loader(ds))
+        take(it, 11)
+        state = it.get_state()
+        monkeypatch.setattr(lane_blocks, "MIN_BLOCK_FEW_LANES", restored_with)
+        resumed = iter(zj.Loader(ds))
+        resumed.set_state(state)
+        assert_batches_equal(take(resumed, 19), expected[11:])
+
+
 def _whole_files(count, seed):
     rng = np.random.default_rng(seed)
     return [
