@@ -600,7 +600,7 @@ def _logged_rows(
     if n_rows == rows + 1:  # the common case: one row, all the new pieces
         ends = [n_out - size]
     else:
-        ends = [end - size for end in log.row_end[rows:n_rows].tolist()]
+        ends = (log.row_end[rows:n_rows] - size).tolist()
     log.size, log.rows = n_out, n_rows
     return _token_rows(columns, pieces, ends, roots)
 
