@@ -121,16 +121,27 @@ class StoreTokens(StreamTokens):
         read into one array per store (:meth:`StreamTokens.piece_addresses`)."""
         starts = np.asarray(starts, np.int64)
         lengths = np.asarray(lengths, np.int64)
+        like = np.empty(0, self.dtype)
+        if not self.several:  # (all of one store: its addresses as they come)
+            located = _located(self.stores[0], starts, lengths)
+            if located is None:
+                return super().piece_addresses(starts, lengths, leaves)
+            return located[0], like, located[1]
         addresses = np.empty(len(starts), np.int64)
         held = []
-        for leaf, where in _by_leaf(leaves if self.several else None):
-            locate = getattr(self.stores[leaf], "span_addresses", None)
-            located = None if locate is None else locate(starts[where], lengths[where])
+        for leaf, where in _by_leaf(leaves):
+            located = _located(self.stores[leaf], starts[where], lengths[where])
             if located is None:
                 return super().piece_addresses(starts, lengths, leaves)
             addresses[where] = located[0]
             held.append(located[1])
-        return addresses, np.empty(0, self.dtype), held
+        return addresses, like, held
+
+
+def _located(store: Any, starts: np.ndarray, lengths: np.ndarray) -> tuple | None:
+    """``store.span_addresses(starts, lengths)``, None where the store has no such method."""
+    locate = getattr(store, "span_addresses", None)
+    return None if locate is None else locate(starts, lengths)
 
 
 def _by_leaf(leaves: Any) -> list[tuple[int, Any]]:

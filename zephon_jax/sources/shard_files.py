@@ -36,6 +36,7 @@ import numpy as np
 from zephon_jax.core.compiled_kernels import (
     CHUNK_ABSENT,
     CHUNK_UNKNOWN,
+    OUTSIDE,
     span_addresses,
     span_runs,
 )
@@ -111,6 +112,7 @@ class ShardFiles:
 
     def __init__(self, layout: ShardLayout, num_tokens: int) -> None:
         self._layout = layout
+        self._num_tokens = num_tokens
         num_chunks = -(-num_tokens // layout.chunk_tokens)
         self._where = np.full(num_chunks, CHUNK_UNKNOWN, np.int64)  # byte offset in its shard
         self._maps: dict[int, memoryview] = {}
@@ -147,34 +149,39 @@ class ShardFiles:
     def addresses(
         self, starts: np.ndarray, stops: np.ndarray
     ) -> tuple[np.ndarray, list[Any]] | None:
-        """Where token spans ``[starts[k], stops[k])`` (non-empty, within the array) are
-        in memory: ``(addresses, held)``, the byte address of each span's first token,
-        and what holds that memory (keep it while the addresses are read). A span that
-        lies in one run of a shard file is read where the file is mapped
+        """Where token spans ``[starts[k], stops[k])`` (int64 arrays) are in memory:
+        ``(addresses, held)``, the byte address of each span's first token (0 for an
+        empty span), and what holds that memory (keep it while the addresses are read).
+        A span that lies in one run of a shard file is read where the file is mapped
         (:func:`~zephon_jax.core.compiled_kernels.span_addresses`); the others (across
         inner chunks stored apart, or in chunks never written) are copied by
-        :meth:`read` into one new array. None where the stored dtype is not native."""
+        :meth:`read` into one new array. None where the stored dtype is not native;
+        IndexError where a span reaches outside the array."""
         layout = self._layout
         if not layout.dtype.isnative:
             return None
         size = layout.dtype.itemsize
         addresses = np.empty(len(starts), np.int64)
         shard_of = np.empty(len(starts), np.int64)
-        cut = (starts, stops, layout.chunk_tokens, layout.chunks_per_shard, self._where, size)
+        cut = (starts, stops, self._num_tokens, layout.chunk_tokens, layout.chunks_per_shard)
         for _ in range(3):  # more shards than stay mapped at once: the spans are copied
             with self._lock:  # no map is dropped while its addresses are taken
-                missing = span_addresses(*cut, self._base_of, addresses, shard_of)
+                missing, apart = span_addresses(
+                    *cut, self._where, size, self._base_of, addresses, shard_of
+                )
                 if not missing:
                     held = self._held(addresses, shard_of)
                     break
+            if missing == OUTSIDE:
+                raise IndexError(f"token spans reach outside the {self._num_tokens} tokens")
             chunks = shard_of[:missing]
             self._know(chunks)
             for shard in np.unique(chunks // layout.chunks_per_shard).tolist():
                 self._mapped(shard)
         else:
             return None
-        copied = np.flatnonzero(addresses < 0)
-        if copied.size:
+        if apart:
+            copied = np.flatnonzero(addresses < 0)
             flat = self.read(starts[copied], stops[copied])
             lengths = stops[copied] - starts[copied]
             addresses[copied] = flat.ctypes.data + (np.cumsum(lengths) - lengths) * size
@@ -182,11 +189,11 @@ class ShardFiles:
         return addresses, held
 
     def _held(self, addresses: np.ndarray, shard_of: np.ndarray) -> list[Any]:
-        """The maps the located spans (``addresses >= 0``, in shards ``shard_of``) are
+        """The maps the located spans (``addresses > 0``, in shards ``shard_of``) are
         in: all maps open while they are few (cheaper than finding those used)."""
         if len(self._maps) <= _MAPS_HELD_ALL:
             return list(self._maps.values())
-        used = np.flatnonzero(np.bincount(shard_of[addresses >= 0])).tolist()
+        used = np.flatnonzero(np.bincount(shard_of[addresses > 0])).tolist()
         return [self._maps[shard] for shard in used]
 
     def _runs(self, starts: np.ndarray, stops: np.ndarray) -> tuple:

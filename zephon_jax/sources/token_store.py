@@ -546,18 +546,12 @@ class TokenStore:
         s = self._s
         if s.direct is None:
             return None
-        first, stops = self._checked_spans(s, starts, lengths)
-        if (stops > first).all():  # (the gather's pieces are never empty)
+        first = np.asarray(starts, np.int64).reshape(-1)
+        stops = first + np.asarray(lengths, np.int64).reshape(-1)
+        try:
             return _from_shard_files(s.direct.addresses, first, stops)
-        addresses = np.zeros(first.size, np.int64)
-        keep = np.flatnonzero(stops > first)
-        if keep.size == 0:
-            return addresses, ()
-        located = _from_shard_files(s.direct.addresses, first[keep], stops[keep])
-        if located is None:
-            return None
-        addresses[keep] = located[0]
-        return addresses, located[1]
+        except IndexError as e:  # (the shard files bound the spans in the same pass)
+            raise IndexError(f"{e} of {self._loc}") from None
 
     def _checked_spans(
         self, s: _Opened, starts: Sequence[int], lengths: Sequence[int]

@@ -511,13 +511,15 @@ def test_spans_become_runs_joined_within_a_shard_file_and_over_unwritten_chunks(
     assert bounds[: runs + 1].tolist() == [0, 3, 5, 7, 19]
 
 
-def _span_addresses(ck, starts, stops, where, bases, itemsize=2):
-    """span_addresses over chunks of 4 tokens, 3 chunks a shard."""
+def _span_addresses(ck, starts, stops, where, bases, itemsize=2, num_tokens=None):
+    """span_addresses over chunks of 4 tokens, 3 chunks a shard (of ``num_tokens``, by
+    default all the chunks of ``where``): ``(missing, apart, addresses, shard_of)``."""
     addresses, shard_of = np.full(len(starts), -9, np.int64), np.full(len(starts), -9, np.int64)
-    args = (np.array(starts, np.int64), np.array(stops, np.int64), 4, 3)
-    missing = ck.span_addresses(*args, np.array(where, np.int64), itemsize,
-                                np.array(bases, np.int64), addresses, shard_of)  # fmt: skip
-    return missing, addresses, shard_of
+    total = 4 * len(where) if num_tokens is None else num_tokens
+    args = (np.array(starts, np.int64), np.array(stops, np.int64), total, 4, 3)
+    missing, apart = ck.span_addresses(*args, np.array(where, np.int64), itemsize,
+                                       np.array(bases, np.int64), addresses, shard_of)  # fmt: skip
+    return missing, apart, addresses, shard_of
 
 
 def test_span_addresses_in_one_run_of_a_mapped_file_and_minus_one_elsewhere(kernels):
@@ -525,26 +527,41 @@ def test_span_addresses_in_one_run_of_a_mapped_file_and_minus_one_elsewhere(kern
     # (in order, from byte 8 on).
     where, bases = [8, 0, -1, 8, 16, 24], [1000, 2000]
     spans = [(1, 3), (5, 7), (1, 6), (9, 11), (12, 24), (13, 20), (2, 4)]
-    missing, addresses, shard_of = _span_addresses(kernels, *zip(*spans), where, bases)
-    assert missing == 0
+    missing, apart, addresses, shard_of = _span_addresses(kernels, *zip(*spans), where, bases)
+    assert (missing, apart) == (0, 2)
     assert shard_of.tolist() == [0, 0, 0, 0, 1, 1, 0]
     # token t of chunk c: bases[shard] + where[c] + (t % 4) * 2
     assert addresses.tolist() == [1010, 1002, -1, -1, 2008, 2010, 1012]
     # across chunks 0 and 1 (stored apart), in a chunk never written: -1; chunks 3-5 of
     # shard 1 follow each other: one address
-    _, addresses, _ = _span_addresses(kernels, [0, 4], [2, 6], [9, 10, -1], [1000])
-    assert addresses.tolist() == [-1, 1010]  # 2-byte tokens from an odd byte: not aligned
+    _, apart, addresses, _ = _span_addresses(kernels, [0, 4], [2, 6], [9, 10, -1], [1000])
+    assert addresses.tolist() == [-1, 1010] and apart == 1  # 2-byte tokens from an odd byte
+
+
+def test_span_addresses_of_empty_spans_are_zero_and_spans_outside_are_refused(kernels):
+    where, bases = [8, 0, -1, 8, 16, 24], [1000, 2000]
+    # Empty spans anywhere (even past the end) are address 0 of shard -1, not apart.
+    missing, apart, addresses, shard_of = _span_addresses(
+        kernels, [1, 30, 5, -4], [3, 30, 5, -4], where, bases
+    )
+    assert (missing, apart) == (0, 0)
+    assert addresses.tolist() == [1010, 0, 0, 0] and shard_of.tolist() == [0, -1, -1, -1]
+    for starts, stops in (([1, -1], [3, 2]), ([1, 22], [3, 25]), ([0], [21])):
+        missing, _, addresses, _ = _span_addresses(
+            kernels, starts, stops, where, bases, num_tokens=24 if stops[-1] != 21 else 20
+        )
+        assert missing == ck.OUTSIDE and (addresses == -9).all()
 
 
 def test_span_addresses_name_the_chunks_of_unmapped_or_unknown_shards(kernels):
     where, bases = [8, 0, -1, -2, -2, -2, 0, 8, 16], [1000, 0, 0]
-    missing, addresses, shard_of = _span_addresses(
+    missing, _, addresses, shard_of = _span_addresses(
         kernels, [0, 13, 25, 9], [2, 14, 26, 10], where, bases
     )
     assert missing == 2 and shard_of[:missing].tolist() == [3, 6]  # shard 1 unknown, 2 unmapped
     assert (addresses == -9).all()  # not made
-    missing, _, _ = _span_addresses(kernels, [9], [10], where, bases)
-    assert missing == 0  # a chunk never written needs no map
+    missing, apart, _, _ = _span_addresses(kernels, [9], [10], where, bases)
+    assert missing == 0 and apart == 1  # a chunk never written needs no map
 
 
 def test_spans_over_shards_whose_index_is_unknown_name_one_chunk_of_each(kernels):
