@@ -638,11 +638,15 @@ def permute(x, n, a, b, round_keys, out):
         while True:
             left = v // b
             right = v - left * b
-            for r in range(rounds):
+            for r in range(rounds):  # (a sum of two values below m, taken mod m: one subtraction)
                 if r % 2 == 0:
-                    left = (left + mix64(right ^ round_keys[r]) % a) % a
+                    left = left + mix64(right ^ round_keys[r]) % a
+                    if left >= a:
+                        left -= a
                 else:
-                    right = (right + mix64(left ^ round_keys[r]) % b) % b
+                    right = right + mix64(left ^ round_keys[r]) % b
+                    if right >= b:
+                        right -= b
             v = left * b + right
             if v < n:
                 break

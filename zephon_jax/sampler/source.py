@@ -72,12 +72,8 @@ class SourceNode:
         g = draws.astype(np.int64) * num_lanes + lane
         epochs = g // n
         records = g - epochs * n
-        if self.shuffle_seed is not None:  # each epoch's draws permuted by its own key
-            order = np.argsort(epochs, kind="stable")
-            cuts = np.flatnonzero(np.diff(epochs[order])) + 1
-            for sel in np.split(order, cuts) if len(order) else ():
-                key = derive_key(self.shuffle_seed, int(epochs[sel[0]]))
-                records[sel] = permute(records[sel], n, key)
+        if self.shuffle_seed is not None and len(g):  # each epoch's draws by its own key
+            _permute_by_epoch(records, epochs, n, self.shuffle_seed)
         valid = (
             np.ones(g.shape, dtype=bool) if self.num_epochs is None else epochs < self.num_epochs
         )
@@ -97,3 +93,17 @@ class SourceNode:
             "num_epochs": self.num_epochs,
             "transforms": [t.describe() for t in self.transforms],
         }
+
+
+def _permute_by_epoch(records: np.ndarray, epochs: np.ndarray, n: int, seed: int) -> None:
+    """Permutes, in place, each epoch's ``records`` (indices in ``[0, n)``) by that
+    epoch's key. One lane's draws come in order, so their epochs are runs of slices;
+    draws of several lanes one after the other are sorted by epoch first."""
+    order = None
+    if (epochs[1:] < epochs[:-1]).any():
+        order = np.argsort(epochs, kind="stable")
+        epochs = epochs[order]
+    bounds = [0, *(np.flatnonzero(np.diff(epochs)) + 1).tolist(), len(epochs)]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        where = slice(start, stop) if order is None else order[start:stop]
+        records[where] = permute(records[where], n, derive_key(seed, int(epochs[start])))
