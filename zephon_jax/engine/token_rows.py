@@ -231,9 +231,9 @@ class RunRows(Sequence[TokenRow]):
     def one_kind(self) -> bool:
         """Whether the rows have one spec, one set of token arrays and one
         ``to_training`` (the same objects)."""
-        kinds = {id(kind): kind for kind in map(_KIND, self.runs)}
-        if len(kinds) == 1:
+        if len(set(map(id, map(_KIND, self.runs)))) == 1:  # (the common case: one plan's)
             return True
+        kinds = {id(kind): kind for kind in map(_KIND, self.runs)}
         return all(len({id(kind[k]) for kind in kinds.values()}) == 1 for k in (0, 2, 3))
 
     def pieces(self) -> tuple[np.ndarray, np.ndarray]:

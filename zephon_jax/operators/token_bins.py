@@ -13,6 +13,7 @@ arrays, gathered into the batch by one kernel call per batch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import (
@@ -615,6 +616,7 @@ def piece_addresses(
     return tokens.piece_addresses(starts, lengths, leaves)
 
 
+@functools.lru_cache(maxsize=64)  # (asked at every batch, of a few pairs of dtypes)
 def value_bounds(source: np.dtype, out: np.dtype) -> tuple[int, int]:
     """``(low, high)``: the values of integer dtype ``out`` that tokens of integer dtype
     ``source`` must stay within when ``source`` does not always fit; ``(0, -1)`` (no
