@@ -219,7 +219,8 @@ def place(fill, count, pieces, slots, offsets, bases, leaves, records, positions
     piece ``j`` of document ``k``; nothing of that piece is placed yet).
     """
     j = j0
-    prefetch_values(pieces, 0, pieces.size)  # (a lane's open rows, cold between its blocks)
+    if len(records) - k0 > 1:  # a block: the lane's open rows are cold since its last one
+        prefetch_values(pieces, 0, pieces.size)
     for k in range(k0, len(records)):
         if k + _OFFSETS_AHEAD < len(records):  # (documents lie scattered in the offsets)
             ahead = k + _OFFSETS_AHEAD
@@ -561,6 +562,7 @@ def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_li
     n_rows = state[ROWS_AT]
     n_drawn = state[DRAWN_AT]
     rows_wanted += n_rows
+    prefetch_values(pieces, 0, pieces.size)  # (the lane's open rows, cold since its last call)
     one_leaf = np.zeros(1, np.int64)
     one_record = np.zeros(1, np.int64)
     one_code = np.zeros(1, np.int64)
