@@ -442,6 +442,9 @@ def gather(addresses, like, lengths, row_end, counting, low, high, values, segme
     return True
 
 
+_ROWS_AHEAD = 4  # ``collect_pieces`` asks for a row's pieces that many rows ahead
+
+
 @jit
 def collect_pieces(addresses, widths, begins, ends, out):
     """Copies, one row after the other, columns ``[begins[r], ends[r])`` of rows ``1`` to
@@ -451,7 +454,15 @@ def collect_pieces(addresses, widths, begins, ends, out):
     placements emitted."""
     like = out[0, :0]
     at = 0
-    for r in range(addresses.shape[0]):
+    rows = addresses.shape[0]
+    for r in range(-_ROWS_AHEAD, rows):
+        ahead = r + _ROWS_AHEAD  # (each row's pieces are in an array of their own, cold)
+        if ahead < rows:
+            for f in range(out.shape[0]):
+                start = addresses[ahead] + ((f + 1) * widths[ahead] + begins[ahead]) * 8
+                prefetch(start, (ends[ahead] - begins[ahead]) * 8)
+        if r < 0:
+            continue
         n = ends[r] - begins[r]
         for f in range(out.shape[0]):
             source = tokens_at(addresses[r] + ((f + 1) * widths[r] + begins[r]) * 8, n, like)
