@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from zephon_jax.core.permutation import derive_key, permute
 from zephon_jax.errors import PipelineError
 from zephon_jax.sampler.source import SourceNode, describe_source, source_label
 
@@ -54,6 +55,25 @@ def test_locate_maps_draws_to_global_indices_of_the_lane():
     # an array of lanes: draw i of lane lanes[i]
     records, epochs, _ = node.locate(np.array([0, 1, 2]), np.array([1, 1, 3]), 3)
     assert records.tolist() == [3, 4, 1] and epochs.tolist() == [0, 0, 2]
+
+
+@pytest.mark.parametrize("lanes", ["one lane", "lanes out of order"])
+def test_a_shuffled_source_permutes_each_draw_by_its_epochs_key(lanes):
+    """Each draw's record is its unshuffled record permuted by its epoch's key, whether
+    a lane's draws come in order (several epochs: slices) or lanes' draws one after the
+    other (their epochs out of order: sorted first), over many epochs."""
+    n, seed, num_lanes = 7, 11, 3
+    node = SourceNode(list(range(n)), shuffle_seed=seed)
+    if lanes == "one lane":
+        lane, draws = 2, np.arange(0, 40)
+    else:
+        lane = np.array([0] * 10 + [2] * 10 + [1] * 10)
+        draws = np.concatenate([np.arange(10, 20), np.arange(0, 10), np.arange(5, 15)])
+    records, epochs, _ = node.locate(lane, draws, num_lanes)
+    g = draws * num_lanes + lane
+    assert epochs.tolist() == (g // n).tolist() and len(set(epochs.tolist())) > 3
+    want = [int(permute(np.array([k % n]), n, derive_key(seed, int(k // n)))[0]) for k in g]
+    assert records.tolist() == want
 
 
 def test_draws_available_counts_a_lanes_draws_inside_the_epochs():
