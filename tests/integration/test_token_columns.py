@@ -188,6 +188,49 @@ def test_batches_states_and_provenance_equal_the_general_path(general, case):
     _assert_same_runs(_run(ds, len(want) - 12, saved), want[12:])
 
 
+def _sparse_run(ds, steps: int, looked: set, skipped: int) -> tuple[list, list]:
+    """The batches of ``steps`` steps, and the state and provenance only after the
+    steps ``looked`` (skipping ``skipped`` batches after the first look)."""
+    it = iter(zj.Loader(ds))
+    batches, looks = [], []
+    for step in range(steps):
+        batches.append(next(it))
+        if step in looked:
+            looks.append((it.get_state(), it.provenance()))
+            if len(looks) == 1:
+                it.skip(skipped)
+    return batches, looks
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_rows_taken_for_the_lanes_over_many_steps_settle_exactly(general, monkeypatch, mix):
+    """The producer takes the column-wise lanes' rows for them, all together, step after
+    step (see zephon_jax.engine.front_rows); what the lanes owe then settles when a state
+    or a skip reads them. Batches, sparse states and provenance equal the general path's,
+    through a batch-size ramp."""
+    from zephon_jax.engine import front_rows
+
+    together = []
+    take = front_rows.FrontRows.take
+    monkeypatch.setattr(
+        front_rows.FrontRows,
+        "take",
+        lambda self, n, picks: together.append(n) or take(self, n, picks),
+    )
+    ds = _pipeline(mix=mix, batch={0: 4, 6: 8, 20: 16}, num_lanes=4)
+    looked = {11, 30, 44}
+    got = _sparse_run(ds, 45, looked, skipped=3)
+    assert len(together) == 45 and set(together) == {1, 2, 4}  # (skips take lane by lane)
+    general()
+    want = _sparse_run(ds, 45, looked, skipped=3)
+    assert_batches_equal(got[0], want[0])
+    for (state, provenance), (want_state, want_provenance) in zip(got[1], want[1], strict=True):
+        assert [lane_bytes(state, lane) for lane in range(4)] == [
+            lane_bytes(want_state, lane) for lane in range(4)
+        ]
+        assert provenance == want_provenance
+
+
 def test_whole_documents_without_split(general):
     docs = [d[:48] for d in _documents(1)]
     ds = _pipeline(TokenArray.from_documents(docs), cut=None, num_bins=3, epochs=2, num_lanes=2)

@@ -22,7 +22,8 @@ rows opened; if none has room, the fullest row (the lowest of equals) is emitted
 and the piece starts a new row there, for first_fit after the others; a row is
 emitted once full or at ``max_segments``. ``gather``: writes packed rows (or the
 fields a ``to_training`` fused into it makes of them) into the batch arrays.
-``collect_pieces``: a batch's rows' pieces, from the arrays their placements emitted.
+``collect_pieces``: a batch's rows' pieces, from the arrays their placements emitted;
+``take_front``: where those rows are in them, for all lanes taking from their first runs.
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
 shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
@@ -469,6 +470,50 @@ def collect_pieces(addresses, widths, begins, ends, out):
             for t in range(n):
                 out[f, at + t] = source[t]
         at += n
+
+
+# The rows of the table of lanes' first runs ``take_front`` reads and updates (see
+# zephon_jax.engine.front_rows), one column per lane: the run's next row, the rows left
+# in it, the rows and steps taken from it and not yet from the lane, the address and width
+# of the run's pieces (see collect_pieces), and the address of its rows' bounds, an int64
+# array of 0 and each row's end among the pieces.
+NEXT, LEFT, OWED, OWED_STEPS, ADDRESS, WIDTH, BOUNDS = range(7)
+FRONT_TABLE = 7
+
+
+@jit
+def take_front(n, table, slots, offsets, out, slow):
+    """A step's take of ``n`` rows by every lane of ``table`` (above) with ``n`` rows left
+    in its first run, which then owes them: for each batch row ``r`` of such a lane, row
+    ``offsets[r]`` of lane ``slots[r]``'s take, ``out[:, r]`` is its row's index in the
+    run, the run's pieces ``[begin, end)`` it holds, and the run's pieces' address and
+    width (the other rows' columns are left as they are). Returns how many lanes lack
+    the rows there, their columns in ``slow[:count]``."""
+    need = max(n, 1)
+    count = 0
+    for k in range(table.shape[1]):
+        if table[LEFT, k] < need:
+            slow[count] = k
+            count += 1
+    like = out[0, :0]
+    for r in range(slots.shape[0]):
+        k = slots[r]
+        if table[LEFT, k] < need:
+            continue
+        index = table[NEXT, k] + offsets[r]
+        bounds = tokens_at(table[BOUNDS, k] + index * 8, 2, like)
+        out[0, r] = index
+        out[1, r] = bounds[0]
+        out[2, r] = bounds[1]
+        out[3, r] = table[ADDRESS, k]
+        out[4, r] = table[WIDTH, k]
+    for k in range(table.shape[1]):
+        if table[LEFT, k] >= need:
+            table[NEXT, k] += n
+            table[LEFT, k] -= n
+            table[OWED, k] += n
+            table[OWED_STEPS, k] += 1
+    return count
 
 
 @jit

@@ -98,6 +98,7 @@ def _kernel_namespace() -> SimpleNamespace:
         draw_place=compiled.draw_place,
         gather=compiled.gather,
         collect_pieces=compiled.collect_pieces,
+        take_front=compiled.take_front,
         permute=compiled.permute,
         mix64=compiled.mix64,
     )

@@ -149,11 +149,18 @@ def _fused_with_next(plan: LanePlan, stage: int) -> tuple | None:
 class Lane:
     """Runs one lane of a pipeline; ``take(n)`` returns its next ``n`` rows."""
 
+    # Where a column-wise lane's producer takes its rows for it, and its place there (see
+    # zephon_jax.engine.front_rows); while ``_owing``, the lane settles what it owes before
+    # its pending rows or step are read.
+    _front: Any = None
+    _slot = 0
+    _owing = False
+
     def __init__(self, plan: LanePlan, lane: int):
         self.plan = plan
         self.lane = lane
         self.next_position = 0
-        self.step = 0  # the global step this lane produces next
+        self._step = 0  # the global step this lane produces next
         self.input_done = False
         self.drawer = None
         if plan.mixture is not None:
@@ -169,7 +176,7 @@ class Lane:
                 plan.drawer_layout,
             )
         self.carries = [op.init(lane) for op in plan.operators]
-        self.pending = PendingRows()  # finished rows not taken yet
+        self._pending = PendingRows()  # finished rows not taken yet
         self.tally = Tally(plan, lane)  # what it delivered (see zephon_jax.engine.accounting)
         self._ahead: collections.deque = collections.deque()
         self._ahead_size = 0  # the next read-ahead's positions (0: the next block's)
@@ -181,6 +188,45 @@ class Lane:
         # The last blocks of positions read and where they read from, for provenance:
         # (first, last, positions or None if first..last, table), see remember.
         self._located: list[tuple] = []
+
+    @property
+    def pending(self) -> PendingRows:
+        """The finished rows not taken yet."""
+        if self._owing:
+            self._front.settle(self._slot)
+        return self._pending
+
+    @pending.setter
+    def pending(self, rows: PendingRows) -> None:
+        if self._owing:
+            self._front.settle(self._slot)
+        self._pending = rows
+
+    @property
+    def step(self) -> int:
+        """The global step this lane produces next."""
+        if self._owing:
+            self._front.settle(self._slot)
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        if self._owing:
+            self._front.settle(self._slot)
+        self._step = step
+
+    def owe_to(self, front: Any, slot: int) -> None:
+        """Has ``front`` (a :class:`~zephon_jax.engine.front_rows.FrontRows`, ``slot``
+        this lane's place in it) take this lane's rows from now on, which the lane then
+        owes until it settles (see :meth:`take_owed`)."""
+        self._front, self._slot, self._owing = front, slot, True
+
+    def take_owed(self, rows: int, steps: int) -> None:
+        """Takes the ``rows`` rows its producer took for it over ``steps`` steps (its
+        first rows, handed out already: nothing is made); owes nothing after."""
+        self._owing = False
+        self._pending.drop(rows)
+        self._step += steps
 
     def _new_roots(self) -> DrawnRoots:
         """A column-wise mixture lane's draws by index, none yet: the placement kernel

@@ -46,8 +46,8 @@ class PendingRows:
 
     Holds runs: lists of :class:`~zephon_jax.core.lineage.Element`, or :class:`RowRun`
     objects, whose elements are new each time they are read (taken, iterated); the
-    rows and lineages are the same. Nothing but :meth:`extend` and :meth:`take`
-    changes it."""
+    rows and lineages are the same. Nothing but :meth:`extend`, :meth:`take`
+    and :meth:`drop` changes it."""
 
     __slots__ = ("_runs", "_first", "_size")
 
@@ -85,6 +85,23 @@ class PendingRows:
                 self._size -= n
                 return run[first:end] if type(run) is list else run.elements(first, end)
         return self._take_across(n)
+
+    def drop(self, n: int) -> None:
+        """Removes the first ``n`` rows (``n <= len(self)``) without making their elements
+        (rows already handed out otherwise, see :mod:`zephon_jax.engine.front_rows`)."""
+        if n > self._size:
+            raise IndexError(f"drop({n}) of {self._size} pending rows")
+        runs = self._runs
+        first = self._first + n
+        while runs and first >= len(runs[0]):
+            first -= len(runs.popleft())
+        self._first = first
+        self._size -= n
+
+    def front(self) -> tuple[Any, int]:
+        """``(run, row)``: the first run and its first row not taken (``(None, 0)``:
+        none)."""
+        return (self._runs[0], self._first) if self._runs else (None, 0)
 
     def _take_across(self, n: int) -> list[Element]:
         """:meth:`take` of rows of several runs (or of none)."""

@@ -14,6 +14,7 @@ from zephon_jax.core.lineage import Element
 from zephon_jax.core.packed import OutputPool, PackedRow, assemble_rows, plain
 from zephon_jax.engine.accounting import stage_check
 from zephon_jax.engine.exclusion import excluded_keys, excluded_records
+from zephon_jax.engine.front_rows import FrontRows
 from zephon_jax.engine.lane import Lane, LanePlan, take_lanes
 from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.restore import restore_lanes
@@ -297,6 +298,7 @@ class RowProducer:
         self._last: Picks | None = None
         self._stage_check_at = 0  # the next step at which the lanes' accounting looks up
         # the mixture stage (see zephon_jax.engine.accounting.stage_check)
+        self._front: FrontRows | None = None  # (see _front_rows)
 
     @property
     def lanes(self) -> dict[int, Lane]:
@@ -343,20 +345,44 @@ class RowProducer:
             # Every lane takes its rows even past the end of a finite input, so the state
             # after the end is the same whichever lanes a producer runs.
             with paused_gc():
-                taken = take_lanes(self.lanes, per_lane)
+                picked, taken = self._take_step(size, per_lane)
         except BaseException as e:
             self._failure = e
             raise
         self.step += 1
-        if None in taken.values():  # a lane's input ended
+        if picked is None:  # a lane's input ended
             self._last = None
-            self._undelivered(taken)
+            self._undelivered(taken or {})
             return None
-        rows: Mapping[int, list[Element]] = taken  # type: ignore[assignment]  # (no None)
-        picked = [rows[l][i] for l, i in self._picks[size]]
-        run_rows = RunRows.of(picked)  # (rows of column-wise placements: made when read)
+        # Rows of column-wise placements: made when read.
+        run_rows = picked if type(picked) is RunRows else RunRows.of(picked)
         self._last = Picks(self._pick_lanes[size], picked, run_rows)
         return list(map(_DATA, picked)) if run_rows is None else run_rows
+
+    def _take_step(self, size: int, per_lane: int) -> tuple[Any, dict[int, int] | None]:
+        """Each lane's take of its ``per_lane`` rows of the next step (of ``size`` rows):
+        this producer's rows of it (elements, or :class:`RunRows`), or, once a lane's
+        finite input ended, None and how many rows each lane took."""
+        picks = self._picks[size]
+        front = self._front_rows()
+        if front is not None:  # column-wise lanes: all together (see FrontRows)
+            return front.take(per_lane, picks)
+        taken = take_lanes(self.lanes, per_lane)
+        if None in taken.values():
+            return None, {l: len(elements or ()) for l, elements in taken.items()}
+        rows: Mapping[int, list[Element]] = taken  # type: ignore[assignment]  # (no None)
+        return [rows[l][i] for l, i in picks], None
+
+    def _front_rows(self) -> FrontRows | None:
+        """The takes of this producer's lanes where they are column-wise (made for the
+        lanes of now: a restore makes new ones), else None."""
+        if self.plan.columnar is None:
+            return None
+        lanes = self.lanes
+        front = self._front
+        if front is None or front.lanes is not lanes:
+            front = self._front = FrontRows(lanes)
+        return front
 
     def skip_rows(self) -> bool:
         """Passes over the next global batch: the lanes make their rows of it, which are
@@ -375,19 +401,20 @@ class RowProducer:
         self.step += 1
         self._last = None
         if any(elements is None for elements in taken.values()):
-            self._undelivered(taken)
+            self._undelivered({l: len(elements or ()) for l, elements in taken.items()})
             return False
         for l, lane in self.lanes.items():
             lane.tally.skipped(len(taken[l] or ()), len(lane.pending))
         return True
 
-    def _undelivered(self, taken: Mapping[int, Any]) -> None:
-        """The rows lanes took for a batch that could not be completed (a finite input
-        ended) are not delivered: their accounting passes over them."""
-        for l, elements in taken.items():
-            if elements:
+    def _undelivered(self, taken: Mapping[int, int]) -> None:
+        """The rows lanes took (``taken``: how many each) for a batch that could not be
+        completed (a finite input ended) are not delivered: their accounting passes over
+        them."""
+        for l, count in taken.items():
+            if count:
                 lane = self.lanes[l]
-                lane.tally.undelivered(len(elements), len(lane.pending))
+                lane.tally.undelivered(count, len(lane.pending))
 
     def last_picks(self) -> Picks | None:
         """``(lane, lineage)`` of each row of the last batch (None before the first)."""

@@ -68,7 +68,9 @@ class TokenRowRun:
     rows' lineages where they are known (a restore's rows). A lineage, once made by
     :meth:`lineages`, is kept and given out again."""
 
-    __slots__ = ("kind", "pieces", "block", "address", "width", "ends", "roots", "_lineages")
+    __slots__ = (
+        "kind", "pieces", "block", "address", "width", "ends", "roots", "_lineages", "_bounds"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class TokenRowRun:
         self.ends = ends
         self.roots = roots
         self._lineages = lineages  # made so far (None: none), or given
+        self._bounds: np.ndarray | None = None  # see bounds_address
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -104,6 +107,15 @@ class TokenRowRun:
             out.append(RunRow(self, i, start, stop))
             start = stop
         return out
+
+    def bounds_address(self) -> int:
+        """The address of the rows' bounds, an int64 array of 0 and :attr:`ends` (made
+        once, on the first call, and kept: see
+        :func:`~zephon_jax.core.compiled_kernels.row_bounds`)."""
+        bounds = self._bounds
+        if bounds is None:
+            bounds = self._bounds = np.array([0, *self.ends], np.int64)
+        return data_address(bounds)
 
     def row(self, begin: int, end: int) -> TokenRow:
         """The row of pieces ``[begin, end)``."""
@@ -180,27 +192,56 @@ _END = operator.attrgetter("end")
 
 
 class RunRows(Sequence[TokenRow]):
-    """The rows of a batch given as :class:`RunRow` elements, kept as their runs and
-    arrays of where they are in them (no object per row): each item a new
+    """The rows of a batch of column-wise lanes, kept as their runs and arrays of where
+    they are in them (no object per row): row ``r`` is row ``indices[r]`` of
+    ``runs[r]``, its pieces ``[begins[r], ends[r])`` of the run's. Each item a new
     :class:`~zephon_jax.operators.token_bins.TokenRow`, and, for the gather of
     :meth:`TokenRow.gather_batch <zephon_jax.operators.token_bins.TokenRow.gather_batch>`,
-    :meth:`one_kind` and :meth:`pieces` read from the runs in passes."""
+    :meth:`one_kind` and :meth:`pieces` read from the runs in passes. ``one_plan``: the
+    runs are all of one lane plan's (their ``kind`` is one object); ``addresses`` and
+    ``widths``: the runs' (None: read from the runs when needed)."""
 
-    __slots__ = ("runs", "indices", "begins", "ends")
+    __slots__ = ("runs", "indices", "begins", "ends", "one_plan", "addresses", "widths")
 
-    def __init__(self, elements: list[RunRow]):
-        n = len(elements)
-        self.runs: list[TokenRowRun] = list(map(_RUN, elements))
-        self.indices = np.fromiter(map(_INDEX, elements), np.int64, n)
-        self.begins = np.fromiter(map(_BEGIN, elements), np.int64, n)
-        self.ends = np.fromiter(map(_END, elements), np.int64, n)
+    def __init__(
+        self,
+        runs: list[TokenRowRun],
+        indices: np.ndarray,
+        begins: np.ndarray,
+        ends: np.ndarray,
+        one_plan: bool = False,
+        addresses: np.ndarray | None = None,
+        widths: np.ndarray | None = None,
+    ):
+        self.runs = runs
+        self.indices = indices
+        self.begins = begins
+        self.ends = ends
+        self.one_plan = one_plan
+        self.addresses = addresses
+        self.widths = widths
 
     @staticmethod
     def of(elements: list[Element]) -> RunRows | None:
         """The rows of ``elements`` where all are :class:`RunRow`, else None."""
-        if elements and set(map(type, elements)) == {RunRow}:
-            return RunRows(elements)  # type: ignore[arg-type]  # (all RunRow)
-        return None
+        if not elements or set(map(type, elements)) != {RunRow}:
+            return None
+        n = len(elements)
+        return RunRows(
+            list(map(_RUN, elements)),
+            np.fromiter(map(_INDEX, elements), np.int64, n),
+            np.fromiter(map(_BEGIN, elements), np.int64, n),
+            np.fromiter(map(_END, elements), np.int64, n),
+        )
+
+    def elements(self) -> list[RunRow]:
+        """The rows as :class:`RunRow` elements."""
+        return self._each(RunRow)
+
+    def _each(self, function: Callable[[TokenRowRun, int, int, int], Any]) -> list:
+        """``function(run, index, begin, end)`` of each row."""
+        lists = (self.indices.tolist(), self.begins.tolist(), self.ends.tolist())
+        return list(map(function, self.runs, *lists))
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -218,19 +259,13 @@ class RunRows(Sequence[TokenRow]):
 
     def lineages(self) -> list:
         """The rows' lineages, made now."""
-        return list(
-            map(
-                TokenRowRun.lineage_of,
-                self.runs,
-                self.indices.tolist(),
-                self.begins.tolist(),
-                self.ends.tolist(),
-            )
-        )
+        return self._each(TokenRowRun.lineage_of)
 
     def one_kind(self) -> bool:
         """Whether the rows have one spec, one set of token arrays and one
         ``to_training`` (the same objects)."""
+        if self.one_plan:
+            return True
         if len(set(map(id, map(_KIND, self.runs)))) == 1:  # (the common case: one plan's)
             return True
         kinds = {id(kind): kind for kind in map(_KIND, self.runs)}
@@ -241,8 +276,10 @@ class RunRows(Sequence[TokenRow]):
         lengths and (where there are several token arrays) leaves, and each row's end
         in it; by one kernel over the runs' arrays (compiled kernels only)."""
         runs, n = self.runs, len(self.runs)
-        addresses = np.fromiter(map(_ADDRESS, runs), np.int64, n)
-        widths = np.fromiter(map(_WIDTH, runs), np.int64, n)
+        addresses, widths = self.addresses, self.widths
+        if addresses is None or widths is None:
+            addresses = np.fromiter(map(_ADDRESS, runs), np.int64, n)
+            widths = np.fromiter(map(_WIDTH, runs), np.int64, n)
         ends = (self.ends - self.begins).cumsum()
         out = np.empty((runs[0].block.shape[0], int(ends[-1]) if n else 0), np.int64)
         kernels().collect_pieces(addresses, widths, self.begins, self.ends, out)

@@ -28,7 +28,8 @@ from zephon_jax.transforms.to_training import shifted
 ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
-           "draw_place", "gather", "collect_pieces", "span_runs", "span_addresses")  # fmt: skip
+           "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
+           "span_addresses")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -446,6 +447,28 @@ def test_collect_pieces_copies_each_rows_columns_from_its_own_array(kernels, row
     kernels.collect_pieces(addresses, widths, begins, ends, out)
     expected = [[104, 105, 5, 6], [107, 108, 10, 11], [110, 111, 15, 16]]
     assert out.tolist() == expected[:rows]
+
+
+def test_take_front_takes_from_lanes_with_the_rows_left_and_names_the_others(kernels):
+    """Lanes with ``n`` rows left in their first runs give their rows' places and owe
+    them; the others are named, and their rows' columns left as they were."""
+    first_bounds = np.array([0, 2, 5, 6, 9], np.int64)  # four rows
+    second_bounds = np.array([0, 4, 7], np.int64)  # two rows
+    table = np.zeros((ck.FRONT_TABLE, 3), np.int64)
+    table[:, 0] = (1, 3, 0, 0, 1000, 9, ck.data_address(first_bounds))  # rows 1..3 left
+    table[:, 1] = (1, 1, 2, 1, 2000, 7, ck.data_address(second_bounds))  # row 1 left
+    table[ck.LEFT, 2] = 0  # nothing noted
+    slots, offsets = np.array([1, 0, 2, 0, 2, 1], np.int64), np.array([0, 0, 0, 1, 1, 1])
+    out = np.full((5, 6), -1, np.int64)
+    slow = np.full(3, -1, np.int64)
+    count = kernels.take_front(2, table, slots, offsets.astype(np.int64), out, slow)
+    assert count == 2 and slow[:count].tolist() == [1, 2]
+    # Lane 0's rows 1 and 2 (pieces [2, 5) and [5, 6)); the other lanes' columns untouched.
+    assert out[:, 1].tolist() == [1, 2, 5, 1000, 9]
+    assert out[:, 3].tolist() == [2, 5, 6, 1000, 9]
+    assert (out[:, [0, 2, 4, 5]] == -1).all()
+    assert table[:4, 0].tolist() == [3, 1, 2, 1]  # next, left, owed rows, owed steps
+    assert table[:4, 1].tolist() == [1, 1, 2, 1] and table[ck.LEFT, 2] == 0
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])

@@ -50,6 +50,22 @@ def test_take_hands_out_rows_in_order_across_runs_of_both_kinds():
         pending.take(1)
 
 
+def test_drop_removes_rows_across_runs_and_front_names_the_first_left():
+    run = _run([7, 8, 9], [0, 5, 9], [2, 3, 1], [0, 1, 0], [1, 2, 3])
+    pending = PendingRows(_elements(2, "a"))
+    pending.extend(run)
+    pending.extend(_elements(1, "b"))
+    assert pending.front()[1] == 0
+    pending.drop(3)  # both elements, and the run's first row
+    assert len(pending) == 3 and pending.front() == (run, 1)
+    pending.drop(2)
+    assert pending.front()[1] == 0 and [e.lineage for e in pending] == [("b", 0)]
+    with pytest.raises(IndexError, match="drop\\(2\\) of 1 pending rows"):
+        pending.drop(2)
+    pending.drop(1)
+    assert len(pending) == 0 and pending.front() == (None, 0)
+
+
 def test_a_runs_lineages_are_kept_once_made_and_given_to_later_rows():
     """``lineages()`` (what a state saves) makes them once; rows taken after carry
     those same objects. A mixture run's lineages index the drawn roots of the placement."""
