@@ -18,8 +18,9 @@ new first runs are noted.
 The rows and steps taken that way are *owed* to the lanes: a lane takes them (from its
 ``PendingRows``, making nothing, and adds the steps) the first time anything reads its
 ``pending`` or ``step`` (see :meth:`~zephon_jax.engine.lane.Lane.pending`), so every other
-reader (states, the accounting, restores, a lane's own take) sees it exactly as if it
-had taken each step itself; its first run is then noted again at its next take.
+reader (the accounting, restores, a lane's own take) sees it exactly as if it had taken
+each step itself; its first run is then noted again at its next take. A snapshot (taken
+every batch where batches go to devices) reads what the lane owes without settling.
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ class FrontRows:
         after); forgets its first run."""
         self._runs[k] = None
         table = self._table
-        owed, steps = int(table[kc.OWED, k]), int(table[kc.OWED_STEPS, k])
-        table[:, k] = 0
+        owed, steps = self.owed(k)
+        table[kc.LEFT, k] = table[kc.OWED, k] = table[kc.OWED_STEPS, k] = 0  # (the rest: _note)
         self._order[k].take_owed(owed, steps)
+
+    def owed(self, k: int) -> tuple[int, int]:
+        """The rows and steps slot ``k``'s lane owes."""
+        table = self._table
+        return int(table[kc.OWED, k]), int(table[kc.OWED_STEPS, k])
 
     def _note(self, k: int) -> None:
         """Notes slot ``k``'s lane's first run, where it is a run of rows (a lane that

@@ -660,7 +660,10 @@ class Lane:
         them in full.
         """
         carries = tuple(map(save_lineages, self.plan.operators, self.carries))
-        pending = self.pending.lineages()
+        # What the lane owes its producer is read, not settled: a snapshot taken every
+        # batch leaves the producer taking its rows for it.
+        owed, steps = self._front.owed(self._slot) if self._owing else (0, 0)
+        pending = self._pending.lineages()[owed:]
         mixture = None if self.drawer is None else self.drawer.carry()
         return LaneSnapshot(
             LANE_FORMAT,
@@ -668,9 +671,9 @@ class Lane:
             self.input_done,
             carries,
             pending,
-            self.step,
+            self._step + steps,
             mixture,
-            self.tally.snapshot(len(self.pending)),
+            self.tally.snapshot(len(self._pending) - owed),
         )
 
     def get_state(self) -> bytes:
