@@ -155,6 +155,9 @@ class Lane:
     _front: Any = None
     _slot = 0
     _owing = False
+    # While owing: what its snapshots share, taken by the first (nothing else of the lane
+    # changes before it settles).
+    _unchanged: tuple | None = None
 
     def __init__(self, plan: LanePlan, lane: int):
         self.plan = plan
@@ -220,6 +223,7 @@ class Lane:
         this lane's place in it) take this lane's rows from now on, which the lane then
         owes until it settles (see :meth:`take_owed`)."""
         self._front, self._slot, self._owing = front, slot, True
+        self._unchanged = None  # (see snapshot)
 
     def take_owed(self, rows: int, steps: int) -> None:
         """Takes the ``rows`` rows its producer took for it over ``steps`` steps (its
@@ -659,18 +663,27 @@ class Lane:
         form here (see :func:`~zephon_jax.state.lane_format.plain_snapshot`); encoding writes
         them in full.
         """
-        carries = tuple(map(save_lineages, self.plan.operators, self.carries))
         # What the lane owes its producer is read, not settled: a snapshot taken every
-        # batch leaves the producer taking its rows for it.
-        owed, steps = self._front.owed(self._slot) if self._owing else (0, 0)
-        pending = self._pending.lineages()[owed:]
-        mixture = None if self.drawer is None else self.drawer.carry()
+        # batch leaves the producer taking its rows for it. Until it settles, nothing
+        # but what it owes changes, so its snapshots share the rest.
+        owing = self._owing
+        unchanged = self._unchanged if owing else None
+        if unchanged is None:
+            unchanged = (
+                tuple(map(save_lineages, self.plan.operators, self.carries)),
+                self._pending.lineages(),
+                None if self.drawer is None else self.drawer.carry(),
+            )
+            if owing:
+                self._unchanged = unchanged
+        carries, pending, mixture = unchanged
+        owed, steps = self._front.owed(self._slot) if owing else (0, 0)
         return LaneSnapshot(
             LANE_FORMAT,
             self.next_position,
             self.input_done,
             carries,
-            pending,
+            pending[owed:],
             self._step + steps,
             mixture,
             self.tally.snapshot(len(self._pending) - owed),
