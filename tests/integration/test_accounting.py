@@ -130,7 +130,8 @@ def test_accounting_is_summed_provenance(kind, processes):
 
 
 @pytest.mark.parametrize(
-    "kind", ["pack", "split", "stages", "ramp", "window", "unsplit", "columns", "records"]
+    "kind",
+    ["pack", "split", "stages", "tokens", "ramp", "window", "unsplit", "columns", "records"],
 )
 def test_accounting_counted_in_bulk_is_summed_provenance(kind, monkeypatch):
     # Lanes count their delivered rows in bulk; with a tiny bulk they count part-way
