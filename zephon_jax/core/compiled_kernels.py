@@ -24,6 +24,8 @@ emitted once full or at ``max_segments``. ``gather``: writes packed rows (or the
 fields a ``to_training`` fused into it makes of them) into the batch arrays.
 ``collect_pieces``: a batch's rows' pieces, from the arrays their placements emitted;
 ``take_front``: where those rows are in them, for all lanes taking from their first runs.
+``count_drawn`` and ``add_pieces``: the accounting's counters of delivered pieces
+(:mod:`zephon_jax.engine.accounting`).
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
 shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
@@ -37,7 +39,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from zephon_jax.core.lineage import piece_code
+from zephon_jax.core.lineage import decode_piece, piece_code
 
 # Stop codes of ``place``: done; grow ``out`` (and ``row_end``); grow the open rows.
 DONE, OUT_FULL, ROW_FULL = 0, 1, 2
@@ -675,6 +677,73 @@ def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_li
         state[RECORD] = record
         state[PIECE] = 0
         state[PLACING] = 1
+
+
+# The one decoding of piece codes (core.lineage), compiled for the kernels.
+_decode_piece = jit(decode_piece)
+
+
+@jit
+def add_pieces(counts, leaves, epochs, lengths, firsts):
+    """Adds pieces (each one's leaf, epoch, length and whether it starts its record) to
+    ``counts[leaf]`` = (tokens, segments, documents, highest epoch + 1), the accounting's
+    per-source counters (see :mod:`zephon_jax.engine.accounting`)."""
+    for p in range(leaves.shape[0]):
+        leaf = leaves[p]
+        counts[leaf, 0] += lengths[p]
+        counts[leaf, 1] += 1
+        if firsts[p]:
+            counts[leaf, 2] += 1
+        if epochs[p] + 1 > counts[leaf, 3]:
+            counts[leaf, 3] = epochs[p] + 1
+
+
+@jit
+def source_epochs(draws, lane, num_lanes, size):
+    """The epochs of ``draws`` (one or an array) of ``lane`` of ``num_lanes`` from a
+    source of ``size`` records (or sizes, one per draw): arithmetic alone, the shuffled
+    record is not needed."""
+    return (draws * num_lanes + lane) // size
+
+
+@jit
+def decode_codes(codes):
+    """Pieces given as codes (an index, or a :func:`~zephon_jax.core.lineage.piece_code`
+    of one) as ``(indices, firsts)``: the index each points to, and whether the piece
+    starts its record."""
+    n = codes.shape[0]
+    indices = np.empty(n, np.int64)
+    firsts = np.empty(n, np.bool_)
+    for p in range(n):
+        code = codes[p]
+        if code < 0:
+            indices[p], j = _decode_piece(code)
+            firsts[p] = j == 0
+        else:
+            indices[p] = code
+            firsts[p] = True
+    return indices, firsts
+
+
+@jit
+def count_drawn(counts, stages, codes, lengths, roots, roots_base, leaf_of, sizes, lane,
+                num_lanes):  # fmt: skip
+    """Counts pieces of a column-wise mixture lane whose components are all sources:
+    ``codes`` index the lane's draws (``roots[:, i - roots_base]``: position, component,
+    component draw; see :func:`decode_codes`), ``lengths`` their tokens. Adds to
+    ``counts`` (see :func:`add_pieces`; component ``k`` is leaf ``leaf_of[k]`` of
+    ``sizes[k]`` records) and to ``stages[k]``, the tokens of each component."""
+    indices, firsts = decode_codes(codes)
+    n = codes.shape[0]
+    leaves = np.empty(n, np.int64)
+    epochs = np.empty(n, np.int64)
+    for p in range(n):
+        at = indices[p] - roots_base
+        component = roots[1, at]
+        leaves[p] = leaf_of[component]
+        epochs[p] = source_epochs(roots[2, at], lane, num_lanes, sizes[component])
+        stages[component] += lengths[p]
+    add_pieces(counts, leaves, epochs, lengths, firsts)
 
 
 @jit

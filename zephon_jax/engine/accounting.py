@@ -28,7 +28,9 @@ log (no Python object per row, so rows held until they are counted give the
 garbage collector nothing to walk); rows leave its queue of finished rows in the
 order they were made, so all but the last ``len(pending)`` of the log are
 delivered. Nothing is done per batch. The
-lane counts the delivered ones, vectorized, when :data:`FOLD_ROWS` of them wait
+lane counts the delivered ones (in one compiled pass,
+:func:`~zephon_jax.core.compiled_kernels.count_drawn`, for a column-wise mixture of
+sources; vectorized otherwise) when :data:`FOLD_ROWS` of them wait
 (fewer with many lanes: :data:`HELD_ROWS` in all), when a mixture stage ends, and
 when a state is encoded (a snapshot, taken every batch, keeps a reference to the
 list and the number delivered, and counts only when encoded).
@@ -45,6 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core import lineage as lineage_forms
 from zephon_jax.core.lineage import Opaque, plain_lineage, root_key
 from zephon_jax.engine.provenance import row_pieces
@@ -342,25 +345,32 @@ class _Parts:
         record tokens where rows may be whole records) delivered in mixture stage
         ``stage``; ``roots``: a :class:`~zephon_jax.engine.drawn_roots.RootsView` of the
         draws the logged pieces' codes index (a column-wise mixture lane's), else None."""
-        counts = list(saved[1])
-        stages = list(saved[2])
+        counts = np.array(saved[1], np.int64).reshape(-1, LEAF_FIELDS)
+        stages = np.array(saved[2], np.int64)
         arrays = [block for block in blocks if type(block) is tuple and len(block[0])]
         if arrays:  # a column-wise lane's pieces
             codes = np.concatenate([block[0] for block in arrays])
             lengths = np.concatenate([block[1] for block in arrays])
-            indices, firsts = _decoded(codes)
-            if roots is None:
-                _add_pieces(counts, *self._leaf_epoch(indices), lengths, firsts)
+            if roots is not None and self.source_sizes is not None:  # one pass
+                k = self.components
+                kc.count_drawn(
+                    counts, stages[stage * k : (stage + 1) * k], codes, lengths, roots.array,
+                    roots.base, self.leaf_of, self.source_sizes, self.lane, self.plan.num_lanes,
+                )  # fmt: skip
             else:
-                drawn = roots.columns(indices)
-                self._add_drawn(counts, stages, stage, drawn[1], drawn[2], lengths, firsts)
+                indices, firsts = kc.decode_codes(codes)
+                if roots is None:
+                    kc.add_pieces(counts, *self._leaf_epoch(indices), lengths, firsts)
+                else:
+                    drawn = roots.columns(indices)
+                    self._add_drawn(counts, stages, stage, drawn[1], drawn[2], lengths, firsts)
         rows = list(chain.from_iterable(block for block in blocks if type(block) is list))
         if rows:
             self._add_rows(counts, stages, rows, tokens, stage)
-        return (saved[0], tuple(counts), tuple(stages))
+        return (saved[0], tuple(counts.ravel().tolist()), tuple(stages.tolist()))
 
     def _add_rows(
-        self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
+        self, counts: np.ndarray, stages: np.ndarray, rows: list, tokens: list | None, stage: int
     ) -> None:
         """Counts rows given by their lineages: vectorized where they are packed rows of
         a known form, else by walking each lineage (see :meth:`_add_traced`)."""
@@ -372,8 +382,8 @@ class _Parts:
         elif self.packed:
             found = _packed_codes(rows)
             if found is not None:
-                indices, firsts = _decoded(found[0])
-                _add_pieces(counts, *self._leaf_epoch(indices), found[1], firsts)
+                indices, firsts = kc.decode_codes(found[0])
+                kc.add_pieces(counts, *self._leaf_epoch(indices), found[1], firsts)
                 return
         self._add_traced(counts, stages, rows, tokens, stage)
 
@@ -384,8 +394,8 @@ class _Parts:
 
     def _add_drawn(
         self,
-        counts: list,
-        stages: list,
+        counts: np.ndarray,
+        stages: np.ndarray,
         stage: int,
         components: np.ndarray,
         subs: np.ndarray,
@@ -399,7 +409,7 @@ class _Parts:
         sizes, leaf_of = self.source_sizes, self.leaf_of
         if sizes is not None and leaf_of is not None:  # components all sources: one pass
             leaf = leaf_of[components]
-            epoch = _source_epochs(subs, self.lane, plan.num_lanes, sizes[components])
+            epoch = kc.source_epochs(subs, self.lane, plan.num_lanes, sizes[components])
         else:
             leaf = np.zeros(len(subs), np.int64)
             epoch = np.zeros(len(subs), np.int64)
@@ -408,14 +418,11 @@ class _Parts:
                 child = plan.mixture.children[k]
                 leaf[at], epoch[at] = _leaf_epoch(child, self.lane, subs[at], plan.num_lanes)
                 leaf[at] += self.bases[k]
-        _add_pieces(counts, leaf, epoch, lengths, firsts)
-        base = stage * self.components
-        tokens_of = np.bincount(components, weights=lengths, minlength=self.components)
-        for k, t in enumerate(tokens_of.astype(np.int64).tolist()):
-            stages[base + k] += t
+        kc.add_pieces(counts, leaf, epoch, lengths, firsts)
+        np.add.at(stages, stage * self.components + components, lengths)
 
     def _add_traced(
-        self, counts: list, stages: list, rows: list, tokens: list | None, stage: int
+        self, counts: np.ndarray, stages: np.ndarray, rows: list, tokens: list | None, stage: int
     ) -> None:
         """Counts rows by walking each one's lineage to its records, as provenance does."""
         plan = self.plan
@@ -435,12 +442,12 @@ class _Parts:
                     n = stop - (start or 0)
                 else:
                     n = tokens[r] if alone and tokens is not None else 0
-                at = LEAF_FIELDS * leaf
-                counts[at] += n
-                counts[at + 1] += 1
+                figures = counts[leaf]
+                figures[0] += n
+                figures[1] += 1
                 if not start and not piece.output:  # starts at its record's first token
-                    counts[at + 2] += 1
-                counts[at + 3] = max(counts[at + 3], epoch + 1)
+                    figures[2] += 1
+                figures[3] = max(figures[3], epoch + 1)
                 if component_of is not None:
                     stages[base + component_of[leaf]] += n
 
@@ -480,54 +487,14 @@ def take_rows(blocks: list, n: int) -> tuple[list, list]:
     return first, []
 
 
-def _decoded(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pieces given as codes (an index, or a :func:`~zephon_jax.core.lineage.piece_code`
-    of one) as ``(indices, firsts)``: the index each points to and whether the piece
-    starts its record."""
-    pieces = codes < 0
-    coded, js = lineage_forms.decode_piece(codes)
-    return np.where(pieces, coded, codes), ~pieces | (js == 0)
-
-
 def _leaf_epoch(node: Any, lane: int, draws: np.ndarray, num_lanes: int) -> tuple:
     """The leaf and epoch of ``draws`` of sampler ``node``: for a source, its epochs by
     arithmetic alone (the shuffled record is not needed); else resolved."""
     if isinstance(node, SourceNode):
-        return np.zeros(len(draws), np.int64), _source_epochs(draws, lane, num_lanes, node.size)
+        return np.zeros(len(draws), np.int64), kc.source_epochs(draws, lane, num_lanes, node.size)
     unique, where = np.unique(draws, return_inverse=True)
     res = resolve(node, lane, unique, num_lanes)
     return res.leaf[where], res.epoch[where]
-
-
-def _source_epochs(draws: np.ndarray, lane: int, num_lanes: int, size: Any) -> np.ndarray:
-    """The epochs of ``draws`` of ``lane`` from a source of ``size`` records (or sizes,
-    one per draw): by arithmetic alone (the shuffled record is not needed)."""
-    return (draws * num_lanes + lane) // size
-
-
-def _add_pieces(
-    counts: list, leaf: np.ndarray, epoch: np.ndarray, lengths: np.ndarray, firsts: np.ndarray
-) -> None:
-    """Adds pieces (their leaf, epoch, length and whether each starts its record) to the
-    per-source ``counts``, vectorized."""
-    if not len(leaf):
-        return
-    n = len(counts) // LEAF_FIELDS
-    if n == 1:
-        figures = [(int(lengths.sum()), len(leaf), int(firsts.sum()), int(epoch.max()) + 1)]
-    else:
-        tokens = np.bincount(leaf, weights=lengths, minlength=n).astype(np.int64)
-        segments = np.bincount(leaf, minlength=n)
-        documents = np.bincount(leaf[firsts], minlength=n)
-        epochs = np.zeros(n, np.int64)
-        np.maximum.at(epochs, leaf, epoch + 1)
-        figures = list(zip(tokens.tolist(), segments.tolist(), documents.tolist(), epochs.tolist()))
-    for i, (t, g, d, e) in enumerate(figures):
-        at = LEAF_FIELDS * i
-        counts[at] += t
-        counts[at + 1] += g
-        counts[at + 2] += d
-        counts[at + 3] = max(counts[at + 3], e)
 
 
 def _mixture_roots(rows: list) -> tuple | None:

@@ -564,7 +564,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
         lane.without_row = int(state[kc.WITHOUT_ROW])
         # (Not while the kernel is placing a draw's pieces: that draw may have none held.)
         if roots.size >= max(kept_at, roots.limit) and not state[kc.PLACING]:
-            _prune_roots(lane, cut)
+            _prune_roots(lane, cut, kept_at)
         if stop == kc.ROWS_MADE:
             return
         component = int(state[kc.COMPONENT])
@@ -582,7 +582,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             sub = int(drawer.next_sub[component]) - 1
             tokens = int(ahead.tokens[component, sub - int(ahead.first[component])])
             drawer.raise_too_long(component, sub, tokens)
-        elif stop == kc.DRAWN_FULL:
+        elif stop == kc.DRAWN_FULL and roots.size == roots.array.shape[1]:
             roots.grow()
         elif stop == kc.OUT_FULL:
             log.grow_out(carry.piece_array.shape[2] + 1)  # a row's pieces at most, and 1
@@ -613,6 +613,9 @@ def _logged_rows(
 # the uncounted rows).
 _ROOTS_KEPT = 512
 _ROOTS_ALL_LANES = 1 << 19
+# A pass leaves room for the draws until the next pass and this many more: the pass
+# comes after the kernel returns, which may draw a take's documents past the bound first.
+_ROOTS_MARGIN = 64
 
 
 def roots_kept(num_lanes: int) -> int:
@@ -621,11 +624,12 @@ def roots_kept(num_lanes: int) -> int:
     return max(_ROOTS_KEPT, min(16 * _ROOTS_KEPT, _ROOTS_ALL_LANES // max(num_lanes, 1)))
 
 
-def _prune_roots(lane: Any, cut: int) -> None:
+def _prune_roots(lane: Any, cut: int, kept_at: int) -> None:
     """Keeps only the lane's drawn roots that a piece in its open rows or in the rows
     its accounting has not counted points to, renumbering those pieces' codes (see
-    :meth:`~zephon_jax.engine.drawn_roots.DrawnRoots.keep_only`); rows already made
-    keep the roots' array they were made with."""
+    :meth:`~zephon_jax.engine.drawn_roots.DrawnRoots.keep_only`), with room for the
+    draws until the next pass (at ``kept_at`` held, or twice those kept); rows
+    already made keep the roots' array they were made with."""
     carry = lane.carries[lane.plan.columnar.stage]
     tally = lane.tally
     roots = lane.drawn
@@ -635,7 +639,8 @@ def _prune_roots(lane: Any, cut: int) -> None:
     used = np.zeros(roots.size, np.bool_)
     used[(code_position(codes) if cut else codes) - base] = True
     rank = np.cumsum(used) - 1  # a kept draw's place among those kept
-    first = roots.keep_only(np.flatnonzero(used) + base)
+    kept = np.flatnonzero(used) + base
+    first = roots.keep_only(kept, max(kept_at, 2 * len(kept)) + _ROOTS_MARGIN)
 
     def recode(old: np.ndarray) -> np.ndarray:
         if not cut:

@@ -88,15 +88,16 @@ class DrawnRoots:
         """The draws at ``indices`` as tuples (see :meth:`RootsView.tuples`)."""
         return self.view().tuples(indices)
 
-    def keep_only(self, kept: np.ndarray) -> int:
+    def keep_only(self, kept: np.ndarray, capacity: int = 0) -> int:
         """Keeps only the draws at the sorted, distinct indices ``kept`` (each in
-        ``base .. end - 1``), in a new array, where they take the indices ``end -
-        len(kept)`` to ``end - 1`` in order (the next draw's index does not change);
-        returns the first of them. Whoever holds a kept draw's index must renumber it
-        (to ``first`` plus its place in ``kept``); views taken before keep their own
-        array. The next pass is due once twice as many are held."""
+        ``base .. end - 1``), in a new array with room for ``capacity`` draws (at
+        least twice as many as kept), where they take the indices ``end - len(kept)``
+        to ``end - 1`` in order (the next draw's index does not change); returns the
+        first of them. Whoever holds a kept draw's index must renumber it (to ``first``
+        plus its place in ``kept``); views taken before keep their own array. The next
+        pass is due once twice as many are held."""
         n = len(kept)
-        array = np.empty((3, max(_FIRST_CAPACITY, 2 * n)), np.int64)
+        array = np.empty((3, max(_FIRST_CAPACITY, 2 * n, capacity)), np.int64)
         array[:, :n] = self.array[:, kept - self.base]
         first = self.end - n
         self.array, self.size, self.base = array, n, first

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
-           "span_addresses")  # fmt: skip
+           "span_addresses", "add_pieces", "source_epochs", "decode_codes",
+           "count_drawn")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -469,6 +470,25 @@ def test_take_front_takes_from_lanes_with_the_rows_left_and_names_the_others(ker
     assert (out[:, [0, 2, 4, 5]] == -1).all()
     assert table[:4, 0].tolist() == [3, 1, 2, 1]  # next, left, owed rows, owed steps
     assert table[:4, 1].tolist() == [1, 1, 2, 1] and table[ck.LEFT, 2] == 0
+
+
+def test_count_drawn_counts_each_piece_by_its_draw_leaf_epoch_and_component(kernels):
+    """A mixture lane's logged pieces, coded by their draws' indices (whole, or piece
+    ``j`` of one), are counted by the draw's component (its leaf), epoch and length."""
+    roots = np.array([[50, 51, 52, 53], [0, 1, 0, 0], [4, 9, 7, 20]], np.int64)  # draws 10..13
+    whole_10, first_11, second_11, whole_13 = 10, ck.piece_code(11, 0), ck.piece_code(11, 1), 13
+    codes = np.array([whole_10, first_11, second_11, whole_13], np.int64)
+    lengths = np.array([5, 7, 3, 2], np.int64)
+    counts = np.zeros((3, 4), np.int64)
+    counts[0, 3] = 5  # leaf 0 already delivered epoch 4
+    stages = np.zeros(2, np.int64)
+    leaf_of, sizes = np.array([0, 2], np.int64), np.array([10, 3], np.int64)
+    kernels.count_drawn(counts, stages, codes, lengths, roots, 10, leaf_of, sizes, 1, 4)
+    # Epochs (sub * 4 + 1) // size: draw 10 -> 1, draw 11 -> 12, draw 13 -> 8.
+    assert counts.tolist() == [[7, 2, 2, 9], [0, 0, 0, 0], [10, 2, 1, 13]]
+    assert stages.tolist() == [7, 10]
+    indices, firsts = kernels.decode_codes(codes)
+    assert indices.tolist() == [10, 11, 11, 13] and firsts.tolist() == [True, True, False, True]
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])
