@@ -484,16 +484,17 @@ FRONT_TABLE = 7
 
 
 @jit
-def take_front(n, table, slots, offsets, out, slow):
-    """A step's take of ``n`` rows by every lane of ``table`` (above) with ``n`` rows left
-    in its first run, which then owes them: for each batch row ``r`` of such a lane, row
-    ``offsets[r]`` of lane ``slots[r]``'s take, ``out[:, r]`` is its row's index in the
-    run, the run's pieces ``[begin, end)`` it holds, and the run's pieces' address and
-    width (the other rows' columns are left as they are). Returns how many lanes lack
-    the rows there, their columns in ``slow[:count]``."""
+def take_front(n, table, lanes, slots, offsets, out, slow):
+    """A step's take of ``n`` rows by every lane of ``table`` (above) among columns
+    ``lanes`` with ``n`` rows left in its first run, which then owes them: for each batch
+    row ``r`` of such a lane, row ``offsets[r]`` of lane ``slots[r]``'s take (``slots``:
+    columns among ``lanes``), ``out[:, r]`` is its row's index in the run, the run's
+    pieces ``[begin, end)`` it holds, and the run's pieces' address and width (the other
+    rows' columns are left as they are). Returns how many of ``lanes`` lack the rows
+    there, their columns in ``slow[:count]``."""
     need = max(n, 1)
     count = 0
-    for k in range(table.shape[1]):
+    for k in lanes:
         if table[LEFT, k] < need:
             slow[count] = k
             count += 1
@@ -509,7 +510,7 @@ def take_front(n, table, slots, offsets, out, slow):
         out[2, r] = bounds[1]
         out[3, r] = table[ADDRESS, k]
         out[4, r] = table[WIDTH, k]
-    for k in range(table.shape[1]):
+    for k in lanes:
         if table[LEFT, k] >= need:
             table[NEXT, k] += n
             table[LEFT, k] -= n

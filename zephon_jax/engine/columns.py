@@ -82,7 +82,7 @@ class ColumnarPlan:
     # (-1: none), best fit, the pack's spec, the field and the to_training after pack
     # (None: none).
     arguments: tuple
-    # Whether a mixture by tokens or with stages draws the documents (see _take_drawn):
+    # Whether a mixture by tokens or with stages draws the documents (see _fill_drawn):
     # the kernel's codes are then indices of the lane's drawn roots.
     drawn: bool = False
     ahead: int = DOCUMENTS_AHEAD  # the document ids a lane resolves at a time
@@ -227,14 +227,19 @@ def _training_after(transforms: Sequence[Any], field: str) -> ToTrainingTransfor
 def take_columns(lane: Any, n: int) -> list | None:
     """:meth:`Lane._take <zephon_jax.engine.lane.Lane._take>` for a column-wise lane: the same
     blocks, read as document ids and placed by the kernel."""
-    pending = lane.pending
-    if len(pending) >= n:  # made ahead
-        return pending.take(n)
+    return lane.pending.take(n) if fill_columns(lane, n) else None
+
+
+def fill_columns(lane: Any, n: int) -> bool:
+    """Has a column-wise lane make rows, as its take of ``n`` rows would before taking
+    them, until it holds ``n``; False if its input ends first."""
+    if len(lane.pending) >= n:  # made ahead
+        return True
     if lane.drawer is not None:
-        return _take_drawn(lane, n)
+        return _fill_drawn(lane, n)
     read = functools.partial(_document_block, lane)
     place = functools.partial(_place, lane, lane.plan.columnar)
-    return pending.take(n) if fill_pending(lane, n, read, place) else None
+    return fill_pending(lane, n, read, place)
 
 
 def _document_block(lane: Any, size: int) -> tuple[tuple | None, int] | None:
@@ -253,29 +258,23 @@ def _document_block(lane: Any, size: int) -> tuple[tuple | None, int] | None:
 
 
 def take_column_lanes(lanes: dict[int, Any], n: int) -> dict:
-    """``{l: lane.take(n)}`` for column-wise ``lanes``: the document ids of the lanes
-    that must place a block are resolved together first (see
-    :func:`read_documents_ahead`), and lanes holding ``n`` finished rows hand them over
-    at once."""
-    taken: dict[int, list | None] = {}
-    needy, keys = [], []
-    for l, lane in lanes.items():  # (lanes are independent: the order of takes is free)
-        pending = lane.pending
-        if len(pending) >= n:
-            taken[l] = pending.take(n)
-            lane.step += 1
-        else:
-            taken[l] = None  # (its place in the order of lanes)
-            needy.append(lane)
-            keys.append(l)
+    """``{l: lane.take(n)}`` for column-wise ``lanes`` (see :func:`fill_column_lanes`)."""
+    fill_column_lanes(list(lanes.values()), n)
+    return {l: lane.take(n) for l, lane in lanes.items()}
+
+
+def fill_column_lanes(lanes: Sequence[Any], n: int) -> bool:
+    """:func:`fill_columns` of each of column-wise ``lanes`` (lanes are independent: the
+    order is free); the document ids of the lanes that must place a block are resolved
+    together first (see :func:`read_documents_ahead`). False if a lane's input ended
+    before it held ``n`` rows (the others hold theirs)."""
+    needy = [lane for lane in lanes if len(lane.pending) < n]
     if len(needy) > 1:
         open_rows_of_lanes(needy)
         if needy[0].drawer is not None:
             read_draws_ahead([lane.drawer for lane in needy])
         read_documents_ahead(needy, n)
-    for l, lane in zip(keys, needy):
-        taken[l] = lane.take(n)
-    return taken
+    return all([fill_columns(lane, n) for lane in needy])  # (a list: every lane fills)
 
 
 def read_documents_ahead(lanes: Sequence[Any], rows: int) -> None:
@@ -507,8 +506,8 @@ def _token_rows(
     return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, at)
 
 
-def _take_drawn(lane: Any, n: int) -> list | None:
-    """:func:`take_columns` where a mixture drawer draws the documents: one at a time and
+def _fill_drawn(lane: Any, n: int) -> bool:
+    """:func:`fill_columns` where a mixture drawer draws the documents: one at a time and
     placed at once, as the general path pushes each drawn record, until the lane holds
     :meth:`~zephon_jax.engine.lane.Lane.draw_target` rows (the draws depend on the
     step's stage: a take draws for the next steps of its stage too), by one kernel
@@ -517,9 +516,7 @@ def _take_drawn(lane: Any, n: int) -> list | None:
     pending = lane.pending
     if len(pending) < n and not lane.input_done:
         _draw_rows(lane, lane.draw_target(n) - len(pending))
-    if len(pending) < n:
-        return None
-    return pending.take(n)
+    return len(pending) >= n
 
 
 def _draw_rows(lane: Any, wanted: int) -> None:
@@ -582,11 +579,12 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             sub = int(drawer.next_sub[component]) - 1
             tokens = int(ahead.tokens[component, sub - int(ahead.first[component])])
             drawer.raise_too_long(component, sub, tokens)
-        elif stop == kc.DRAWN_FULL and roots.size == roots.array.shape[1]:
-            roots.grow()
+        elif stop == kc.DRAWN_FULL:
+            if roots.size == roots.array.shape[1]:  # (not where the pass above made room)
+                roots.grow()
         elif stop == kc.OUT_FULL:
             log.grow_out(carry.piece_array.shape[2] + 1)  # a row's pieces at most, and 1
-        else:
+        else:  # ROW_FULL
             carry.grow_rows()
 
 

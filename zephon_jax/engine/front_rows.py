@@ -32,7 +32,7 @@ import numpy as np
 
 from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
-from zephon_jax.engine.columns import take_column_lanes
+from zephon_jax.engine.columns import fill_column_lanes, take_column_lanes
 from zephon_jax.engine.token_rows import RunRow, RunRows, TokenRowRun
 
 __all__ = ["FrontRows"]
@@ -69,6 +69,7 @@ class FrontRows:
         # Per slot, see compiled_kernels.take_front (0 rows left where none is noted).
         self._table = np.zeros((kc.FRONT_TABLE, size), np.int64)
         self._slow = np.zeros(size, np.int64)
+        self._all = np.arange(size, dtype=np.int64)  # every slot
         self._picks: dict[int, _Picks] = {}
 
     def settle(self, k: int) -> None:
@@ -110,7 +111,10 @@ class FrontRows:
             chosen = _Picks([slot[l] for l, _ in picks], [i for _, i in picks])
             self._picks[id(picks)] = chosen
         out = np.empty((5, len(chosen.slots)), np.int64)
-        count = kernels().take_front(n, self._table, chosen.slots, chosen.offsets, out, self._slow)
+        take_front = kernels().take_front
+        count = take_front(n, self._table, self._all, chosen.slots, chosen.offsets, out, self._slow)
+        if count:
+            count = self._fill_and_take(n, chosen, count, out)
         runs = list(chosen.get(self._runs))
         rows = RunRows(runs, out[0], out[1], out[2], True, out[3], out[4])
         if not count:
@@ -125,6 +129,26 @@ class FrontRows:
             counts.update({l: len(elements or ()) for l, elements in taken.items()})
             return None, counts
         return self._with_slow(rows, chosen, slow, taken), None
+
+    def _fill_and_take(self, n: int, chosen: _Picks, count: int, out: np.ndarray) -> int:
+        """Has the ``count`` lanes that lacked ``n`` rows in their first runs make their
+        rows (as their takes would), notes their new first runs, and takes from those
+        (the rows into their columns of ``out``); returns how many still lack the rows
+        there (their columns in ``_slow``: a run ends within the take, or their first
+        item is not a run of rows) or, where a lane's input ended, all ``count``."""
+        slow = self._slow[:count].tolist()
+        if not fill_column_lanes([self._order[k] for k in slow], n):
+            return count
+        for k in slow:
+            self._note(k)
+        rows = [r for k in slow for r, _ in chosen.rows_of.get(k, ())]
+        again = np.empty((5, len(rows)), np.int64)
+        count = kernels().take_front(
+            n, self._table, np.array(slow, np.int64), chosen.slots[rows],
+            chosen.offsets[rows], again, self._slow,
+        )  # fmt: skip
+        out[:, rows] = again
+        return count
 
     def _with_slow(
         self, rows: RunRows, chosen: _Picks, slow: list[int], taken: dict[int, list | None]

@@ -462,7 +462,8 @@ def test_take_front_takes_from_lanes_with_the_rows_left_and_names_the_others(ker
     slots, offsets = np.array([1, 0, 2, 0, 2, 1], np.int64), np.array([0, 0, 0, 1, 1, 1])
     out = np.full((5, 6), -1, np.int64)
     slow = np.full(3, -1, np.int64)
-    count = kernels.take_front(2, table, slots, offsets.astype(np.int64), out, slow)
+    lanes = np.arange(3, dtype=np.int64)
+    count = kernels.take_front(2, table, lanes, slots, offsets.astype(np.int64), out, slow)
     assert count == 2 and slow[:count].tolist() == [1, 2]
     # Lane 0's rows 1 and 2 (pieces [2, 5) and [5, 6)); the other lanes' columns untouched.
     assert out[:, 1].tolist() == [1, 2, 5, 1000, 9]
@@ -470,6 +471,19 @@ def test_take_front_takes_from_lanes_with_the_rows_left_and_names_the_others(ker
     assert (out[:, [0, 2, 4, 5]] == -1).all()
     assert table[:4, 0].tolist() == [3, 1, 2, 1]  # next, left, owed rows, owed steps
     assert table[:4, 1].tolist() == [1, 1, 2, 1] and table[ck.LEFT, 2] == 0
+    # A second pass over lanes 1 and 2 alone, lane 1 noted with a new run: lane 0, which
+    # took already, is left as it is.
+    table[:, 1] = (0, 2, 0, 0, 3000, 7, ck.data_address(second_bounds))
+    picked = np.array([0, 2, 4, 5])
+    again = np.full((5, 4), -1, np.int64)
+    only = np.array([1, 2], np.int64)
+    count = kernels.take_front(
+        2, table, only, slots[picked], offsets[picked].astype(np.int64), again, slow
+    )
+    assert count == 1 and slow[0] == 2
+    assert again[:, 0].tolist() == [0, 0, 4, 3000, 7]
+    assert again[:, 3].tolist() == [1, 4, 7, 3000, 7] and (again[:, 1:3] == -1).all()
+    assert table[:4, 0].tolist() == [3, 1, 2, 1] and table[:4, 1].tolist() == [2, 0, 2, 1]
 
 
 def test_count_drawn_counts_each_piece_by_its_draw_leaf_epoch_and_component(kernels):
