@@ -597,6 +597,39 @@ def next_draw(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_lim
         return DONE, c, i
 
 
+_DRAWS_PREFETCHED = 24  # per component: ``prefetch_lane`` asks for that many draws ahead
+
+
+@jit
+def prefetch_lane(fill, count, pieces, slots, offsets, bases, out, row_end, drawn, state, next_sub,
+                  ahead_first, ahead_size, ahead_leaf, ahead_record, ahead_tokens):  # fmt: skip
+    """Asks for what a call of :func:`draw_place` (its arguments) reads and writes first,
+    all at once: a lane's state is cold since its last call (the batches in between
+    pushed it out of the caches), and one miss at a time costs a few microseconds a
+    call. The lane's open rows, the next draws read ahead of each component and their
+    documents' offsets, and where the emitted pieces, rows and draws go next."""
+    n_out, n_rows, n_drawn = state[OUT_AT], state[ROWS_AT], state[DRAWN_AT]
+    prefetch_values(pieces, 0, pieces.size)
+    prefetch_values(fill, 0, fill.size)
+    prefetch_values(count, 0, count.size)
+    prefetch_values(slots, 0, slots.size)
+    for c in range(ahead_first.shape[0]):
+        i = next_sub[c] - ahead_first[c]
+        m = min(ahead_size[c] - i, _DRAWS_PREFETCHED)
+        if i < 0 or m <= 0:
+            continue
+        prefetch_values(ahead_tokens, c * ahead_tokens.shape[1] + i, m)
+        for q in range(i, i + m):
+            leaf = ahead_leaf[c, q]
+            if leaf >= 0:
+                prefetch_values(offsets, bases[leaf] + ahead_record[c, q], 2)
+    for row in range(out.shape[0]):
+        prefetch_values(out, row * out.shape[1] + n_out, min(64, out.shape[1] - n_out))
+    prefetch_values(row_end, n_rows, min(16, row_end.shape[0] - n_rows))
+    for row in range(drawn.shape[0]):
+        prefetch_values(drawn, row * drawn.shape[1] + n_drawn, min(64, drawn.shape[1] - n_drawn))
+
+
 @jit
 def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_limit,
                max_tokens, ahead_first, ahead_size, ahead_leaf, ahead_record, ahead_tokens, excluded,
@@ -617,11 +650,10 @@ def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_li
     in drawn)``, those before included; ``state`` (see its indices above) says where to
     go on from, ``state[COMPONENT]`` which component a stop concerns.
     """
-    n_out = state[OUT_AT]
-    n_rows = state[ROWS_AT]
-    n_drawn = state[DRAWN_AT]
+    n_out, n_rows, n_drawn = state[OUT_AT], state[ROWS_AT], state[DRAWN_AT]
     rows_wanted += n_rows
-    prefetch_values(pieces, 0, pieces.size)  # (the lane's open rows, cold since its last call)
+    prefetch_lane(fill, count, pieces, slots, offsets, bases, out, row_end, drawn, state, next_sub,
+                  ahead_first, ahead_size, ahead_leaf, ahead_record, ahead_tokens)  # fmt: skip
     one_leaf = np.zeros(1, np.int64)
     one_record = np.zeros(1, np.int64)
     one_code = np.zeros(1, np.int64)
