@@ -560,10 +560,12 @@ ROWS_MADE, NEED_AHEAD, INPUT_END, NO_PROGRESS, DRY, DRAWN_FULL, TOO_LONG = 3, 4,
 # drawn-root index of the next draw, whether a document is being placed and its code,
 # leaf, record and next piece, whether a draw since the last row had tokens, the
 # component a stop concerns, and the pieces, rows and draws already in ``out``,
-# ``row_end`` and ``drawn`` (written after them).
+# ``row_end`` and ``drawn`` (written after them), and, once the rows are made, the
+# fewest draws read ahead and not drawn yet of a component with a weight and draws left
+# (see ahead_left).
 (POSITION, WITHOUT_ROW, NEXT_CODE, PLACING, CODE, LEAF, RECORD, PIECE, ANY_TOKENS,
- COMPONENT, OUT_AT, ROWS_AT, DRAWN_AT) = range(13)  # fmt: skip
-DRAW_STATE = 13  # the entries of ``draw_place``'s state
+ COMPONENT, OUT_AT, ROWS_AT, DRAWN_AT, AHEAD_LEFT) = range(14)  # fmt: skip
+DRAW_STATE = 14  # the entries of ``draw_place``'s state
 
 
 @jit
@@ -595,6 +597,22 @@ def next_draw(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_lim
             dry[c] = 0
             pay_credits(quanta, credits, next_sub, ends, c, n)
         return DONE, c, i
+
+
+@jit
+def ahead_left(quanta, next_sub, ends, ahead_first, ahead_size):
+    """The fewest draws read ahead and not drawn yet of a component with a weight and
+    draws left (those read ahead from its next draw on; 0 where its next draw is not
+    read ahead), or ``2**62`` where no component has both."""
+    least = np.int64(1) << 62
+    for j in range(quanta.shape[0]):
+        if quanta[j] == 0 or (ends[j] >= 0 and next_sub[j] >= ends[j]):
+            continue
+        left = ahead_first[j] + ahead_size[j] - next_sub[j]
+        if next_sub[j] < ahead_first[j] or left < 0:
+            left = 0
+        least = min(least, left)
+    return least
 
 
 _DRAWS_PREFETCHED = 24  # per component: ``prefetch_lane`` asks for that many draws ahead
@@ -677,6 +695,7 @@ def draw_place(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_li
             if state[WITHOUT_ROW] > limit:
                 return NO_PROGRESS, n_out, n_rows, n_drawn
         if n_rows >= rows_wanted:
+            state[AHEAD_LEFT] = ahead_left(quanta, next_sub, ends, ahead_first, ahead_size)
             return ROWS_MADE, n_out, n_rows, n_drawn
         if n_drawn == drawn.shape[1]:
             return DRAWN_FULL, n_out, n_rows, n_drawn

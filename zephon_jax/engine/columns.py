@@ -563,6 +563,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
         if roots.size >= max(kept_at, roots.limit) and not state[kc.PLACING]:
             _prune_roots(lane, cut, kept_at)
         if stop == kc.ROWS_MADE:
+            drawer.ahead_left = int(state[kc.AHEAD_LEFT])
             return
         component = int(state[kc.COMPONENT])
         if stop == kc.NEED_AHEAD:

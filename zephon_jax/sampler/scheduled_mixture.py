@@ -317,6 +317,9 @@ class MixtureDrawer:
         self._ahead: list[dict[int, _Entry]] = [{} for _ in range(k)]
         self.max_chunk = max_chunk(num_lanes)
         self.ids_ahead = IdsAhead(k, self.max_chunk) if ids is not None else None
+        # The fewest draws of a weighted component read ahead and not drawn yet, as of
+        # the last draws of the column-wise kernel (0: unknown; see read_draws_ahead).
+        self.ahead_left = 0
         self._chunk = [_FIRST_CHUNK] * k
         # Draws of each component in a row that gave no tokens (not state: a guard).
         self.dry = np.zeros(k, np.int64)
@@ -356,6 +359,7 @@ class MixtureDrawer:
             ahead.clear()
         if self.ids_ahead is not None:
             self.ids_ahead.clear()
+        self.ahead_left = 0
 
     # ----- drawing -------------------------------------------------------------------
     def draw(self, stage: int, position: int) -> Element | Any | None:
@@ -395,6 +399,7 @@ class MixtureDrawer:
         if stage != self.stage:
             self.stage = stage
             self.credits = np.zeros(len(self.credits), np.int64)
+            self.ahead_left = 0  # (other components may have weights now)
 
     def raise_too_long(self, component: int, sub: int, n: int) -> None:
         """Raises the error for draw ``sub`` of ``component`` counting ``n`` tokens, more
@@ -630,7 +635,9 @@ def read_draws_ahead(drawers: Sequence[MixtureDrawer]) -> None:
     one resolve per component and one ``ids`` call for all the drawers, not one per
     drawer and component. The same entries as reading them one drawer at a time; only
     what is read ahead changes, no draw and no state."""
-    drawers = [d for d in drawers if d._ids is not None]
+    # Only drawers whose last draws left fewer than the margin may read (a cheap test
+    # first, as of their last draws: reads and stages since only raise what is left).
+    drawers = [d for d in drawers if d._ids is not None and d.ahead_left < _DRAWS_MARGIN]
     if len(drawers) < 2:
         return
     first = drawers[0]

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
-           "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane",
+           "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left",
            "count_drawn")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
@@ -484,6 +484,24 @@ def test_take_front_takes_from_lanes_with_the_rows_left_and_names_the_others(ker
     assert again[:, 0].tolist() == [0, 0, 4, 3000, 7]
     assert again[:, 3].tolist() == [1, 4, 7, 3000, 7] and (again[:, 1:3] == -1).all()
     assert table[:4, 0].tolist() == [3, 1, 2, 1] and table[:4, 1].tolist() == [2, 0, 2, 1]
+
+
+def test_ahead_left_is_the_fewest_draws_read_ahead_of_a_weighted_component_with_draws_left(
+    kernels,
+):
+    """Components without a weight or past their end do not count; a next draw before
+    the read-ahead counts as none read."""
+    quanta = np.array([3, 0, 2, 5], np.int64)
+    ends = np.array([-1, -1, 7, 40], np.int64)
+    first, size = np.array([4, 0, 0, 20], np.int64), np.array([10, 0, 9, 16], np.int64)
+    next_sub = np.array([10, 5, 7, 30], np.int64)  # 0: 4 left; 1: no weight; 2: ended; 3: 6
+    assert kernels.ahead_left(quanta, next_sub, ends, first, size) == 4
+    next_sub[3] = 33  # 3 left of component 3
+    assert kernels.ahead_left(quanta, next_sub, ends, first, size) == 3
+    next_sub[0] = 2  # before component 0's read-ahead
+    assert kernels.ahead_left(quanta, next_sub, ends, first, size) == 0
+    quanta[:] = 0
+    assert kernels.ahead_left(quanta, next_sub, ends, first, size) == 1 << 62
 
 
 def test_count_drawn_counts_each_piece_by_its_draw_leaf_epoch_and_component(kernels):
