@@ -520,15 +520,21 @@ def take_front(n, table, lanes, slots, offsets, out, slow):
 
 
 @jit
+def drawable(quanta, next_sub, ends, j):
+    """Whether a mixture may draw component ``j``: it has a weight (``quanta[j] > 0``)
+    and draws left (``ends[j] < 0``: no end, else ``next_sub[j] < ends[j]``)."""
+    return quanta[j] != 0 and (ends[j] < 0 or next_sub[j] < ends[j])
+
+
+@jit
 def pick_component(quanta, credits, next_sub, ends, rotation):
     """A mixture's next component (see :mod:`~zephon_jax.sampler.scheduled_mixture`): of
-    those with a weight (``quanta[j] > 0``) and draws left (``ends[j] < 0``: no end, else
-    ``next_sub[j] < ends[j]``), the one with the largest credit, ties going to the first
-    at or after ``rotation``; -1 if none is left."""
+    those :func:`drawable`, the one with the largest credit, ties going to the first at
+    or after ``rotation``; -1 if none is left."""
     k = quanta.shape[0]
     best = -1
     for j in range(k):
-        if quanta[j] == 0 or (ends[j] >= 0 and next_sub[j] >= ends[j]):
+        if not drawable(quanta, next_sub, ends, j):
             continue
         if best < 0 or credits[j] > credits[best]:
             best = j
@@ -601,12 +607,12 @@ def next_draw(quanta, credits, next_sub, ends, rotation, by_tokens, dry, dry_lim
 
 @jit
 def ahead_left(quanta, next_sub, ends, ahead_first, ahead_size):
-    """The fewest draws read ahead and not drawn yet of a component with a weight and
-    draws left (those read ahead from its next draw on; 0 where its next draw is not
-    read ahead), or ``2**62`` where no component has both."""
+    """The fewest draws read ahead and not drawn yet of a :func:`drawable` component
+    (those read ahead from its next draw on; 0 where its next draw is not read ahead),
+    or ``2**62`` where none is drawable."""
     least = np.int64(1) << 62
     for j in range(quanta.shape[0]):
-        if quanta[j] == 0 or (ends[j] >= 0 and next_sub[j] >= ends[j]):
+        if not drawable(quanta, next_sub, ends, j):
             continue
         left = ahead_first[j] + ahead_size[j] - next_sub[j]
         if next_sub[j] < ahead_first[j] or left < 0:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "place_piece",
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
-           "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left",
+           "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left", "drawable",
            "count_drawn")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
