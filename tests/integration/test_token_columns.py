@@ -669,7 +669,7 @@ def test_drawn_roots_are_dropped_once_no_open_or_uncounted_row_holds_them(monkey
     it = iter(zj.Loader(ds))
     got = take(it, 40)
     lane = it._producer.lanes[0]
-    columns._prune_roots(lane, 48, 16)  # (between takes: no draw is being placed)
+    columns._prune_roots(lane, 16)  # (between takes: no draw is being placed)
     carry = lane.carries[lane.plan.columnar.stage]
     held = np.concatenate((carry.held_codes()[0], lane.tally.logged_codes()))
     assert lane.drawn.base > 100 and len(lane.drawn) == len(np.unique(code_position(held)))

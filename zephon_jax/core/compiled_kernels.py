@@ -784,6 +784,51 @@ def decode_codes(codes):
 
 
 @jit
+def _drawn_index(code):
+    """The index of the draw a piece's code points to (an index, or a
+    :func:`~zephon_jax.core.lineage.piece_code` of one)."""
+    return _decode_piece(code)[0] if code < 0 else code
+
+
+@jit
+def kept_draws(pieces, count, logged, base, size):
+    """Which of a lane's draws ``base .. base + size - 1`` are still pointed to: by a
+    held piece (the first ``count[i]`` codes of open row ``i``, ``pieces[0, i]``) or by
+    a logged piece (``logged``, codes). Returns ``(kept, rank)``: the kept draws'
+    indices in order, and each draw's place among them (-1: not kept)."""
+    rank = np.full(size, -1, np.int64)
+    for i in range(count.shape[0]):
+        for m in range(count[i]):
+            rank[_drawn_index(pieces[0, i, m]) - base] = 0
+    for p in range(logged.shape[0]):
+        rank[_drawn_index(logged[p]) - base] = 0
+    kept = np.empty(size, np.int64)
+    n = 0
+    for d in range(size):
+        if rank[d] == 0:
+            rank[d] = n
+            kept[n] = base + d
+            n += 1
+    return kept[:n], rank
+
+
+@jit
+def recode_draws(codes, rank, base, first):
+    """``codes`` (indices of draws, or piece codes of them) renumbered after a lane kept
+    only some draws (see :func:`kept_draws`): draw ``i`` becomes ``first + rank[i -
+    base]``, a piece keeping its number; a new array."""
+    out = np.empty(codes.shape[0], np.int64)
+    for p in range(codes.shape[0]):
+        code = codes[p]
+        if code < 0:
+            at, j = _decode_piece(code)
+            out[p] = _piece_code(first + rank[at - base], j)
+        else:
+            out[p] = first + rank[code - base]
+    return out
+
+
+@jit
 def count_drawn(counts, stages, codes, lengths, roots, roots_base, leaf_of, sizes, lane,
                 num_lanes):  # fmt: skip
     """Counts pieces of a column-wise mixture lane whose components are all sources:

@@ -35,10 +35,7 @@ from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
     MAX_PIECE,
-    code_position,
-    decode_piece,
     parents_of,
-    piece_code,
     recipe_of,
 )
 from zephon_jax.engine.blocks import fill_pending
@@ -495,15 +492,12 @@ def _place_spans(
         lane.deepest = max(lane.deepest, stage if any_tokens else 0)
 
 
-def _token_rows(
-    columns: ColumnarPlan, pieces: np.ndarray, ends: list, roots: DrawnRoots | None = None
-) -> TokenRowRun:
+def _token_rows(columns: ColumnarPlan, pieces: np.ndarray, ends: list) -> TokenRowRun:
     """The rows the placement emitted, as one run: their pieces as an int64 array of four
     rows (codes, starts, lengths, leaves), which nothing writes to afterwards, and each
-    row's end in it; with ``roots`` (a mixture lane's draws), the codes index its draws
-    as of now, else they are the pieces' lineages."""
-    at = None if roots is None else (roots.array, roots.base, columns.cut)
-    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, at)
+    row's end in it; the codes are the pieces' lineages (a mixture lane's index its
+    draws: see :func:`_logged_rows`)."""
+    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, None)
 
 
 def _fill_drawn(lane: Any, n: int) -> bool:
@@ -561,7 +555,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
         lane.without_row = int(state[kc.WITHOUT_ROW])
         # (Not while the kernel is placing a draw's pieces: that draw may have none held.)
         if roots.size >= max(kept_at, roots.limit) and not state[kc.PLACING]:
-            _prune_roots(lane, cut, kept_at)
+            _prune_roots(lane, kept_at)
         if stop == kc.ROWS_MADE:
             drawer.ahead_left = int(state[kc.AHEAD_LEFT])
             return
@@ -589,19 +583,30 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             carry.grow_rows()
 
 
+_NO_PIECES = np.zeros(1, np.int64)
+
+
 def _logged_rows(
     columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
 ) -> TokenRowRun:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
-    and ``log.rows`` rows (see :func:`_token_rows`); the log then holds them."""
+    and ``log.rows`` rows, as one run (see :func:`_token_rows`) whose codes index the
+    lane's draws as of now (``roots``); the log then holds them."""
     size, rows = log.size, log.rows
     pieces = log.out[:, size:n_out].copy()  # (the log is recoded by copying, never in place)
-    if n_rows == rows + 1:  # the common case: one row, all the new pieces
-        ends = [n_out - size]
+    if rows:  # (the log's pieces are its rows': the last row before ended at ``size``)
+        bounds = log.row_end[rows - 1 : n_rows] - size
     else:
-        ends = (log.row_end[rows:n_rows] - size).tolist()
+        bounds = np.concatenate((_NO_PIECES, log.row_end[:n_rows]))
     log.size, log.rows = n_out, n_rows
-    return _token_rows(columns, pieces, ends, roots)
+    return TokenRowRun(
+        columns.row_kind,
+        pieces,
+        columns.reader.several,
+        None,
+        (roots.array, roots.base, columns.cut),
+        bounds=bounds,
+    )
 
 
 # Drawn roots a lane holds before it keeps only those its open rows or its
@@ -623,29 +628,25 @@ def roots_kept(num_lanes: int) -> int:
     return max(_ROOTS_KEPT, min(16 * _ROOTS_KEPT, _ROOTS_ALL_LANES // max(num_lanes, 1)))
 
 
-def _prune_roots(lane: Any, cut: int, kept_at: int) -> None:
+def _prune_roots(lane: Any, kept_at: int) -> None:
     """Keeps only the lane's drawn roots that a piece in its open rows or in the rows
     its accounting has not counted points to, renumbering those pieces' codes (see
-    :meth:`~zephon_jax.engine.drawn_roots.DrawnRoots.keep_only`), with room for the
-    draws until the next pass (at ``kept_at`` held, or twice those kept); rows
-    already made keep the roots' array they were made with."""
+    :meth:`~zephon_jax.engine.drawn_roots.DrawnRoots.keep_only`, and the kernels
+    :func:`~zephon_jax.core.compiled_kernels.kept_draws` and
+    :func:`~zephon_jax.core.compiled_kernels.recode_draws`), with room for the draws
+    until the next pass (at ``kept_at`` held, or twice those kept); rows already made
+    keep the roots' array they were made with."""
     carry = lane.carries[lane.plan.columnar.stage]
     tally = lane.tally
     roots = lane.drawn
     base = roots.base
-    held, _ = carry.held_codes()
-    codes = np.concatenate((held, tally.logged_codes()))
-    used = np.zeros(roots.size, np.bool_)
-    used[(code_position(codes) if cut else codes) - base] = True
-    rank = np.cumsum(used) - 1  # a kept draw's place among those kept
-    kept = np.flatnonzero(used) + base
+    kept, rank = kc.kept_draws(
+        carry.piece_array, carry.count, tally.logged_codes(), base, roots.size
+    )
     first = roots.keep_only(kept, max(kept_at, 2 * len(kept)) + _ROOTS_MARGIN)
 
-    def recode(old: np.ndarray) -> np.ndarray:
-        if not cut:
-            return first + rank[old - base]
-        at, j = decode_piece(old)
-        return piece_code(first + rank[at - base], j)
+    def recode(codes: np.ndarray) -> np.ndarray:
+        return kc.recode_draws(codes, rank, base, first)
 
     carry.recode(recode)
     tally.recode_logged(recode)

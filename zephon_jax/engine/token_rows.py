@@ -65,11 +65,12 @@ class TokenRowRun:
     of starts, lengths and (with ``several`` token arrays) leaves. ``roots``: ``(array,
     base, cut)`` of the drawn roots the codes index (a mixture lane's, as of the
     placement), or None where the codes are the pieces' lineages. ``lineages``: the
-    rows' lineages where they are known (a restore's rows). A lineage, once made by
-    :meth:`lineages`, is kept and given out again."""
+    rows' lineages where they are known (a restore's rows). ``bounds``: ``0`` and the
+    ends as an int64 array, which may be given instead of ``ends`` (``None``). A
+    lineage, once made by :meth:`lineages`, is kept and given out again."""
 
     __slots__ = (
-        "kind", "pieces", "block", "address", "width", "ends", "roots", "_lineages", "_bounds"
+        "kind", "pieces", "block", "address", "width", "_ends", "roots", "_lineages", "_bounds"
     )  # fmt: skip
 
     def __init__(
@@ -77,9 +78,10 @@ class TokenRowRun:
         kind: tuple,
         pieces: np.ndarray,
         several: bool,
-        ends: list[int],
+        ends: list[int] | None,
         roots: Any,
         lineages: list | None = None,
+        bounds: np.ndarray | None = None,
     ):
         pieces = np.ascontiguousarray(pieces)  # (as collect_pieces reads it)
         self.kind = kind
@@ -87,13 +89,23 @@ class TokenRowRun:
         self.block = pieces[1:] if several else pieces[1:3]
         self.address = data_address(pieces) if pieces.size else 0
         self.width = pieces.shape[1]
-        self.ends = ends
+        self._ends = ends  # (None: made from bounds when asked for)
         self.roots = roots
         self._lineages = lineages  # made so far (None: none), or given
-        self._bounds: np.ndarray | None = None  # see bounds_address
+        self._bounds = bounds  # (None: made from ends when asked for, see bounds_address)
+
+    @property
+    def ends(self) -> list[int]:
+        """Each row's end in :attr:`pieces` (given, or made once from the bounds)."""
+        ends = self._ends
+        if ends is None:
+            assert self._bounds is not None
+            ends = self._ends = self._bounds[1:].tolist()
+        return ends
 
     def __len__(self) -> int:
-        return len(self.ends)
+        ends = self._ends
+        return len(self._bounds) - 1 if ends is None else len(ends)  # type: ignore[arg-type]
 
     def elements(self, begin: int, end: int) -> list[Element]:
         """Elements of rows ``[begin, end)``."""
@@ -109,8 +121,8 @@ class TokenRowRun:
         return out
 
     def bounds_address(self) -> int:
-        """The address of the rows' bounds, an int64 array of 0 and :attr:`ends` (made
-        once, on the first call, and kept: see
+        """The address of the rows' bounds, an int64 array of 0 and :attr:`ends` (given,
+        or made once, on the first call, and kept: see
         :func:`~zephon_jax.core.compiled_kernels.row_bounds`)."""
         bounds = self._bounds
         if bounds is None:

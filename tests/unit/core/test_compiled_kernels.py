@@ -30,7 +30,7 @@ KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "pl
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
            "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left", "drawable",
-           "count_drawn")  # fmt: skip
+           "count_drawn", "kept_draws", "recode_draws", "_drawn_index")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -521,6 +521,25 @@ def test_count_drawn_counts_each_piece_by_its_draw_leaf_epoch_and_component(kern
     assert stages.tolist() == [7, 10]
     indices, firsts = kernels.decode_codes(codes)
     assert indices.tolist() == [10, 11, 11, 13] and firsts.tolist() == [True, True, False, True]
+
+
+def test_kept_draws_are_those_a_held_or_logged_piece_points_to_renumbered_in_order(kernels):
+    """A lane's draws 10..15: open row 0 holds a piece of draw 13 (and a stale code past
+    its count), row 1 draw 11 whole; the log holds piece 2 of draw 13 and draw 15. Those
+    three draws are kept, in order, and the codes pointing to them are renumbered from
+    ``first`` (pieces keep their numbers)."""
+    pieces = np.zeros((4, 2, 3), np.int64)
+    pieces[0, 0, :2] = [ck.piece_code(13, 0), 10]  # (10 is past row 0's count)
+    pieces[0, 1, 0] = 11
+    count = np.array([1, 1], np.int64)
+    logged = np.array([ck.piece_code(13, 2), 15], np.int64)
+    kept, rank = kernels.kept_draws(pieces, count, logged, 10, 6)
+    assert kept.tolist() == [11, 13, 15]
+    assert rank.tolist() == [-1, 0, -1, 1, -1, 2]
+    codes = np.array([15, ck.piece_code(13, 2), 11, ck.piece_code(13, 0)], np.int64)
+    recoded = kernels.recode_draws(codes, rank, 10, 40)
+    assert recoded.tolist() == [42, ck.piece_code(41, 2), 40, ck.piece_code(41, 0)]
+    assert codes.tolist()[0] == 15  # (a new array)
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])
