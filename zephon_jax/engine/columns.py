@@ -549,7 +549,7 @@ def _draw_rows(lane: Any, wanted: int) -> None:
         lane.next_position = int(state[kc.POSITION])
         if n_rows > log.rows:
             made = n_rows - log.rows
-            rows = _logged_rows(columns, carry, log, n_out, n_rows, roots)
+            rows = _logged_rows(columns, log, n_out, n_rows, roots)
             lane.row_reached(rows, logged=True)
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
@@ -583,11 +583,11 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             carry.grow_rows()
 
 
-_NO_PIECES = np.zeros(1, np.int64)
+_FIRST_BOUND = np.zeros(1, np.int64)  # a run's first row starts at its first piece
 
 
 def _logged_rows(
-    columns: ColumnarPlan, carry: TokenBins, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
+    columns: ColumnarPlan, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
 ) -> TokenRowRun:
     """The rows the kernel just wrote into ``log`` after its first ``log.size`` pieces
     and ``log.rows`` rows, as one run (see :func:`_token_rows`) whose codes index the
@@ -597,7 +597,7 @@ def _logged_rows(
     if rows:  # (the log's pieces are its rows': the last row before ended at ``size``)
         bounds = log.row_end[rows - 1 : n_rows] - size
     else:
-        bounds = np.concatenate((_NO_PIECES, log.row_end[:n_rows]))
+        bounds = np.concatenate((_FIRST_BOUND, log.row_end[:n_rows] - size))
     log.size, log.rows = n_out, n_rows
     return TokenRowRun(
         columns.row_kind,
