@@ -143,6 +143,54 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, sig):
     assert final["bad"] == 3 and final["docs"] == len(texts)
 
 
+DYING_TOKENIZER = """
+import os
+import signal
+
+def encode(text):
+    flag = os.environ["DIE_ONCE_FLAG"]
+    if text.startswith("doc 21 ") and os.path.exists(flag):
+        os.remove(flag)
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+    return [ord(c) for c in text]
+"""
+
+
+def test_a_dead_worker_fails_clearly_and_a_rerun_is_identical(tmp_path):
+    """A tokenizing worker killed mid-job (SIGKILL, as by the out-of-memory killer): the
+    job ends at once with an error that says so and keeps what was committed (it used to
+    wait forever for the dead worker's chunk); the same command rerun finishes a store
+    identical to an uninterrupted run's."""
+    inputs, texts = write_inputs(tmp_path)
+    (tmp_path / "dyingtok.py").write_text(DYING_TOKENIZER)
+    flag = tmp_path / "die-once"
+    flag.touch()
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "zephon_jax.tools.cli", "prepare", *inputs, "-o", str(out)]
+    cmd += ["--tokenizer", "dyingtok:encode", "--to", "both", "--chunk-records", "3"]
+    cmd += ["--commit-every", "1", "--workers", "2"]
+    path = str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, PYTHONPATH=path, DIE_ONCE_FLAG=str(flag))
+    died = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert died.returncode == 1, died.stderr
+    error = died.stderr.strip().splitlines()[-1]
+    assert "a tokenizing worker process died" in error
+    assert "rerun the same command" in error
+    assert not flag.exists()
+    committed = json.loads((out / "prepare.json").read_text())["committed"]["docs"]
+    assert 0 < committed < len(texts)
+    assert len(TokenStore(out, allow_partial=True)) == committed
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "resuming" in again.stderr
+    a = store_docs(out)
+    assert len(a) == len(texts)
+    for doc, text in zip(a, texts):
+        np.testing.assert_array_equal(doc.astype(np.int64), [ord(c) for c in text])
+    assert len(ArrayRecordTokens(out)) == len(texts)
+
+
 @pytest.mark.parametrize("to", ["store", "both"])
 def test_disk_full_fails_clearly_and_a_rerun_with_room_is_identical(tmp_path, to):
     """`prepare` onto a real filesystem that fills up (a 900 KB tmpfs; mounted as root, or

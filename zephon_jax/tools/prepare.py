@@ -347,7 +347,25 @@ def worker_args(opts: PrepareOptions) -> tuple[str | None, str, str, int | None]
 
 def _init_worker(tokenizer: str | None, text_field: str, dtype: str, eos_id: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    _exit_with_parent()
     _setup_worker(tokenizer, text_field, dtype, eos_id)
+
+
+def _exit_with_parent() -> None:
+    """Ends this pool worker as soon as its parent process dies (killed by SIGKILL, say);
+    otherwise it would wait for work forever, holding the parent's output pipes open."""
+    import multiprocessing
+    import threading
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os.kill(os.getpid(), signal.SIGKILL)  # nobody is left to report to
+
+    threading.Thread(target=watch, name="zephon-jax-parent-watch", daemon=True).start()
 
 
 def _setup_worker(tokenizer: str | None, text_field: str, dtype: str, eos_id: int | None) -> None:
@@ -856,7 +874,7 @@ def _run(opts: PrepareOptions, stream: TextIO | None, inputs: list[InputFile]) -
         raise
     finally:
         if pool is not None:
-            pool.terminate()
+            _stop_pool(pool)
         job.progress.done()
     if stop.requested:
         raise PrepareInterrupted(
@@ -885,8 +903,21 @@ def _start_pool(workers: int, args: tuple[str | None, str, str, int | None]) -> 
         _setup_worker(*args)
         return None
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    return multiprocessing.get_context(pool_start_method()).Pool(workers, _init_worker, args)
+    context = multiprocessing.get_context(pool_start_method())
+    return ProcessPoolExecutor(workers, context, initializer=_init_worker, initargs=args)
+
+
+def _stop_pool(pool: Any) -> None:
+    """Stops the tokenizing pool: chunks not started are cancelled, the ones a worker has
+    started finish, then every worker exits by itself.
+
+    No worker is killed: a worker killed while it sends a result holds the result pipe's
+    lock forever, and stopping the pool then waits for that lock forever (as
+    ``multiprocessing.Pool.terminate`` can, after an error or a stop request leaves
+    chunks in flight)."""
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 #: Modules whose native threads make forking this process unsafe: a child forked while
@@ -907,22 +938,36 @@ def _tokenized(
 ) -> Iterator[tuple[Chunk, tuple[list[np.ndarray], list[BadRecord], int]]]:
     """``(chunk, process_chunk(chunk))`` in input order, tokenized by ``pool`` (at most
     ``2 * workers + 2`` chunks in flight) or in this process; stops before the next chunk
-    once a stop is requested."""
+    once a stop is requested. PrepareError when a worker of the pool died."""
+    if pool is None:
+        while not stop.requested and (chunk := next(chunks, None)) is not None:
+            yield chunk, process_chunk(chunk)
+        return
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        yield from _pooled(chunks, pool, 2 * workers + 2, stop)
+    except BrokenProcessPool as e:
+        raise PrepareError(
+            "a tokenizing worker process died (killed by a signal, out of memory, or a crash "
+            "in the tokenizer); the documents committed before it are kept. Find what killed "
+            "it (`dmesg` shows the out-of-memory killer), or use fewer --workers or smaller "
+            "--chunk-records, then rerun the same command: it resumes after the last commit"
+        ) from e
+
+
+def _pooled(
+    chunks: Iterator[Chunk], pool: Any, limit: int, stop: _StopRequests
+) -> Iterator[tuple[Chunk, tuple[list[np.ndarray], list[BadRecord], int]]]:
+    """:func:`_tokenized` by ``pool``, with at most ``limit`` chunks in flight."""
     in_flight: deque = deque()
     while not stop.requested:
-        while pool is not None and len(in_flight) < 2 * workers + 2:
-            chunk = next(chunks, None)
-            if chunk is None:
-                break
-            in_flight.append((chunk, pool.apply_async(process_chunk, (chunk,))))
-        if pool is None:
-            chunk = next(chunks, None)
-            if chunk is not None:
-                in_flight.append((chunk, None))
+        while len(in_flight) < limit and (chunk := next(chunks, None)) is not None:
+            in_flight.append((chunk, pool.submit(process_chunk, chunk)))
         if not in_flight:
             return
-        chunk, result = in_flight.popleft()
-        yield chunk, (result.get() if result is not None else process_chunk(chunk))
+        chunk, future = in_flight.popleft()
+        yield chunk, future.result()
 
 
 class _Job:
