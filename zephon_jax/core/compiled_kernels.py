@@ -26,6 +26,8 @@ fields a ``to_training`` fused into it makes of them) into the batch arrays.
 ``take_front``: where those rows are in them, for all lanes taking from their first runs.
 ``count_drawn`` and ``add_pieces``: the accounting's counters of delivered pieces
 (:mod:`zephon_jax.engine.accounting`).
+``draw_pieces``: reads a run of a mixture lane's record pointers from a state's
+bytes (:mod:`zephon_jax.state.codec`).
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
 shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
@@ -847,6 +849,64 @@ def count_drawn(counts, stages, codes, lengths, roots, roots_base, leaf_of, size
         epochs[p] = source_epochs(roots[2, at], lane, num_lanes, sizes[component])
         stages[component] += lengths[p]
     add_pieces(counts, leaves, epochs, lengths, firsts)
+
+
+@jit
+def draw_pieces(data, pos, prefix, int_tag, out):
+    """Reads draw pieces ``(((a, b, c),), d)`` of the state codec
+    (:mod:`zephon_jax.state.codec`; the bulk of a mixture lane's record pointers) one
+    after another from ``data`` (uint8) at ``pos``, into the rows of ``out`` (k by 4):
+    each is ``prefix`` (its three tuples' headers), then four items of tag ``int_tag``
+    and a zigzag varint. Stops at the first that is not one (or whose varint is longer
+    than 8 bytes, or runs past the end of ``data``: the codec decodes it in general) or
+    when ``out`` is full. Returns ``(k, the position after the k-th)``. (Interpreted,
+    ``data`` and ``prefix`` may be ``bytes``: faster there than arrays.)"""
+    size = len(data)
+    m = len(prefix)
+    k = 0
+    while k < out.shape[0]:
+        p = _after_prefix(data, pos, prefix, m, size)
+        j = 0
+        while p >= 0 and j < 4:
+            if p + 1 >= size or data[p] != int_tag:
+                p = -1
+                break
+            p, z = _varint(data, p + 1, size)
+            if p >= 0:
+                out[k, j] = -((z + 1) >> 1) if z & 1 else z >> 1
+            j += 1
+        if p < 0:
+            break
+        pos = p
+        k += 1
+    return k, pos
+
+
+@jit
+def _after_prefix(data, pos, prefix, m, size):
+    """The position after ``prefix`` (``m`` bytes) at ``pos`` in ``data``; -1 if it is not there."""
+    if pos + m > size:
+        return -1
+    for i in range(m):
+        if data[pos + i] != prefix[i]:
+            return -1
+    return pos + m
+
+
+@jit
+def _varint(data, p, size):
+    """``(the position after, value)`` of the varint of at most 8 bytes at ``p``;
+    ``(-1, 0)`` if it is longer or runs past ``size``."""
+    z = np.int64(0)
+    shift = 0
+    while p < size and shift < 56:
+        byte = np.int64(data[p])
+        z |= (byte & 0x7F) << shift
+        p += 1
+        if byte < 0x80:
+            return p, z
+        shift += 7
+    return -1, np.int64(0)
 
 
 @jit

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_jax.core import compiled_kernels as ck
 from zephon_jax.core.lineage import Opaque, piece
 from zephon_jax.errors import StateError
 
@@ -199,26 +200,24 @@ _ONE_PARENT = bytes((_TUPLE, 2, _TUPLE, 1, _INT))
 _DRAW_PIECE = bytes((_TUPLE, 2, _TUPLE, 1, _TUPLE, 3))
 
 
-def _draw_piece(data: bytes, pos: int) -> tuple[tuple, int] | None:
-    """The ``(((a, b, c),), d)`` at ``pos`` (which starts with ``_DRAW_PIECE``) and the
-    position after it, its four ints read inline; None if one of them is not an int
-    (then the general decoding reads it, from ``pos``)."""
-    pos += len(_DRAW_PIECE)
-    ints = []
-    for _ in range(4):
-        if data[pos] != _INT:
-            return None
-        z = data[pos + 1]
-        if z < 0x80:
-            pos += 2
-        elif data[pos + 2] < 0x80:
-            z = (z & 0x7F) | (data[pos + 2] << 7)
-            pos += 3
-        else:
-            z, pos = _uint(data, pos + 1)
-        ints.append(-((z + 1) >> 1) if z & 1 else z >> 1)
-    a, b, c, d = ints
-    return (((a, b, c),), d), pos
+_DRAW_PIECE_ARRAY = np.frombuffer(_DRAW_PIECE, np.uint8)
+_DRAW_PIECE_MIN = len(_DRAW_PIECE) + 4 * 2  # its bytes at the least: four one-byte ints
+
+
+def _draw_pieces(data: bytes, pos: int, most: int, items: list) -> tuple[int, int]:
+    """Appends to ``items`` the draw pieces ``(((a, b, c),), d)`` that follow one another
+    from ``pos`` (which starts with ``_DRAW_PIECE``), at most ``most``, read by the kernel
+    :func:`~zephon_jax.core.compiled_kernels.draw_pieces`; returns how many and the
+    position after them (0 and ``pos`` if the first is not one with four small ints:
+    the general decoding reads it)."""
+    most = min(most, (len(data) - pos) // _DRAW_PIECE_MIN)  # (a tampered count is not sized)
+    out = np.empty((most, 4), np.int64)
+    if ck.COMPILED:
+        k, pos = ck.draw_pieces(np.frombuffer(data, np.uint8), pos, _DRAW_PIECE_ARRAY, _INT, out)
+    else:
+        k, pos = ck.draw_pieces(data, pos, _DRAW_PIECE, _INT, out)
+    items.extend([(((a, b, c),), d) for a, b, c, d in out[:k].tolist()])
+    return k, pos
 
 
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
@@ -227,7 +226,9 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
     each."""
     items: list = []
     append = items.append
-    for _ in range(n):
+    left = n
+    while left:
+        left -= 1
         tag = data[pos]
         if tag == _INT:
             z = data[pos + 1]
@@ -244,10 +245,9 @@ def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
                     append(piece(parent, recipe))
                     continue
             elif data.startswith(_DRAW_PIECE, pos):
-                found = _draw_piece(data, pos)
-                if found is not None:  # else decoded in general below
-                    append(found[0])
-                    pos = found[1]
+                k, pos = _draw_pieces(data, pos, left + 1, items)
+                if k:  # else decoded in general below
+                    left -= k - 1
                     continue
             inner, pos = _items(data, pos + 2, data[pos + 1])
             append(tuple(inner))

@@ -30,7 +30,8 @@ KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "pl
            "cut_piece", "place", "mix64", "pick_component", "pay_credits", "next_draw",
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
            "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left", "drawable",
-           "count_drawn", "kept_draws", "recode_draws", "_drawn_index")  # fmt: skip
+           "count_drawn", "kept_draws", "recode_draws", "_drawn_index", "draw_pieces",
+           "_after_prefix", "_varint")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -540,6 +541,32 @@ def test_kept_draws_are_those_a_held_or_logged_piece_points_to_renumbered_in_ord
     recoded = kernels.recode_draws(codes, rank, 10, 40)
     assert recoded.tolist() == [42, ck.piece_code(41, 2), 40, ck.piece_code(41, 0)]
     assert codes.tolist()[0] == 15  # (a new array)
+
+
+def test_draw_pieces_reads_the_codec_s_draw_pieces_until_one_is_not(kernels):
+    """Three ``(((a, b, c),), d)`` as the state codec writes them (a negative int, a
+    two-byte varint, an eight-byte one), then one whose varint is nine bytes long: the
+    kernel reads the three and stops before the fourth, which the codec decodes in
+    general. The same bytes cut anywhere: it stops before the piece cut. ``out`` full:
+    it stops there."""
+    from zephon_jax.state import codec
+
+    values = [(((1, 0, 300),), -2), (((7, 1, 2**55 - 1),), 0), (((-(2**40), 5, 6),), 9)]
+    last = (((2**60, 0, 1),), 0)
+    data = codec.encode((*values, last))
+    ends = np.cumsum([2] + [len(codec.encode(v)) for v in values]).tolist()  # 2: the header
+    prefix = np.frombuffer(codec._DRAW_PIECE, np.uint8)
+    out = np.zeros((8, 4), np.int64)
+    k, pos = kernels.draw_pieces(np.frombuffer(data, np.uint8), 2, prefix, codec._INT, out)
+    assert (k, pos) == (3, ends[3])
+    assert [(((a, b, c),), d) for a, b, c, d in out[:k].tolist()] == values
+    assert codec._value(data, pos)[0] == last
+    for cut in range(2, len(data)):
+        k, at = kernels.draw_pieces(np.frombuffer(data[:cut], np.uint8), 2, prefix, 3, out)
+        assert k == sum(end <= cut for end in ends[1:]) and at == ends[k]
+    k, at = kernels.draw_pieces(np.frombuffer(data, np.uint8), 2, prefix, 3, out[:2])
+    assert (k, at) == (2, ends[2])
+    assert codec.decode(data) == (*values, last)
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])
