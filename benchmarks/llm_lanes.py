@@ -66,10 +66,15 @@ def setup(store_dir: str, num_docs: int) -> None:
     documented.write_stores([docs, uniform], store_dir)
 
 
+def loader(store_dir: str, lanes: int) -> zj.Loader:
+    """The pipeline over the stores in ``store_dir`` with ``lanes`` lanes, as a loader."""
+    stores = [TokenStore(p) for p in _paths(store_dir)]
+    return zj.Loader(documented.llm_zephon(stores, SEQ_LEN, BATCH, num_lanes=lanes))
+
+
 def probe(store_dir: str, lanes: int, warmup: int, batches: int) -> dict:
     """One run in this process (see the module docstring)."""
-    stores = [TokenStore(p) for p in _paths(store_dir)]
-    it = iter(zj.Loader(documented.llm_zephon(stores, SEQ_LEN, BATCH, num_lanes=lanes)))
+    it = iter(loader(store_dir, lanes))
     batch = None
     for _ in range(warmup):
         batch = next(it)  # (held, as in the timed loop: one batch alive at each sample)

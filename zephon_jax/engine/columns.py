@@ -266,11 +266,14 @@ def fill_column_lanes(lanes: Sequence[Any], n: int) -> bool:
     together first (see :func:`read_documents_ahead`). False if a lane's input ended
     before it held ``n`` rows (the others hold theirs)."""
     needy = [lane for lane in lanes if len(lane.pending) < n]
+    drawn = bool(needy) and needy[0].drawer is not None
     if len(needy) > 1:
         open_rows_of_lanes(needy)
-        if needy[0].drawer is not None:
+        if drawn:
             read_draws_ahead([lane.drawer for lane in needy])
         read_documents_ahead(needy, n)
+    if drawn:
+        return _fill_drawn_lanes(needy, n)
     return all([fill_columns(lane, n) for lane in needy])  # (a list: every lane fills)
 
 
@@ -507,20 +510,37 @@ def _fill_drawn(lane: Any, n: int) -> bool:
     step's stage: a take draws for the next steps of its stage too), by one kernel
     (:func:`~zephon_jax.core.compiled_kernels.draw_place`) that returns only to read
     draws ahead, grow an array or stop."""
-    pending = lane.pending
-    if len(pending) < n and not lane.input_done:
-        _draw_rows(lane, lane.draw_target(n) - len(pending))
-    return len(pending) >= n
+    return _fill_drawn_lanes([lane], n)
 
 
-def _draw_rows(lane: Any, wanted: int) -> None:
-    """Draws and places documents until the lane has made ``wanted`` more rows or its
-    input ends."""
+def _fill_drawn_lanes(lanes: Sequence[Any], n: int) -> bool:
+    """:func:`_fill_drawn` of each of ``lanes`` (mixture lanes of one plan), in order; what
+    a step's draws share is looked up once: the rows a take draws for and the stage are
+    functions of the step (see :meth:`~zephon_jax.engine.lane.Lane.draw_target`), which
+    lanes taking together share. False if a lane's input ended before it held ``n``
+    rows (the others hold theirs)."""
+    by_step: dict[int, tuple[int, int]] = {}
+    filled = True
+    for lane in lanes:
+        pending = lane.pending
+        if len(pending) < n and not lane.input_done:
+            step = lane.step
+            drawing = by_step.get(step)
+            if drawing is None:
+                stage = lane.drawer.node.stages.index_at(step)
+                drawing = by_step[step] = (lane.draw_target(n), stage)
+            _draw_rows(lane, drawing[0] - len(pending), drawing[1])
+        filled = filled and len(pending) >= n
+    return filled
+
+
+def _draw_rows(lane: Any, wanted: int, stage: int) -> None:
+    """Draws and places documents in mixture ``stage`` (the stage of the lane's step)
+    until the lane has made ``wanted`` more rows or its input ends."""
     compiled = kernels()
     drawer = lane.drawer
     plan = lane.plan
     columns = plan.columnar
-    stage = drawer.node.stages.index_at(lane.step)
     drawer.enter_stage(stage)
     carry = _open_rows(lane, columns)  # (a restored lane adopts its open rows)
     reader = columns.reader
@@ -532,7 +552,6 @@ def _draw_rows(lane: Any, wanted: int) -> None:
     state[kc.WITHOUT_ROW] = lane.without_row
     state[kc.NEXT_CODE] = roots.end
     limit = plan.max_records_without_row
-    kept_at = roots_kept(plan.num_lanes)
     while True:
         # The rows go straight into the accounting's log (see zephon_jax.engine.accounting).
         log = lane.tally.emitted_log()
@@ -554,8 +573,10 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             wanted -= made
         lane.without_row = int(state[kc.WITHOUT_ROW])
         # (Not while the kernel is placing a draw's pieces: that draw may have none held.)
-        if roots.size >= max(kept_at, roots.limit) and not state[kc.PLACING]:
-            _prune_roots(lane, kept_at)
+        if roots.size >= roots.limit and not state[kc.PLACING]:
+            kept_at = roots_kept(plan.num_lanes)
+            if roots.size >= kept_at:
+                _prune_roots(lane, kept_at)
         if stop == kc.ROWS_MADE:
             drawer.ahead_left = int(state[kc.AHEAD_LEFT])
             return
@@ -583,9 +604,6 @@ def _draw_rows(lane: Any, wanted: int) -> None:
             carry.grow_rows()
 
 
-_FIRST_BOUND = np.zeros(1, np.int64)  # a run's first row starts at its first piece
-
-
 def _logged_rows(
     columns: ColumnarPlan, log: Any, n_out: int, n_rows: int, roots: DrawnRoots
 ) -> TokenRowRun:
@@ -597,7 +615,9 @@ def _logged_rows(
     if rows:  # (the log's pieces are its rows': the last row before ended at ``size``)
         bounds = log.row_end[rows - 1 : n_rows] - size
     else:
-        bounds = np.concatenate((_FIRST_BOUND, log.row_end[:n_rows] - size))
+        bounds = np.empty(n_rows + 1, np.int64)
+        bounds[0] = 0
+        np.subtract(log.row_end[:n_rows], size, out=bounds[1:])
     log.size, log.rows = n_out, n_rows
     return TokenRowRun(
         columns.row_kind,

@@ -111,6 +111,7 @@ class LanePlan:
         self.fused = [_fused_with_next(self, k) for k in range(self.num_operators)]
         self.max_ahead = max(64, min(_MAX_AHEAD, _MAX_AHEAD_ALL_LANES // self.num_lanes))
         self.min_block = min_block(self.num_lanes)  # (see zephon_jax.engine.blocks)
+        self.draw_ahead = draw_ahead(self.num_lanes)  # (a mixture lane's, ditto)
         # A lane that reads this many records without a row reaching the batch (all of
         # them dropped, by a filter or an operator that emits nothing) would likely wait
         # forever: 16x the sources (a filter may drop long runs), plus what operators hold.
@@ -493,9 +494,10 @@ class Lane:
 
     def row_reached(self, rows, logged: bool = False) -> None:
         if rows:
-            self.pending.extend(rows)
+            pending = self.pending
+            pending.extend(rows)
             # noted for the accounting, counted later (``logged``: see Tally.made_rows)
-            self.tally.made_rows(rows, len(self.pending), logged)
+            self.tally.made_rows(rows, len(pending), logged)
             self.without_row = 0
             self.deepest = -1
 
@@ -597,7 +599,7 @@ class Lane:
         plan = self.plan
         stage_end = self.drawer.node.stages.next_start(self.step)
         rows_at = plan.rows_per_lane_at if plan.fixed_rows is None else plan.fixed_rows
-        return draw_target(self.step, n, stage_end, rows_at, draw_ahead(plan.num_lanes))
+        return draw_target(self.step, n, stage_end, rows_at, plan.draw_ahead)
 
     def _next_block(self, size: int) -> tuple[list | None, int] | None:
         """The records at the next ``size`` positions (fewer where the input ends), less

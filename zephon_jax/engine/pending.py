@@ -63,11 +63,12 @@ class PendingRows:
     def extend(self, rows: Sequence[Element] | RowRun) -> None:
         """Appends ``rows``: elements (a list is kept as it is: do not change it) or a
         :class:`RowRun`."""
-        if len(rows):
-            if type(rows) is not list and not hasattr(rows, "elements"):
-                rows = list(rows)
+        if type(rows) is not list and not hasattr(rows, "elements"):
+            rows = list(rows)
+        n = len(rows)
+        if n:
             self._runs.append(rows)
-            self._size += len(rows)
+            self._size += n
 
     def take(self, n: int) -> list[Element]:
         """Removes the first ``n`` rows (``n <= len(self)``) and returns their elements."""

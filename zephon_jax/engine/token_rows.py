@@ -70,7 +70,8 @@ class TokenRowRun:
     lineage, once made by :meth:`lineages`, is kept and given out again."""
 
     __slots__ = (
-        "kind", "pieces", "block", "address", "width", "_ends", "roots", "_lineages", "_bounds"
+        "kind", "pieces", "block", "address", "width", "_ends", "roots", "_lineages", "_bounds",
+        "_rows",
     )  # fmt: skip
 
     def __init__(
@@ -93,6 +94,7 @@ class TokenRowRun:
         self.roots = roots
         self._lineages = lineages  # made so far (None: none), or given
         self._bounds = bounds  # (None: made from ends when asked for, see bounds_address)
+        self._rows = len(bounds) - 1 if ends is None else len(ends)  # type: ignore[arg-type]
 
     @property
     def ends(self) -> list[int]:
@@ -104,8 +106,7 @@ class TokenRowRun:
         return ends
 
     def __len__(self) -> int:
-        ends = self._ends
-        return len(self._bounds) - 1 if ends is None else len(ends)  # type: ignore[arg-type]
+        return self._rows
 
     def elements(self, begin: int, end: int) -> list[Element]:
         """Elements of rows ``[begin, end)``."""
