@@ -282,6 +282,15 @@ def data_address(array):
     return array.ctypes.data
 
 
+def warm_up() -> None:
+    """Sets up numba's compiler and its on-disk cache by loading the smallest kernel
+    (:func:`data_address`): about 0.7 s the first time in a process, whichever kernel
+    comes first; nothing where the kernels run interpreted. The fork server of the
+    loader's workers calls it (:mod:`zephon_jax.workers.server`)."""
+    if COMPILED:
+        data_address(np.zeros(1, np.int64))
+
+
 def _compile_tokens_at(numba: Any) -> None:
     """Teaches numba :func:`tokens_at`: the address cast to a pointer to ``like``'s
     dtype, viewed as an array of ``count`` values."""

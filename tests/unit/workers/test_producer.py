@@ -1,10 +1,14 @@
 """``WorkerRowProducer``: the in-process producer's batches and states from worker processes,
 states kept in the workers and fetched on demand, restores, the end of a finite input,
-a worker's error raised in the loader, argument checks and ``close``."""
+a worker's error raised in the loader, argument checks and ``close``; workers forked from a
+fork server that loaded the package, or spawned."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import sys
+from multiprocessing import forkserver
 
 import numpy as np
 import pytest
@@ -13,7 +17,13 @@ import zephon_jax as zj
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError, WorkerError
 from zephon_jax.state.global_state import make_state
-from zephon_jax.workers.producer import StateAt, WorkerRowProducer
+from zephon_jax.workers.producer import (
+    DEFAULT_START_METHOD,
+    SERVER_MODULE,
+    StateAt,
+    WorkerRowProducer,
+    worker_context,
+)
 
 RECORDS = [{"x": np.array([i, i * i], np.int32), "w": np.float32(i) / 4} for i in range(40)]
 # 4 lanes of 2 rows: lane l owns global rows 2l and 2l + 1.
@@ -38,7 +48,7 @@ def shm_names(prefix: str) -> list[str]:
 
 @pytest.fixture
 def make():
-    """Makes worker producers (2 workers, spawned); closes them after the test and checks
+    """Makes worker producers (2 workers, by the default start method); closes them after the test and checks
     that their processes ended and left no shared memory."""
     producers: list[WorkerRowProducer] = []
 
@@ -57,9 +67,10 @@ def make():
         assert not shm_names(producer._prefix)
 
 
-def test_batches_and_states_are_the_in_process_ones(make):
+@pytest.mark.parametrize("start_method", [DEFAULT_START_METHOD, "spawn"])
+def test_batches_and_states_are_the_in_process_ones(make, start_method):
     reference = RowProducer(ENDLESS, ROWS)
-    producer = make(prefetch=2)
+    producer = make(prefetch=2, start_method=start_method)
     assert producer.num_workers == 2 and producer.lane_ids == [0, 1, 2, 3]
     assert len(set(producer.worker_pids())) == 2
     assert producer.lane_states() == reference.lane_states()  # before the first batch
@@ -185,3 +196,35 @@ def test_close_ends_the_workers_and_later_calls_say_so(make):
         producer.restore(
             make_state(ENDLESS.fingerprint(), 0, RowProducer(ENDLESS, ROWS).lane_states())
         )
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_are_forked_from_a_server_that_loaded_the_package_and_numba(make):
+    assert DEFAULT_START_METHOD == "forkserver"  # Linux has a fork server
+    producer = make()
+    producer.next_batch()
+    servers = {_parent_pid(pid) for pid in producer.worker_pids()}
+    assert len(servers) == 1 and os.getpid() not in servers  # not this process's children
+    (server,) = servers
+    with open(f"/proc/{server}/maps") as maps:
+        mapped = maps.read()
+    assert "numba/_dispatcher" in mapped  # imported before the fork, by SERVER_MODULE
+
+
+def test_the_fork_server_keeps_the_modules_the_program_asked_it_to_load():
+    asked = list(forkserver._forkserver._preload_modules)
+    try:
+        mp.set_forkserver_preload(["json"])
+        worker_context("forkserver")
+        assert forkserver._forkserver._preload_modules == ["json", SERVER_MODULE]
+        worker_context("forkserver")  # asked once
+        assert forkserver._forkserver._preload_modules == ["json", SERVER_MODULE]
+        worker_context("spawn")
+        assert forkserver._forkserver._preload_modules == ["json", SERVER_MODULE]
+    finally:
+        mp.set_forkserver_preload(asked)
