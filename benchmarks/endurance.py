@@ -138,16 +138,30 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def child_pids() -> list[int]:
-    pid = os.getpid()
+def _children_of(pid: int) -> list[int]:
     children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # (it ended meanwhile)
+        return []
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 children += [int(c) for c in f.read().split()]
         except FileNotFoundError:
             pass
-    return sorted(children)
+    return children
+
+
+def child_pids() -> list[int]:
+    """This process's descendants: its children and theirs (loader workers forked from
+    the fork server are the server's children)."""
+    found, todo = [], _children_of(os.getpid())
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _children_of(pid)
+    return sorted(found)
 
 
 def shm_entries(prefix: str) -> int:
@@ -214,11 +228,17 @@ def run(args) -> dict:
     folders = {"numba_cache": numba_cache_folder(), "checkpoints": os.path.join(work, "ckpt")}
     prefix = f"zj{os.getpid():x}"  # the workers' segment names start with it
     if args.workers:
-        # multiprocessing's resource tracker is one process per interpreter, started on first
-        # use and kept until exit by design: start it before the baseline.
-        from multiprocessing import resource_tracker
+        # multiprocessing's resource tracker and the workers' fork server are one process
+        # each per interpreter, started on first use and kept until exit by design: start
+        # them before the baseline.
+        from multiprocessing import forkserver, resource_tracker
+
+        from zephon_jax.workers.producer import DEFAULT_START_METHOD, worker_context
 
         resource_tracker.ensure_running()
+        if DEFAULT_START_METHOD == "forkserver":
+            worker_context(DEFAULT_START_METHOD)  # (the server loads the package first)
+            forkserver.ensure_running()
     # Orbax and TensorStore keep threads and descriptors of their own from the first
     # manager on: make it before the baseline, so only the loader's are counted.
     manager = checkpoint_manager(folders["checkpoints"]) if args.checkpoint_every else None

@@ -188,9 +188,9 @@ class Worker:
         hint = ""
         if not self.ready:
             hint = (
-                " while starting (its traceback, if any, is printed above: a spawned worker "
-                "imports the main module again, so the script must be a file whose top-level "
-                "code is guarded by `if __name__ == '__main__':`)"
+                " while starting (its traceback, if any, is printed above: a worker, forked "
+                "from the fork server or spawned, imports the main module again, so the script "
+                "must be a file whose top-level code is guarded by `if __name__ == '__main__':`)"
             )
         return (
             f"{self.describe()} died unexpectedly{hint} ({how}) without reporting an error. "
