@@ -88,10 +88,11 @@ def worker_context(start_method: str) -> Any:
     With ``"forkserver"``, the process's fork server (started by Python the first time a
     worker starts, and kept until the process exits) also imports :data:`SERVER_MODULE`
     before it forks any worker: the workers then start with the package imported and
-    numba set up, in about 0.1 s instead of the 1-1.5 s a spawned interpreter takes to
-    import them (see :mod:`zephon_jax.workers.server`). Modules the program asked the
+    numba set up, without the 1-1.5 s a spawned interpreter spends on both (see
+    :mod:`zephon_jax.workers.server`). Modules the program asked the
     fork server to load are kept. A fork server already running (started by the
-    program before) is used as it is. Workers forked from it see the environment
+    program before) is used as it is. The server is started here, so that it loads while
+    the loader pickles the dataset. Workers forked from it see the environment
     variables the process had when the server started (its first workers); each
     worker takes the program's ``sys.path`` and current directory of when it starts,
     as a spawned one does."""
@@ -102,6 +103,7 @@ def worker_context(start_method: str) -> Any:
         asked = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", ()))
         if SERVER_MODULE not in asked:
             context.set_forkserver_preload([*asked, SERVER_MODULE])
+        forkserver.ensure_running()  # it loads while this process pickles the dataset
     return context
 
 

@@ -7,8 +7,8 @@ the server imports this module, and every worker of every loader of that process
 then forked from the server. Importing this module imports the worker's code (the
 package, numpy and numba: about 0.7 s) and loads one compiled kernel, which sets up
 numba's compiler and its on-disk cache (about 0.7 s more); a worker forked from the
-server starts with both done and loads only the kernels its pipeline runs (from the
-cache: about 0.1 s in all). The server imports neither jax nor the program's modules
+server starts with both done and loads only the kernels its pipeline runs, from the
+cache. The server imports neither jax nor the program's modules
 (a worker unpickles its dataset, importing what that needs, as a spawned one does).
 """
 
