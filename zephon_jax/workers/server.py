@@ -17,4 +17,7 @@ from __future__ import annotations
 from zephon_jax.core.compiled_kernels import warm_up
 from zephon_jax.workers import child  # noqa: F401  (the workers' code, imported once)
 
-warm_up()
+try:
+    warm_up()
+except Exception:  # noqa: BLE001  (a server that fails here could fork no worker at all)
+    pass  # each worker then sets numba up itself, and reports what fails as it would spawned
