@@ -6,8 +6,11 @@ import gc
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -645,3 +648,47 @@ def test_workers_ignore_a_zephon_jax_folder_in_the_cwd(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["(4,", "3)", zj.__file__]
+
+
+BREAK_WARM_UP = """
+from zephon_jax.core import compiled_kernels
+
+
+def fail():
+    raise RuntimeError("numba could not be set up here")
+
+
+compiled_kernels.warm_up = fail  # what the fork server's SERVER_MODULE calls next
+"""
+
+WITH_BROKEN_SERVER = """
+import multiprocessing as mp
+
+import numpy as np
+
+import zephon_jax as zj
+
+if __name__ == "__main__":
+    mp.set_forkserver_preload(["break_warm_up"])  # runs in the server before the package's
+    docs = [{"tokens": np.arange(i % 50 + 1, dtype=np.int32)} for i in range(300)]
+    ds = zj.Dataset.source(docs).shuffle(seed=0).split(16).pack(32).batch(8)
+    expected = [b["tokens"].tobytes() for b, _ in zip(zj.Loader(ds), range(6))]
+    got = [b["tokens"].tobytes() for b, _ in zip(zj.Loader(ds, num_workers=2), range(6))]
+    assert got == expected
+    print("same batches")
+"""
+
+
+def test_workers_start_where_the_fork_server_cannot_set_numba_up(tmp_path):
+    """A fork server whose set-up of numba raises still forks the workers (each sets numba
+    up itself): the batches are the in-process ones."""
+    (tmp_path / "break_warm_up.py").write_text(BREAK_WARM_UP)
+    program = tmp_path / "program.py"
+    program.write_text(WITH_BROKEN_SERVER)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
+    done = subprocess.run(
+        [sys.executable, str(program)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same batches" in done.stdout
