@@ -15,7 +15,7 @@ from zephon_jax.engine.provenance import rows_provenance
 from zephon_jax.engine.rows import RowProducer, encode_snapshots
 from zephon_jax.errors import PipelineError
 from zephon_jax.state.global_state import check_state, exclusion_of, lane_bytes, make_state
-from zephon_jax.workers.producer import StateAt, WorkerRowProducer
+from zephon_jax.workers.producer import StateAt, WorkerRowProducer, start_method_of
 
 
 def process_rows(global_batch_size: int, process_index: int, process_count: int) -> range:
@@ -58,6 +58,11 @@ class Loader:
     loader waits for it (its start, a batch, a state), or reads none of the loader's
     messages for that long while they fill its pipe, counts as hung: it is killed
     and :class:`~zephon_jax.errors.WorkerError` names it (``None``: wait forever).
+    ``worker_start_method`` chooses how workers start: ``None`` (the default) forks
+    them from a fork server that has loaded the package where the platform has one
+    (Linux, macOS), and spawns them elsewhere; ``"spawn"`` makes each a new
+    interpreter (slower to start; it reads the environment as it is then); see
+    :func:`~zephon_jax.workers.producer.worker_context`.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class Loader:
         num_workers: int = 0,
         worker_prefetch: int = 8,
         worker_timeout_s: float | None = 300.0,
+        worker_start_method: str | None = None,
         sharding: Any = None,
         device_prefetch: int = 2,
     ):
@@ -89,6 +95,7 @@ class Loader:
         self.num_workers = num_workers
         self.worker_prefetch = worker_prefetch
         self.worker_timeout_s = timeout_seconds(worker_timeout_s, "worker_timeout_s")
+        self.worker_start_method = start_method_of(worker_start_method)
         self.device_prefetch = device_prefetch
         self.sharding: Any = None  # a BatchSharding with sharding
         if sharding is None:
@@ -222,6 +229,7 @@ class Loader:
             self.rows_of_size,
             self.num_workers,
             self.worker_prefetch,
+            start_method=self.worker_start_method,
             agree_on_end=agree_on_end,
             timeout_s=self.worker_timeout_s,
         )

@@ -103,12 +103,37 @@ def shm_names(prefix: str) -> set[str]:
 # ----- determinism ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_workers, prefetch", [(1, 2), (2, 2), (2, 6)])
-def test_batches_and_states_identical_for_every_worker_count(reference, num_workers, prefetch):
-    loader = zj.Loader(packing_pipeline(), num_workers=num_workers, worker_prefetch=prefetch)
+@pytest.mark.parametrize(
+    "num_workers, prefetch, start_method", [(1, 2, None), (2, 2, None), (2, 6, "spawn")]
+)
+def test_batches_and_states_identical_for_every_worker_count(
+    reference, num_workers, prefetch, start_method
+):
+    loader = zj.Loader(
+        packing_pipeline(),
+        num_workers=num_workers,
+        worker_prefetch=prefetch,
+        worker_start_method=start_method,
+    )
+    assert loader.worker_start_method == (start_method or "forkserver")
     batches, states = run(loader, STEPS)
     assert_same_batches(batches, reference[0])
     assert_same_states(states, reference[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_workers_start_by_the_method_asked(start_method):
+    """Spawned workers are this process's children; forked ones the fork server's."""
+    it = iter(zj.Loader(packing_pipeline(), num_workers=1, worker_start_method=start_method))
+    try:
+        next(it)
+        (pid,) = it._producer.worker_pids()
+        with open(f"/proc/{pid}/status") as status:
+            ppid = next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+        assert (ppid == os.getpid()) == (start_method == "spawn")
+    finally:
+        it.close()
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm to list segments")

@@ -55,6 +55,7 @@ def test_process_rows_refuses_bad_topologies(size, index, count, match):
         ({"num_workers": True}, "num_workers must be an int >= 0"),
         ({"device_prefetch": -1}, "device_prefetch must be an int >= 0"),
         ({"worker_timeout_s": 0}, "worker_timeout_s needs a number of seconds > 0"),
+        ({"worker_start_method": "thread"}, r"worker_start_method must be one of \[.*'spawn'"),
         ({"process_index": 0, "process_count": 3}, "process_count=3 cannot hold"),
     ],
 )

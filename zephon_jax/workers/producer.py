@@ -82,6 +82,20 @@ class StateAt:
     index: int
 
 
+def start_method_of(name: str | None) -> str:
+    """The start method ``name`` (None: :data:`DEFAULT_START_METHOD`), checked against
+    the platform's; a PipelineError naming the choices otherwise."""
+    if name is None:
+        return DEFAULT_START_METHOD
+    methods = mp.get_all_start_methods()
+    if name not in methods:
+        raise PipelineError(
+            f"worker_start_method must be one of {methods} (this platform's) or None (the "
+            f"default, {DEFAULT_START_METHOD!r}); got {name!r}"
+        )
+    return name
+
+
 def worker_context(start_method: str) -> Any:
     """The multiprocessing context that starts the workers by ``start_method``.
 
@@ -169,7 +183,7 @@ class WorkerRowProducer:
         self.prefetch = prefetch
         # Arrays of dropped batches, written again (see OutputPool: never one still in use).
         self.pool = OutputPool()
-        self._ctx = worker_context(start_method)
+        self._ctx = worker_context(start_method_of(start_method))
         # One tracker for the parent and all workers (a forked child would start its own,
         # which would remove segments the parent still maps when that child exits).
         resource_tracker.ensure_running()
