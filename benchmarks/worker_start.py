@@ -34,19 +34,14 @@ def probe(method: str, loaders: int, workers: int, num_docs: int) -> None:
 
     import zephon_jax as zj
     from zephon_jax.sources import TokenArray
-    from zephon_jax.workers import producer
 
-    # The loader starts workers by the default method; this run's method instead.
-    defaults = list(producer.WorkerRowProducer.__init__.__defaults__ or ())
-    defaults[defaults.index(producer.DEFAULT_START_METHOD)] = method
-    producer.WorkerRowProducer.__init__.__defaults__ = tuple(defaults)
     tokens = TokenArray.from_documents(corpus_mod.make_lognormal_corpus(num_docs, seed=0))
     dataset = zephon_side.packing(tokens, 2048, 64)
     state = None
     seconds = []
     for _ in range(loaders):
         t0 = time.perf_counter()
-        iterator = iter(zj.Loader(dataset, num_workers=workers))
+        iterator = iter(zj.Loader(dataset, num_workers=workers, worker_start_method=method))
         if state is not None:
             iterator.set_state(state)
         next(iterator)
