@@ -8,12 +8,13 @@ interpreter, the lane counts taking turns round after round. A probe makes ``--w
 batches, times ``--batches`` more as they are, then wraps each function of :data:`PARTS`
 in a timer and makes ``--batches`` more. Prints, per lane count, the milliseconds a
 batch takes without the timers and with them, and each part's time a batch with what it
-calls (so parts nest: the draw call is within the lanes' draws), as the median and range
-over the runs, and the difference from the fewest lanes.
+calls (so parts nest, as their labels are indented: the draw call is within the lanes'
+draws), as the median and range over the runs, and the difference from the fewest lanes.
 
-A timer costs about half a microsecond a call, so the parts called once per drawing lane
-read a little high, and more so with more lanes; the batch times without timers are the
-figures to compare rates by (``llm_lanes.py`` gives them with memory). ``--setup``
+A timer costs about half a microsecond a call in a warm loop and more among many lanes'
+cold state (up to a fifth of a batch at 1024 lanes), so the parts read high there: compare
+their shares, and rates by the batch times without timers (``llm_lanes.py`` gives them
+with memory). ``--setup``
 writes the stores first (as ``llm_lanes.py --setup`` does).
 """
 
@@ -42,8 +43,10 @@ PARTS = (
     ("  the draw call (kernel and dispatch)", "zephon_jax.operators.pack", "OpenRows.place_draws"),
     ("  the rows made: their run", "zephon_jax.engine.columns", "_logged_rows"),
     ("  the rows made: pending rows, accounting", "zephon_jax.engine.lane", "Lane.row_reached"),
+    ("    counting delivered rows (all calls)", "zephon_jax.engine.accounting", "Tally.fold"),
     ("  dropping drawn roots no row points to", "zephon_jax.engine.columns", "_prune_roots"),
     ("reading draws ahead, lanes together", "zephon_jax.engine.columns", "read_draws_ahead"),
+    ("  resolving the draws", "zephon_jax.sampler.scheduled_mixture", "resolve_flat"),
     ("noting a lane's first run", "zephon_jax.engine.front_rows", "FrontRows._note"),
     ("settling what a lane owes", "zephon_jax.engine.front_rows", "FrontRows.settle"),
 )
