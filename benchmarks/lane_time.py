@@ -20,13 +20,10 @@ writes the stores first (as ``llm_lanes.py --setup`` does).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -109,30 +106,10 @@ def _line(label: str, values: dict[int, list[float]], counts: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store-dir", required=True)
-    parser.add_argument("--lanes", default="8,1024", help="comma-separated lane counts")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--batches", type=int, default=60)
-    parser.add_argument("--num-docs", type=int, default=20_000)
-    parser.add_argument("--setup", action="store_true")
-    parser.add_argument("--probe", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.probe is not None:
-        print(json.dumps(probe(args.store_dir, args.probe, args.warmup, args.batches)))
+    rounds = llm_lanes.lane_rounds(__file__, __doc__.splitlines()[0], probe, argv)
+    if rounds is None:
         return 0
-    if args.setup:
-        llm_lanes.setup(args.store_dir, args.num_docs)
-    counts = sorted(int(x) for x in args.lanes.split(","))
-    runs: dict[int, list[dict]] = {n: [] for n in counts}
-    for r in range(args.runs):
-        for n in counts[r % len(counts) :] + counts[: r % len(counts)]:
-            cmd = [sys.executable, os.path.abspath(__file__), "--store-dir", args.store_dir]
-            cmd += ["--probe", str(n), "--warmup", str(args.warmup)]
-            cmd += ["--batches", str(args.batches)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            runs[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    counts, runs = rounds
     header = "ms a batch, median (range)"
     print(f"{header:44s} " + "  ".join(f"{f'{n} lanes':>22s}" for n in counts) + "  most-fewest")
     rows = [("a batch, no timers", "plain_ms"), ("a batch, with the timers", "timed_ms")]

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
@@ -91,8 +92,13 @@ def probe(store_dir: str, lanes: int, warmup: int, batches: int) -> dict:
             "own_growth_kib": after[1] - before[1]}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def lane_rounds(script: str, description: str, probe_of: Callable, argv: list[str] | None) -> Any:
+    """The command line every lane-count benchmark here shares: parses ``argv``; as a
+    probe (``--probe N``), prints ``probe_of(store_dir, N, warmup, batches)`` as JSON and
+    returns None; else runs ``script`` as a probe for each lane count in a new
+    interpreter, the counts taking turns round after round, and returns the sorted
+    lane counts and each count's probe results."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--store-dir", required=True)
     parser.add_argument("--lanes", default="8,1024", help="comma-separated lane counts")
     parser.add_argument("--runs", type=int, default=5)
@@ -105,19 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe is not None:
-        print(json.dumps(probe(args.store_dir, args.probe, args.warmup, args.batches)))
-        return 0
+        print(json.dumps(probe_of(args.store_dir, args.probe, args.warmup, args.batches)))
+        return None
     if args.setup:
         setup(args.store_dir, args.num_docs)
-    counts = [int(x) for x in args.lanes.split(",")]
+    counts = sorted(int(x) for x in args.lanes.split(","))
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     for r in range(args.runs):
         for n in counts[r % len(counts) :] + counts[: r % len(counts)]:
-            cmd = [sys.executable, os.path.abspath(__file__), "--store-dir", args.store_dir]
+            cmd = [sys.executable, os.path.abspath(script), "--store-dir", args.store_dir]
             cmd += ["--probe", str(n), "--warmup", str(args.warmup)]
             cmd += ["--batches", str(args.batches)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return counts, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    rounds = lane_rounds(__file__, __doc__.splitlines()[0], probe, argv)
+    if rounds is None:
+        return 0
+    counts, runs = rounds
     fewest = min(counts)
     base_rate = statistics.median(x["tokens_per_s"] for x in runs[fewest])
     for n in counts:
