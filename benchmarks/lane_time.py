@@ -14,8 +14,7 @@ draws), as the median and range over the runs, and the difference from the fewes
 A timer costs about half a microsecond a call in a warm loop and more among many lanes'
 cold state (up to a fifth of a batch at 1024 lanes), so the parts read high there: compare
 their shares, and rates by the batch times without timers (``llm_lanes.py`` gives them
-with memory). ``--setup``
-writes the stores first (as ``llm_lanes.py --setup`` does).
+with memory). ``--setup`` writes the stores first (as ``llm_lanes.py --setup`` does).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
@@ -92,7 +92,9 @@ def probe(store_dir: str, lanes: int, warmup: int, batches: int) -> dict:
             "own_growth_kib": after[1] - before[1]}  # fmt: skip
 
 
-def lane_rounds(script: str, description: str, probe_of: Callable, argv: list[str] | None) -> Any:
+def lane_rounds(
+    script: str, description: str, probe_of: Callable, argv: list[str] | None
+) -> tuple[list[int], dict[int, list[dict]]] | None:
     """The command line every lane-count benchmark here shares: parses ``argv``; as a
     probe (``--probe N``), prints ``probe_of(store_dir, N, warmup, batches)`` as JSON and
     returns None; else runs ``script`` as a probe for each lane count in a new
