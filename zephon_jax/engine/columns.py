@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
 from typing import Any, Sequence
 
@@ -47,7 +48,7 @@ from zephon_jax.errors import StateError
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import SavedRows, TokenBins
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
-from zephon_jax.sampler.scheduled_mixture import locate_roots_lanes, read_draws_ahead
+from zephon_jax.sampler.scheduled_mixture import draw_table, locate_draws, read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
@@ -454,14 +455,19 @@ def _held_records(
         resolved = resolve_lanes(plan.sampler, ids, held, plan.num_lanes)
         return [(p, res.leaf, res.record) for p, res in zip(held, resolved, strict=True)]
     drawer = chosen[0].drawer
-    ids = [lane.lane for lane in chosen]
-    located = locate_roots_lanes(drawer.node, ids, drawer.num_lanes, held)
+    sizes = [len(roots) for roots in held]
+    draws = draw_table(list(itertools.chain.from_iterable(held)))
+    lane_of = np.repeat(np.array([lane.lane for lane in chosen], np.int64), sizes)
+    located = locate_draws(drawer.node, lane_of, draws, drawer.num_lanes)
     out = []
-    for lane, roots, (leaves, records) in zip(chosen, held, located, strict=True):
+    begin = 0
+    for lane, end in zip(chosen, np.cumsum(sizes).tolist()):
         index = lane.drawn.end if register else 0
-        out.append((index + np.arange(len(roots), dtype=np.int64), leaves, records))
+        part = slice(begin, end)
+        out.append((index + np.arange(end - begin), located.leaf[part], located.record[part]))
         if register:
-            lane.drawn.extend_tuples(roots)
+            lane.drawn.extend(draws[part])
+        begin = end
     return out
 
 

@@ -70,14 +70,15 @@ class DrawnRoots:
         grown[:, : self.size] = self.array[:, : self.size]
         self.array = grown
 
-    def extend_tuples(self, roots: Sequence[tuple]) -> None:
-        """Appends roots given as ``(position, component, component draw)`` tuples."""
+    def extend(self, roots: np.ndarray) -> None:
+        """Appends roots given as the rows ``(position, component, component draw)`` of
+        an ``(n, 3)`` int64 array."""
         n = len(roots)
         if not n:
             return
         if self.size + n > self.array.shape[1]:
             self.grow(n)
-        self.array[:, self.size : self.size + n] = np.array(roots, np.int64).reshape(n, 3).T
+        self.array[:, self.size : self.size + n] = roots.T
         self.size += n
 
     def view(self) -> RootsView:

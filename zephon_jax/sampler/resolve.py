@@ -35,15 +35,20 @@ def leaf_paths(node) -> list[tuple]:
     return [path + tuple(node.transforms) for c in node.children for path in leaf_paths(c)]
 
 
+def unresolved(shape: tuple) -> Resolution:
+    """A :class:`Resolution` of zeros (nothing valid) of ``shape``, to fill."""
+    return Resolution(
+        leaf=np.zeros(shape, np.int64),
+        record=np.zeros(shape, np.int64),
+        epoch=np.zeros(shape, np.int64),
+        valid=np.zeros(shape, bool),
+    )
+
+
 def resolve(node, lane: int, positions: np.ndarray, num_lanes: int) -> Resolution:
     """Pure map from lane-local positions of ``lane`` to records; no topology input."""
     positions = np.asarray(positions, dtype=np.int64)
-    out = Resolution(
-        leaf=np.zeros(positions.shape, np.int64),
-        record=np.zeros(positions.shape, np.int64),
-        epoch=np.zeros(positions.shape, np.int64),
-        valid=np.zeros(positions.shape, bool),
-    )
+    out = unresolved(positions.shape)
     _resolve(node, lane, positions, num_lanes, np.arange(positions.size), 0, out)
     return out
 
@@ -89,8 +94,23 @@ def resolve_flat(
         )
     flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions])
     lane_of = np.repeat(np.asarray(lanes, dtype=np.int64), [len(p) for p in positions])
-    records, epochs, valid = node.locate(lane_of, flat, num_lanes)
-    return Resolution(np.zeros(len(flat), np.int64), records, epochs, valid)
+    return resolve_each(node, lane_of, flat, num_lanes)
+
+
+def resolve_each(node, lane_of: np.ndarray, positions: np.ndarray, num_lanes: int) -> Resolution:
+    """:func:`resolve` of ``positions[i]`` of lane ``lane_of[i]`` for each ``i`` (int64
+    arrays of one length, in any order), in one :class:`Resolution`: a single source in
+    one vectorized pass, any other node a lane at a time."""
+    if isinstance(node, SourceNode):
+        records, epochs, valid = node.locate(lane_of, positions, num_lanes)
+        return Resolution(np.zeros(len(positions), np.int64), records, epochs, valid)
+    out = unresolved(positions.shape)
+    for lane in np.unique(lane_of).tolist():
+        at = np.flatnonzero(lane_of == lane)
+        res = resolve(node, lane, positions[at], num_lanes)
+        for field in dataclasses.fields(Resolution):
+            getattr(out, field.name)[at] = getattr(res, field.name)
+    return out
 
 
 def _resolve(node, lane, draws, num_lanes, where, leaf_base, out) -> int:

@@ -58,8 +58,10 @@ from zephon_jax.sampler.resolve import (
     leaf_paths,
     leaves,
     resolve,
+    resolve_each,
     resolve_flat,
     resolve_lanes,
+    unresolved,
 )
 from zephon_jax.sampler.schedule import StepSchedule
 from zephon_jax.sampler.source import source_label
@@ -685,61 +687,46 @@ def _reads_next(drawers: Sequence[MixtureDrawer]) -> np.ndarray:
     return ~held & weighted & ((ends < 0) | (subs < ends))
 
 
-def locate_roots_lanes(
-    node: ScheduledMixtureNode, lanes: Sequence[int], num_lanes: int, roots: Sequence[Sequence]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The leaves and records (int64 arrays) of root lineages ``roots[i]`` of lane
-    ``lanes[i]``, for each ``i``: :func:`locate_roots` without the epochs, each
-    component's draws resolved for all the lanes together; reads nothing."""
-    bases, base = [], 0
-    for child in node.children:
-        bases.append(base)
-        base += len(leaves(child))
-    outs = [(np.empty(len(r), np.int64), np.empty(len(r), np.int64)) for r in roots]
-    by_component: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
-    for k, lane_roots in enumerate(roots):
-        components = np.array([draw_component(r) for r in lane_roots], np.int64)
-        subs = np.array([draw_sub(r) for r in lane_roots], np.int64)
-        for component in np.unique(components).tolist():
-            where = np.flatnonzero(components == component)
-            by_component.setdefault(component, []).append((k, where, subs[where]))
-    for component, parts in by_component.items():
-        resolved = resolve_lanes(
-            node.children[component],
-            [lanes[k] for k, _, _ in parts],
-            [p[2] for p in parts],
-            num_lanes,
-        )
-        for (k, where, _), res in zip(parts, resolved, strict=True):
-            outs[k][0][where] = bases[component] + res.leaf
-            outs[k][1][where] = res.record
-    return outs
+def draw_table(roots: Sequence[tuple]) -> np.ndarray:
+    """Root lineages ``(position, component, component draw)`` as an ``(n, 3)`` int64
+    array, a row each."""
+    return np.array(roots, np.int64).reshape(len(roots), 3)
+
+
+def component_bases(node: ScheduledMixtureNode) -> list[int]:
+    """The id of each mixture component's first leaf."""
+    return np.cumsum([0] + [len(leaves(child)) for child in node.children[:-1]]).tolist()
+
+
+def locate_draws(
+    node: ScheduledMixtureNode, lane_of: np.ndarray, draws: np.ndarray, num_lanes: int
+) -> Resolution:
+    """Where root lineages read from: the leaf, record and epoch of each row
+    ``(position, component, component draw)`` of ``draws`` (a :func:`draw_table`) of
+    lane ``lane_of[i]``, each component's draws resolved for all the lanes together.
+
+    A root names its component and that component's own draw, so this is a pure
+    function of the lineage (no history of the lane is needed); nothing is read."""
+    out = unresolved((len(draws),))
+    bases = component_bases(node)
+    components = draws[:, 1]
+    for component in np.unique(components).tolist():
+        at = np.flatnonzero(components == component)
+        res = resolve_each(node.children[component], lane_of[at], draws[at, 2], num_lanes)
+        out.leaf[at] = bases[component] + res.leaf
+        out.record[at] = res.record
+        out.epoch[at] = res.epoch
+        out.valid[at] = res.valid
+    return out
 
 
 def locate_roots(
     node: ScheduledMixtureNode, lane: int, num_lanes: int, roots: Sequence[tuple]
 ) -> list[tuple[int, int, int]]:
-    """(leaf, record, epoch) of root lineages ``(position, component, sub)`` of ``lane``.
-
-    A root names its component and that component's own draw, so this is a pure
-    function of the lineage (no history of the lane is needed); nothing is read.
-    """
-
-    bases, base = [], 0
-    for child in node.children:
-        bases.append(base)
-        base += len(leaves(child))
-    out: list = [None] * len(roots)
-    by_component: dict[int, list[int]] = {}
-    for i, root in enumerate(roots):
-        by_component.setdefault(int(draw_component(root)), []).append(i)
-    for component, where in by_component.items():
-        subs = np.array([draw_sub(roots[i]) for i in where], dtype=np.int64)
-        res = resolve(node.children[component], lane, subs, num_lanes)
-        for k, i in enumerate(where):
-            leaf = bases[component] + int(res.leaf[k])
-            out[i] = (leaf, int(res.record[k]), int(res.epoch[k]))
-    return out
+    """(leaf, record, epoch) of root lineages ``(position, component, sub)`` of ``lane``
+    (see :func:`locate_draws`)."""
+    res = locate_draws(node, np.full(len(roots), lane, np.int64), draw_table(roots), num_lanes)
+    return list(zip(res.leaf.tolist(), res.record.tolist(), res.epoch.tolist()))
 
 
 def _where_in(where: Any, component: int, subs: Any, j: int) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from zephon_jax.engine.drawn_roots import DrawnRoots
+from zephon_jax.sampler.scheduled_mixture import draw_table
 
 
 def _filled(n: int) -> DrawnRoots:
     roots = DrawnRoots()
-    roots.extend_tuples([(i, i % 2, 10 + i) for i in range(n)])
+    roots.extend(draw_table([(i, i % 2, 10 + i) for i in range(n)]))
     return roots
 
 
@@ -30,7 +31,7 @@ def test_keeping_some_draws_renumbers_them_before_the_next_index():
     assert first == 96 and roots.base == 96 and len(roots) == 4 and roots.end == 100
     assert roots.tuples([96, 97, 98, 99]) == [(3, 1, 13), (40, 0, 50), (41, 1, 51), (99, 1, 109)]
     assert roots.limit == 8  # the next pass once twice the kept draws are held
-    roots.extend_tuples([(100, 0, 110)] * 200)  # writes and grows after the pass
+    roots.extend(draw_table([(100, 0, 110)] * 200))  # writes and grows after the pass
     assert roots.tuples([100]) == [(100, 0, 110)]
     assert before.columns(np.arange(100))[2].tolist() == list(range(10, 110))
 
@@ -56,7 +57,7 @@ def test_keeping_every_draw_or_none():
 def test_a_view_reads_its_draws_as_tuples_after_the_roots_grow_and_drop():
     roots = _filled(10)
     view = roots.view()
-    roots.extend_tuples([(50, 1, 60)] * 300)  # grows into a new array
+    roots.extend(draw_table([(50, 1, 60)] * 300))  # grows into a new array
     roots.keep_only(np.array([200]))
     assert view.tuples([9, 0]) == [(9, 1, 19), (0, 0, 10)]
     assert roots.tuples([309]) == [(50, 1, 60)]

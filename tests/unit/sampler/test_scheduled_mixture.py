@@ -10,9 +10,12 @@ from zephon_jax.core.lineage import Element
 from zephon_jax.errors import PipelineError, RecordError, StateError
 from zephon_jax.sampler import scheduled_mixture
 from zephon_jax.sampler.mixture import MixtureNode
+from zephon_jax.sampler.resolve import resolve
 from zephon_jax.sampler.scheduled_mixture import (
     MixtureDrawer,
     ScheduledMixtureNode,
+    draw_table,
+    locate_draws,
     locate_roots,
     parse_weight_stages,
     quantize,
@@ -143,6 +146,32 @@ def test_locate_and_regenerate_read_draws_back():
     again = make().regenerate(lineages)
     for e in elements:
         assert again[e.lineage].data is e.data
+
+
+def test_locate_draws_of_many_lanes_is_each_lanes_resolve():
+    """Draws of several lanes, interleaved, located in one call, against each draw's own
+    component resolved lane by lane: a shuffled source over several epochs and a nested
+    mixture (located a lane at a time)."""
+    nested = MixtureNode((SourceNode(docs(1, 5)), SourceNode(docs(1, 4))), (0.5, 0.5))
+    children = (SourceNode(docs(2, 7), shuffle_seed=3), nested)
+    node = ScheduledMixtureNode(children, parse_weight_stages((0.5, 0.5), 2), unit="records")
+    rng = np.random.default_rng(0)
+    lane_of = rng.integers(0, 6, 200)
+    roots = [(int(p), int(c), int(s)) for p, c, s in zip(
+        rng.integers(0, 99, 200), rng.integers(0, 2, 200), rng.integers(0, 40, 200)
+    )]  # fmt: skip
+    located = locate_draws(node, lane_of, draw_table(roots), 6)
+    bases = (0, 1)
+    for i, (_, component, sub) in enumerate(roots):
+        want = resolve(children[component], int(lane_of[i]), np.array([sub]), 6)
+        assert located.leaf[i] == bases[component] + want.leaf[0]
+        assert (located.record[i], located.epoch[i]) == (want.record[0], want.epoch[0])
+    one = [root for root, lane in zip(roots, lane_of) if lane == 2]
+    assert locate_roots(node, 2, 6, one) == [
+        (int(leaf), int(record), int(epoch))
+        for leaf, record, epoch, lane in zip(located.leaf, located.record, located.epoch, lane_of)
+        if lane == 2
+    ]
 
 
 def test_weights_parsing_quantizing_and_describe():
