@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -689,8 +690,11 @@ def _reads_next(drawers: Sequence[MixtureDrawer]) -> np.ndarray:
 
 def draw_table(roots: Sequence[tuple]) -> np.ndarray:
     """Root lineages ``(position, component, component draw)`` as an ``(n, 3)`` int64
-    array, a row each."""
-    return np.array(roots, np.int64).reshape(len(roots), 3)
+    array, a row each; raises ValueError where one is not three values."""
+    if roots and set(map(len, roots)) != {3}:
+        raise ValueError("a root lineage is not (position, component, component draw)")
+    values = itertools.chain.from_iterable(roots)
+    return np.fromiter(values, np.int64, 3 * len(roots)).reshape(len(roots), 3)
 
 
 def component_bases(node: ScheduledMixtureNode) -> list[int]:
