@@ -14,12 +14,10 @@ arrays, gathered into the batch by one kernel call per batch.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from typing import (
     Any,
     Callable,
-    Iterable,
     Iterator,
     NamedTuple,
     Protocol,
@@ -277,33 +275,37 @@ def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
     their drawn roots, a list); None if they hold none."""
     if bins is None:
         return None
-    contents: Iterable[tuple[int, Any, int]]
     if type(bins) is SavedRows:
-        rows_of = np.repeat(np.arange(len(bins.counts)), bins.counts).tolist()
-        contents = zip(rows_of, map(held_lineage, bins.lineages), itertools.repeat(-1))
-    else:
-        contents = _contents(bins)
-    held = _held_pieces(contents, plan.cut, plan.drawn, lane)
-    if held is None:
+        return _saved_pieces(bins, plan, lane)
+    columns = list(zip(*_contents(bins)))
+    if not columns:
         return None
-    rows, roots, js, held_lengths = held
-    lengths = None
-    if type(bins) is SavedRows:
-        furthest = max(map(_first, roots)) if plan.drawn else max(roots)
-        if furthest >= bins.next_position:
-            raise StateError(
-                f"lane {lane}: the state points to lane-local position {furthest}, but the "
-                f"lane has read only positions before {bins.next_position}; the state was "
-                "altered"
-            )
-    else:
-        lengths = np.array(held_lengths, np.int64)
+    rows, lineages, lengths = columns
+    roots, js = _roots_and_pieces(lineages, plan.cut, plan.drawn, lane)
     return (
         np.array(rows, np.int64),
         np.array(js, np.int64),
-        lengths,
+        np.array(lengths, np.int64),
         roots if plan.drawn else np.array(roots, np.int64),
     )
+
+
+def _saved_pieces(saved: SavedRows, plan: Any, lane: int) -> tuple | None:
+    """:func:`_held_pieces_of` of a lane state's open rows (their lengths None); raises
+    where a piece points past the positions the lane has read."""
+    if not saved.lineages:
+        return None
+    lineages = list(map(held_lineage, saved.lineages))
+    roots, js = _roots_and_pieces(lineages, plan.cut, plan.drawn, lane)
+    furthest = max(map(_first, roots)) if plan.drawn else max(roots)
+    if furthest >= saved.next_position:
+        raise StateError(
+            f"lane {lane}: the state points to lane-local position {furthest}, but the "
+            f"lane has read only positions before {saved.next_position}; the state was "
+            "altered"
+        )
+    rows = np.repeat(np.arange(len(saved.counts), dtype=np.int64), saved.counts)
+    return rows, np.array(js, np.int64), None, roots if plan.drawn else np.array(roots, np.int64)
 
 
 def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:
@@ -313,23 +315,13 @@ def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:
             yield i, held_lineage(lineage), n
 
 
-def _held_pieces(
-    contents: Iterable[tuple[int, Any, int]], cut: int, drawn: bool, lane: int
-) -> tuple[list, list, list, list] | None:
-    """``(rows, roots, pieces, lengths)``: of each piece of ``contents`` (``(row,
-    lineage, length)``), its row, its position or drawn root, its piece number and its
-    length, as lists (None where ``contents`` is empty); raises if a lineage is not one
-    this pipeline makes. The lineages are checked in passes over all of them (a restore
-    with many lanes checks some 100 a lane), one by one only where a pass finds one of
-    another form, to name it."""
-    columns = list(zip(*contents))
-    if not columns:
-        return None
-    rows, lineages, lengths = columns
+def _roots_and_pieces(lineages: Sequence, cut: int, drawn: bool, lane: int) -> tuple[list, list]:
+    """The position or drawn root and the piece number of each of the held pieces
+    ``lineages``; raises if one is not a lineage this pipeline makes. The lineages are
+    checked in passes over all of them (a restore with many lanes checks some 100 a
+    lane), one by one only where a pass finds one of another form, to name it."""
     found = _pieces_of_pointers(lineages, cut, drawn)
-    if found is None:
-        found = _pieces_one_by_one(lineages, cut, drawn, lane)
-    return list(rows), found[0], found[1], list(lengths)
+    return _pieces_one_by_one(lineages, cut, drawn, lane) if found is None else found
 
 
 def _pieces_of_pointers(lineages: Sequence, cut: int, drawn: bool) -> tuple[list, list] | None:
