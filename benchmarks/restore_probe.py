@@ -26,7 +26,8 @@ saves the state to ``--state`` and the next batch's digest beside it
 (``build_s``), reads the state (``load_state_s``), restores a fresh iterator
 (``set_state_s``) and makes its first batch (``first_batch_s``), and checks the
 digest; ``--runs N`` runs N such probes, each in a new interpreter, and prints the
-median and range of each part.
+median and range of each part, in wall time and (``*_cpu_s``) in the process's CPU
+time.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def _import_numba() -> None:
 
 
 PARTS = ("build_s", "load_state_s", "set_state_s", "first_batch_s", "restore_s")
+# The same parts in the process's CPU time (all its threads), which a shared
+# machine's steal and frequency changes disturb less than the wall time.
+CPU_PARTS = tuple(part.removesuffix("_s") + "_cpu_s" for part in PARTS)
 
 
 def _store_paths(store_dir: str) -> list[str]:
@@ -101,22 +105,26 @@ def llm_setup(args: argparse.Namespace) -> None:
 
 def llm_probe(args: argparse.Namespace) -> dict[str, float | str | bool]:
     """One restore of the LLM pipeline, timed part by part (see the module docstring)."""
-    t0 = time.perf_counter()
+    marks = [(time.perf_counter(), time.process_time())]
     stores = [TokenStore(p) for p in _store_paths(args.store_dir)]
     ds = documented.llm_zephon(stores, SEQ_LEN, args.batch_size, num_lanes=args.lanes)
-    t1 = time.perf_counter()
+    marks.append((time.perf_counter(), time.process_time()))
     state = zj.load_state(args.state)
-    t2 = time.perf_counter()
+    marks.append((time.perf_counter(), time.process_time()))
     it = iter(zj.Loader(ds))
     it.set_state(state)
-    t3 = time.perf_counter()
+    marks.append((time.perf_counter(), time.process_time()))
     batch = next(it)
-    t4 = time.perf_counter()
+    marks.append((time.perf_counter(), time.process_time()))
     digest = batch_digest(batch)
     with open(f"{args.state}.digest") as f:
         exact = f.read().strip() == digest
-    times = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
-    return {**dict(zip(PARTS, times, strict=True)), "digest": digest, "exact": exact}
+    out: dict[str, float | str | bool] = {}
+    for clock, names in enumerate((PARTS, CPU_PARTS)):
+        at = [mark[clock] for mark in marks]
+        times = [b - a for a, b in zip(at, at[1:])] + [at[-1] - at[0]]
+        out.update(zip(names, times, strict=True))
+    return {**out, "digest": digest, "exact": exact}
 
 
 def llm_runs(args: argparse.Namespace) -> dict[str, object]:
@@ -131,7 +139,7 @@ def llm_runs(args: argparse.Namespace) -> dict[str, object]:
             raise RuntimeError(f"probe failed ({done.returncode}): {done.stderr[-2000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     summary: dict[str, object] = {"runs": len(runs), "exact": all(r["exact"] for r in runs)}
-    for part in PARTS:
+    for part in PARTS + CPU_PARTS:
         xs = [r[part] for r in runs]
         summary[part] = [statistics.median(xs), min(xs), max(xs)]
     return summary
