@@ -371,3 +371,45 @@ class HeldLineages(abc.Sequence):
 
     def __reduce__(self) -> tuple:
         return (HeldLineages, (self.groups, self.decode))
+
+
+class DrawPieceTable(abc.Sequence):
+    """Lineages of pieces of drawn records, ``(((position, component, draw),), piece)``,
+    kept as the rows of an ``(n, 4)`` int64 array (what a lane state decodes an open
+    row's held pieces to, see :mod:`zephon_jax.state.lane_format`): read as the tuple
+    of those lineages, and equal to it; restoring reads the array itself."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any):
+        self.array = array  # (n, 4) int64: position, component, draw, piece
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(draw_piece_lineages(self.array[index]))
+        a, b, c, d = self.array[index].tolist()
+        return (((a, b, c),), d)
+
+    def __iter__(self) -> Iterator:
+        return iter(draw_piece_lineages(self.array))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (DrawPieceTable, HeldLineages)):
+            other = tuple(other)
+        return isinstance(other, tuple) and tuple(self) == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DrawPieceTable({tuple(self)!r})"
+
+    def __reduce__(self) -> tuple:
+        return (DrawPieceTable, (self.array,))
+
+
+def draw_piece_lineages(array: Any) -> list:
+    """The lineages of the rows ``(position, component, draw, piece)`` of ``array``."""
+    return [(((a, b, c),), d) for a, b, c, d in array.tolist()]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import sys
 from typing import Any, Sequence
 
@@ -48,7 +47,7 @@ from zephon_jax.errors import StateError
 from zephon_jax.operators.base import BinPacking
 from zephon_jax.operators.token_bins import SavedRows, TokenBins
 from zephon_jax.sampler.resolve import resolve, resolve_lanes
-from zephon_jax.sampler.scheduled_mixture import draw_table, locate_draws, read_draws_ahead
+from zephon_jax.sampler.scheduled_mixture import locate_draws, read_draws_ahead
 from zephon_jax.transforms.to_training import ToTrainingTransform
 
 # Document ids a lane resolves at a time (8 bytes each, plus the 8 bytes per position
@@ -446,8 +445,8 @@ def _held_records(
     """``records_of`` of :meth:`TokenBins.adopt_lanes
     <zephon_jax.operators.token_bins.TokenBins.adopt_lanes>` for ``lanes``: the codes,
     leaves and documents of the positions (or drawn roots, registered with their lanes
-    now unless ``register`` is False: their codes are then 0, 1, ...) ``held[i]`` of
-    ``lanes[ks[i]]``, resolved for all the lanes together."""
+    now unless ``register`` is False: their codes are then 0, 1, ...; each lane's an
+    ``(n, 3)`` array) ``held[i]`` of ``lanes[ks[i]]``, resolved for all the lanes together."""
     chosen = [lanes[k] for k in ks]
     plan = chosen[0].plan
     if not drawn:
@@ -456,7 +455,7 @@ def _held_records(
         return [(p, res.leaf, res.record) for p, res in zip(held, resolved, strict=True)]
     drawer = chosen[0].drawer
     sizes = [len(roots) for roots in held]
-    draws = draw_table(list(itertools.chain.from_iterable(held)))
+    draws = np.concatenate(held)
     lane_of = np.repeat(np.array([lane.lane for lane in chosen], np.int64), sizes)
     located = locate_draws(drawer.node, lane_of, draws, drawer.num_lanes)
     out = []

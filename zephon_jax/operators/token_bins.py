@@ -31,6 +31,7 @@ import numpy as np
 from zephon_jax.core.compiled_kernels import array_addresses
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
+    DrawPieceTable,
     HeldLineages,
     held_lineage,
     is_draw,
@@ -158,8 +159,9 @@ class TokenBins(OpenRows):
         None) as TokenBins; ``plan``: the lane's
         :class:`~zephon_jax.engine.columns.ColumnarPlan`, whose ``reader`` locates (or
         reads) the documents, ``records_of(positions)``: the leaves and documents at lane
-        positions (with ``plan.drawn``, ``records_of(roots)``: the indices the lane codes
-        the drawn roots by, their leaves and documents)."""
+        positions (with ``plan.drawn``, ``records_of(roots)``, the drawn roots as the rows
+        of an ``(n, 3)`` array: the indices the lane codes them by, their leaves and
+        documents)."""
 
         def of_lanes(_: list[int], held: list) -> list[tuple]:
             if plan.drawn:
@@ -174,8 +176,8 @@ class TokenBins(OpenRows):
     ) -> list[TokenBins]:
         """:meth:`adopt` of ``(bins, lane)`` for each of ``lanes`` (lanes of one ``plan``):
         ``records_of(ks, held)`` gives, for each ``lanes[ks[i]]``, whose open rows hold
-        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, a list of drawn
-        roots), the codes the lane gives them, their leaves and documents. The documents
+        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, drawn roots as the
+        rows of an ``(n, 3)`` int64 array), the codes the lane gives them, their leaves and documents. The documents
         all the lanes' open rows hold are located by one ``plan.reader.starts`` call: the
         same TokenBins as adopting them one by one.
 
@@ -271,8 +273,8 @@ def _starts_once(
 def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
     """``(rows, pieces, lengths, roots)`` of the pieces ``bins`` (a Bins, a
     :class:`SavedRows` or None) hold, by row (arrays; ``lengths`` None for a
-    ``SavedRows``; ``roots``: their lane positions, an array, or with ``plan.drawn``
-    their drawn roots, a list); None if they hold none."""
+    ``SavedRows``; ``roots``: their lane positions, or with ``plan.drawn`` their drawn
+    roots as the rows of an ``(n, 3)`` array); None if they hold none."""
     if bins is None:
         return None
     if type(bins) is SavedRows:
@@ -286,7 +288,7 @@ def _held_pieces_of(bins: Any, plan: Any, lane: int) -> tuple | None:
         np.array(rows, np.int64),
         np.array(js, np.int64),
         np.array(lengths, np.int64),
-        roots if plan.drawn else np.array(roots, np.int64),
+        _root_array(roots, plan.drawn),
     )
 
 
@@ -295,9 +297,14 @@ def _saved_pieces(saved: SavedRows, plan: Any, lane: int) -> tuple | None:
     where a piece points past the positions the lane has read."""
     if not saved.lineages:
         return None
-    lineages = list(map(held_lineage, saved.lineages))
-    roots, js = _roots_and_pieces(lineages, plan.cut, plan.drawn, lane)
-    furthest = max(map(_first, roots)) if plan.drawn else max(roots)
+    table = _table_pieces(saved.lineages, plan)
+    if table is None:
+        lineages = list(map(held_lineage, saved.lineages))
+        found = _roots_and_pieces(lineages, plan.cut, plan.drawn, lane)
+        roots, js = _root_array(found[0], plan.drawn), np.array(found[1], np.int64)
+    else:
+        roots, js = table
+    furthest = int((roots[:, 0] if plan.drawn else roots).max())
     if furthest >= saved.next_position:
         raise StateError(
             f"lane {lane}: the state points to lane-local position {furthest}, but the "
@@ -305,7 +312,26 @@ def _saved_pieces(saved: SavedRows, plan: Any, lane: int) -> tuple | None:
             "altered"
         )
     rows = np.repeat(np.arange(len(saved.counts), dtype=np.int64), saved.counts)
-    return rows, np.array(js, np.int64), None, roots if plan.drawn else np.array(roots, np.int64)
+    return rows, js, None, roots
+
+
+def _table_pieces(lineages: Any, plan: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The drawn roots and piece numbers of held pieces given as a
+    :class:`~zephon_jax.core.lineage.DrawPieceTable`, as arrays; None where they are
+    not one, or hold a negative piece number (:func:`_roots_and_pieces` then says which)."""
+    if type(lineages) is not DrawPieceTable or not (plan.drawn and plan.cut):
+        return None
+    array = lineages.array
+    js = array[:, 3]
+    if int(js.min()) < 0:
+        return None
+    return array[:, :3], js
+
+
+def _root_array(roots: list, drawn: bool) -> np.ndarray:
+    """Roots as :func:`_held_pieces_of` gives them: an array of positions, or of drawn
+    roots, one row each."""
+    return np.array(roots, np.int64).reshape(-1, 3) if drawn else np.array(roots, np.int64)
 
 
 def _contents(bins: Any) -> Iterator[tuple[int, Any, int]]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zephon_jax.core import compiled_kernels as ck
-from zephon_jax.core.lineage import Opaque, piece
+from zephon_jax.core.lineage import Opaque, draw_piece_lineages, piece
 from zephon_jax.errors import StateError
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _ARRAY, _OPAQUE = range(12)
@@ -204,20 +204,27 @@ _DRAW_PIECE_ARRAY = np.frombuffer(_DRAW_PIECE, np.uint8)
 _DRAW_PIECE_MIN = len(_DRAW_PIECE) + 4 * 2  # its bytes at the least: four one-byte ints
 
 
-def _draw_pieces(data: bytes, pos: int, most: int, items: list) -> tuple[int, int]:
-    """Appends to ``items`` the draw pieces ``(((a, b, c),), d)`` that follow one another
-    from ``pos`` (which starts with ``_DRAW_PIECE``), at most ``most``, read by the kernel
-    :func:`~zephon_jax.core.compiled_kernels.draw_pieces`; returns how many and the
-    position after them (0 and ``pos`` if the first is not one with four small ints:
-    the general decoding reads it)."""
+def _draw_piece_array(data: bytes, pos: int, most: int) -> tuple[np.ndarray, int]:
+    """The draw pieces ``(((a, b, c),), d)`` that follow one another from ``pos`` (which
+    starts with ``_DRAW_PIECE``), at most ``most``, read by the kernel
+    :func:`~zephon_jax.core.compiled_kernels.draw_pieces` as the rows ``(a, b, c, d)``
+    of an int64 array, and the position after them (no rows and ``pos`` if the first
+    is not one with four small ints: the general decoding reads it)."""
     most = min(most, (len(data) - pos) // _DRAW_PIECE_MIN)  # (a tampered count is not sized)
-    out = np.empty((most, 4), np.int64)
+    out = np.empty((max(most, 0), 4), np.int64)
     if ck.COMPILED:
         k, pos = ck.draw_pieces(np.frombuffer(data, np.uint8), pos, _DRAW_PIECE_ARRAY, _INT, out)
     else:
         k, pos = ck.draw_pieces(data, pos, _DRAW_PIECE, _INT, out)
-    items.extend([(((a, b, c),), d) for a, b, c, d in out[:k].tolist()])
-    return k, pos
+    return out[:k], pos
+
+
+def _draw_pieces(data: bytes, pos: int, most: int, items: list) -> tuple[int, int]:
+    """Appends to ``items`` the draw pieces of :func:`_draw_piece_array` (as lineages);
+    returns how many and the position after them."""
+    found, pos = _draw_piece_array(data, pos, most)
+    items.extend(draw_piece_lineages(found))
+    return len(found), pos
 
 
 def _items(data: bytes, pos: int, n: int) -> tuple[list, int]:
@@ -310,22 +317,82 @@ def _value(data: bytes, pos: int) -> tuple[Any, int]:
     raise ValueError(f"unknown tag {tag}")
 
 
+class Reader:
+    """Reads the values encoded one after another in bytes, for a caller that knows
+    their structure (a lane state's, see :mod:`zephon_jax.state.lane_format`); every
+    read raises StateError where the bytes are corrupt, as :func:`decode` does."""
+
+    def __init__(self, data: bytes | bytearray | memoryview | np.ndarray):
+        if isinstance(data, np.ndarray):
+            data = data.tobytes()
+        self.data = bytes(data)
+        self.pos = 0
+
+    def value(self) -> Any:
+        """The next value."""
+        with _corrupt_bytes():
+            value, self.pos = _value(self.data, self.pos)
+        return value
+
+    def tuple_length(self) -> int | None:
+        """The length of the tuple that starts here, read past its head; None (nothing
+        read) where the next value is not a tuple."""
+        with _corrupt_bytes():
+            if self.data[self.pos] != _TUPLE:
+                return None
+            n, self.pos = _uint(self.data, self.pos + 1)
+        return n
+
+    def values(self, n: int) -> list:
+        """The next ``n`` values."""
+        with _corrupt_bytes():
+            values, self.pos = _items(self.data, self.pos, n)
+        return values
+
+    def draw_pieces(self, n: int) -> np.ndarray | None:
+        """The next ``n`` values as the rows ``(a, b, c, d)`` of an ``(n, 4)`` int64 array
+        where they are all draw pieces ``(((a, b, c),), d)`` written with small ints (the
+        open rows of a mixture lane's ``pack``), read past them; else None (nothing read)."""
+        data, pos = self.data, self.pos
+        if not n or not data.startswith(_DRAW_PIECE, pos):
+            return None
+        with _corrupt_bytes():
+            found, after = _draw_piece_array(data, pos, n)
+        if len(found) != n:
+            return None
+        self.pos = after
+        return found
+
+    def end(self) -> None:
+        """Raises unless every byte was read."""
+        if self.pos != len(self.data):
+            raise StateError(
+                f"corrupt state bytes: {len(self.data) - self.pos} trailing bytes; restore "
+                "from an intact checkpoint"
+            )
+
+
+class _corrupt_bytes:
+    """Turns an error of reading bytes into the StateError of corrupt bytes."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        # Decoding only reads: any failure means the bytes are not what encode() made.
+        if isinstance(error, _READ_ERRORS):
+            raise StateError(
+                f"corrupt state bytes ({error!r}); the state was truncated or altered: "
+                "restore from an intact checkpoint"
+            ) from error
+
+
+_READ_ERRORS = (IndexError, ValueError, TypeError, OverflowError, RecursionError, MemoryError)
+
+
 def decode(data: bytes | bytearray | memoryview | np.ndarray) -> Any:
     """Decodes bytes made by :func:`encode`; raises StateError if they are corrupt."""
-    if isinstance(data, np.ndarray):
-        data = data.tobytes()
-    data = bytes(data)
-    try:
-        value, pos = _value(data, 0)
-    except (IndexError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
-        # Decoding only reads: any failure means the bytes are not what encode() made.
-        raise StateError(
-            f"corrupt state bytes ({e!r}); the state was truncated or altered: restore from an "
-            "intact checkpoint"
-        ) from e
-    if pos != len(data):
-        raise StateError(
-            f"corrupt state bytes: {len(data) - pos} trailing bytes; restore from an intact "
-            "checkpoint"
-        )
+    reader = Reader(data)
+    value = reader.value()
+    reader.end()
     return value

@@ -23,6 +23,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from zephon_jax.core.lineage import (
+    DrawPieceTable,
     HeldLineages,
     all_pointers,
     draw_parts,
@@ -65,18 +66,23 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
     return zlib.crc32(body, lane & 0xFFFFFFFF).to_bytes(4, "little")
 
 
+_ENTRIES = 8  # a snapshot's, see LaneSnapshot
+_HELD_FORMS = (HeldLineages, DrawPieceTable)  # held lineages kept as other than a tuple
+
+
 def plain_snapshot(snapshot: tuple) -> tuple:
     """The snapshot with every carry's held lineages as one plain tuple (a snapshot
-    may keep them as :class:`~zephon_jax.core.lineage.HeldLineages` groups), and
+    may keep them as :class:`~zephon_jax.core.lineage.HeldLineages` groups, a decoded
+    one as a :class:`~zephon_jax.core.lineage.DrawPieceTable`), and
     its unbatched rows' lineages in full (see :func:`~zephon_jax.core.lineage.plain_lineage`)."""
     snapshot = tuple(snapshot)
     carries = snapshot[3]
     if isinstance(carries, tuple) and any(
-        isinstance(saved, tuple) and len(saved) == 2 and type(saved[0]) is HeldLineages
+        isinstance(saved, tuple) and len(saved) == 2 and type(saved[0]) in _HELD_FORMS
         for saved in carries
     ):
         carries = tuple(
-            (saved[0].joined(), saved[1]) if type(saved[0]) is HeldLineages else saved
+            (_plain_held(saved[0]), saved[1]) if type(saved[0]) in _HELD_FORMS else saved
             for saved in carries
         )
         snapshot = snapshot[:3] + (carries,) + snapshot[4:]
@@ -86,6 +92,11 @@ def plain_snapshot(snapshot: tuple) -> tuple:
     if len(snapshot) > 7 and not isinstance(snapshot[7], tuple):  # counted only now
         snapshot = snapshot[:7] + (snapshot[7].saved(),) + snapshot[8:]
     return snapshot
+
+
+def _plain_held(held: HeldLineages | DrawPieceTable) -> tuple:
+    """Held lineages as one plain tuple (HeldLineages keep it, for a later encoding)."""
+    return held.joined() if type(held) is HeldLineages else tuple(held)
 
 
 def encode_lane_state(snapshot: tuple, lane: int) -> bytes:
@@ -119,13 +130,14 @@ def decode_lane_state(
             f"{len(data)} bytes); the state was truncated or altered after it was taken, "
             "or holds another lane's bytes: restore from an intact checkpoint"
         )
-    value = codec.decode(body)
+    value = _decoded(body, num_operators)
     if not (isinstance(value, tuple) and value):
         raise _format_error(lane, value)
     LANE.check_version(value[0], f"lane {lane}: the lane state")
-    if len(value) != 8:
+    if len(value) != _ENTRIES:
         raise StateError(
-            f"lane {lane}: the lane state has {len(value)} entries, not 8; the state was altered"
+            f"lane {lane}: the lane state has {len(value)} entries, not {_ENTRIES}; the state "
+            "was altered"
         )
     snapshot = LaneSnapshot(*value)
     ends = end_position is not None if can_end is None else can_end
@@ -137,7 +149,11 @@ def decode_lane_state(
             f"{num_operators} operators"
         )
     for stage, saved in enumerate(snapshot.carries):
-        if not (isinstance(saved, tuple) and len(saved) == 2 and isinstance(saved[0], tuple)):
+        if not (
+            isinstance(saved, tuple)
+            and len(saved) == 2
+            and isinstance(saved[0], (tuple, DrawPieceTable))
+        ):
             raise StateError(
                 f"lane {lane}: the saved carry of operator {stage} is not (held lineages, aux)"
             )
@@ -149,6 +165,35 @@ def decode_lane_state(
         raise StateError(f"lane {lane}: the lane's step must be an int >= 0; got {snapshot.step!r}")
     check_saved_tally(snapshot.tally, lane)
     return snapshot
+
+
+def _decoded(body: bytes, num_operators: int) -> Any:
+    """The value ``body`` encodes (see :func:`~zephon_jax.state.codec.decode`), where it
+    has a lane state's form with each carry's held lineages, if all are pieces of
+    drawn records, as a :class:`~zephon_jax.core.lineage.DrawPieceTable` (a restore
+    reads their array, no tuple per piece)."""
+    reader = codec.Reader(body)
+    if reader.tuple_length() != _ENTRIES:
+        return codec.decode(body)
+    head = [reader.value() for _ in range(3)]  # format, next_position, input_done
+    if reader.tuple_length() != num_operators:
+        return codec.decode(body)
+    carries = []
+    for _ in range(num_operators):
+        if reader.tuple_length() != 2:
+            return codec.decode(body)
+        held = reader.tuple_length()
+        if held is None:
+            return codec.decode(body)
+        table = reader.draw_pieces(held)
+        if table is not None:
+            lineages: Any = DrawPieceTable(table)
+        else:
+            lineages = tuple(reader.values(held))
+        carries.append((lineages, reader.value()))
+    rest = [reader.value() for _ in range(4)]  # pending, step, mixture, tally
+    reader.end()
+    return (*head, tuple(carries), *rest)
 
 
 def check_saved_tally(saved: Any, lane: int) -> None:
@@ -210,9 +255,12 @@ def _is_pointer(lineage: Any) -> bool:
     return False
 
 
-def _check_lineages(lineages: tuple, lane: int, where: str) -> None:
+def _check_lineages(lineages: tuple | DrawPieceTable, lane: int, where: str) -> None:
     """Raises as :func:`check_lineage` for the first of ``lineages`` that is malformed."""
-    if all_pointers(lineages):  # all of the common forms: nothing to report
+    if type(lineages) is DrawPieceTable:  # draws of ints: valid where none is negative
+        if not len(lineages) or int(lineages.array[:, :3].min()) >= 0:
+            return
+    elif all_pointers(lineages):  # all of the common forms: nothing to report
         return
     for i, lineage in enumerate(lineages):
         if not _is_pointer(lineage):

@@ -15,6 +15,7 @@ import pytest
 import zephon_jax
 from zephon_jax.core.lineage import (
     PIECE_BITS,
+    DrawPieceTable,
     Element,
     HeldLineages,
     LineageKind,
@@ -125,6 +126,20 @@ def test_held_lineages_decode_each_item():
     held = HeldLineages(((piece_code(2, 1),), (7,)), decode=held_lineage)
     assert held == (((2,), 1), 7)
     assert len(held) == 2
+
+
+def test_a_draw_piece_table_reads_as_the_tuple_of_its_lineages():
+    array = np.array([[4, 0, 2, 0], [9, 1, 3, 2], [11, 0, 5, 1]], np.int64)
+    table = DrawPieceTable(array)
+    lineages = (piece(draw(4, 0, 2), 0), piece(draw(9, 1, 3), 2), piece(draw(11, 0, 5), 1))
+    assert len(table) == 3 and tuple(table) == lineages
+    assert table[1] == piece(draw(9, 1, 3), 2) and table[-1] == lineages[-1]
+    assert table[1:] == lineages[1:] and type(table[0][0][0][0]) is int
+    assert table == lineages and table == DrawPieceTable(array.copy())
+    assert table != lineages[:2] and table != list(lineages)  # equal to the tuple only
+    assert table == HeldLineages((lineages[:1], lineages[1:]))
+    assert pickle.loads(pickle.dumps(table)) == lineages
+    assert DrawPieceTable(np.zeros((0, 4), np.int64)) == ()
 
 
 def test_held_lineages_pickle_to_an_equal_value():

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from zephon_jax.core.lineage import piece_code
+from zephon_jax.core import lineage
+from zephon_jax.core.lineage import DrawPieceTable, piece_code
 from zephon_jax.core.packed import PackSpec, assemble_rows
 from zephon_jax.engine.column_sources import ArrayTokens
 from zephon_jax.errors import StateError
@@ -201,3 +202,39 @@ def test_adopt_names_the_one_foreign_lineage_among_many_checked_together(cut, go
     saved = SavedRows((good,) * 40 + (bad,) + (good,) * 9, (50,), 9)
     with pytest.raises(StateError, match=r"lane 7: the state holds " + re.escape(repr(bad))):
         TokenBins.adopt(saved, 1, columnar_plan(cut), 7, records_of)
+
+
+def drawn_records_of(roots):
+    """A drawn root ``(p, component, draw)`` holds document p of the one leaf; the lane
+    codes the roots 0, 1, ..."""
+    assert roots.dtype == np.int64 and roots.shape == (len(roots), 3)
+    return np.arange(len(roots)), np.zeros(len(roots), np.int64), roots[:, 0].copy()
+
+
+DRAWN_ROWS = [[1, 0, 0, 0], [3, 1, 0, 3], [2, 0, 1, 0]]  # position, component, draw, piece
+
+
+def test_adopt_of_saved_draw_pieces_as_a_table_equals_adopting_their_tuple():
+    plan = SimpleNamespace(**{**vars(columnar_plan(16)), "drawn": True})
+    table = DrawPieceTable(np.array(DRAWN_ROWS, np.int64))
+    lineages = tuple(lineage.piece(lineage.draw(a, b, c), d) for a, b, c, d in DRAWN_ROWS)
+    carry = TokenBins.adopt(SavedRows(table, (1, 2), 4), 2, plan, 0, drawn_records_of)
+    same = TokenBins.adopt(SavedRows(lineages, (1, 2), 4), 2, plan, 0, drawn_records_of)
+    assert carry.count.tolist() == [1, 2] and carry.fill.tolist() == [15, 12 + 15]
+    assert carry.piece_array.tolist() == same.piece_array.tolist()
+
+
+@pytest.mark.parametrize(
+    "rows, next_position, error",
+    [
+        ([[1, 0, 0, 0], [3, 1, 0, -1]], 4, re.escape("holds (((3, 1, 0),), -1) in an open row")),
+        ([[1, 0, 0, 0], [3, 1, 0, 3]], 3, "position 3, but the lane has read only"),
+    ],
+)
+def test_adopt_of_a_table_refuses_what_its_tuple_is_refused_for(rows, next_position, error):
+    plan = SimpleNamespace(**{**vars(columnar_plan(16)), "drawn": True})
+    lineages = tuple(lineage.piece(lineage.draw(a, b, c), d) for a, b, c, d in rows)
+    table = DrawPieceTable(np.array(rows, np.int64))
+    for held in (table, lineages):
+        with pytest.raises(StateError, match=error):
+            TokenBins.adopt(SavedRows(held, (2,), next_position), 1, plan, 7, drawn_records_of)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipelines import make_docs, take
 
 import zephon_jax as zj
-from zephon_jax.core.lineage import Opaque
+from zephon_jax.core.lineage import Opaque, draw_piece_lineages
 from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 
@@ -217,3 +217,54 @@ def test_mixture_lane_states_decode_alike_and_tampered_ones_fail_alike():
     body = max(bodies, key=lambda b: b.count(codec._DRAW_PIECE))
     assert body.count(codec._DRAW_PIECE) > 3  # the inline path is taken
     assert_tampered_fail_alike(body, fully_general, seed=1)
+
+
+def _all_draw_pieces(value: tuple) -> bool:
+    """Whether every item is a draw piece of four ints of at most 8 varint bytes."""
+    small = range(-(2**55), 2**55)
+    return bool(value) and all(
+        type(item) is tuple
+        and len(item) == 2
+        and type(item[0]) is tuple
+        and len(item[0]) == 1
+        and type(item[0][0]) is tuple
+        and len(item[0][0]) == 3
+        and all(type(v) is int and v in small for v in (*item[0][0], item[1]))
+        for item in value
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(draw_pieces, max_size=5).map(tuple)
+    | st.lists(draw_pieces | values, max_size=6).map(tuple)
+)
+def test_the_reader_reads_a_tuple_of_draw_pieces_as_their_array(value):
+    data = codec.encode(value)
+    reader = codec.Reader(data)
+    assert reader.tuple_length() == len(value)
+    start = reader.pos
+    table = reader.draw_pieces(len(value))
+    assert (table is not None) == _all_draw_pieces(value)
+    if table is None:
+        assert reader.pos == start  # nothing read
+        got = tuple(reader.values(len(value)))
+    else:
+        assert table.dtype == np.int64 and table.shape == (len(value), 4)
+        got = tuple(draw_piece_lineages(table))
+    reader.end()
+    assert same(got, value)
+
+
+def test_the_reader_refuses_corrupt_bytes_as_decode_does():
+    data = codec.encode(((((1, 2, 3),), 4), 5))
+    assert codec.Reader(codec.encode(5)).tuple_length() is None
+    reader = codec.Reader(data[:-1])
+    assert reader.tuple_length() == 2
+    assert reader.draw_pieces(2) is None  # the second item is not a draw piece
+    with pytest.raises(StateError, match=r"corrupt state bytes \(IndexError"):
+        reader.values(2)
+    reader = codec.Reader(data + b"\x00")
+    reader.value()
+    with pytest.raises(StateError, match="corrupt state bytes: 1 trailing bytes"):
+        reader.end()

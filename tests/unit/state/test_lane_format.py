@@ -7,9 +7,17 @@ import zlib
 
 import pytest
 
-from zephon_jax.core.lineage import HeldLineages, derived, draw, opaque, piece, piece_code
+from zephon_jax.core.lineage import (
+    DrawPieceTable,
+    HeldLineages,
+    derived,
+    draw,
+    opaque,
+    piece,
+    piece_code,
+)
 from zephon_jax.errors import StateError
-from zephon_jax.state import codec
+from zephon_jax.state import codec, lane_format
 from zephon_jax.state.lane_format import (
     LANE_FORMAT,
     TALLY_FIELDS,
@@ -290,3 +298,40 @@ def test_with_tally_replaces_only_the_counters():
     other = with_tally(snapshot, (1, (9, 9, 9, 2), ()))
     assert other[:-1] == snapshot[:-1] and other.tally == (1, (9, 9, 9, 2), ())
     assert type(other) is LaneSnapshot
+
+
+DRAWN = tuple(piece(draw(i, i % 2, i // 2), i % 3) for i in range(30))  # a mixture's pieces
+
+
+def test_held_pieces_of_drawn_records_decode_as_a_table_equal_to_their_tuple():
+    value = snapshot(carries=((DRAWN, None), CARRIES[1]))
+    data = encode_lane_state(value, 3)
+    got = decode_lane_state(3, data, 2)
+    held = got.carries[0][0]
+    assert type(held) is DrawPieceTable and held == DRAWN
+    assert held.array.tolist() == [[i, i % 2, i // 2, i % 3] for i in range(30)]
+    assert type(got.carries[1][0]) is tuple and got.pending == PENDING
+    assert got == value and encode_lane_state(got, 3) == data  # encodes to the same bytes
+
+
+def test_lane_states_decode_as_the_codec_decodes_them_even_altered(monkeypatch):
+    """The lane decoding (held pieces as tables) accepts and refuses exactly what the
+    codec's general decoding does, with equal snapshots, for every truncation and
+    alteration of a state's bytes behind a valid checksum."""
+    body = codec.encode(snapshot(carries=((DRAWN, None), ((7, 8), (1, 2)))))
+    tampered = [body[:cut] for cut in range(len(body))]
+    for at in range(len(body)):
+        for byte in (0x00, 0x01, 0x03, 0x06, 0x7F, 0x80, 0xFF):
+            tampered.append(body[:at] + bytes([byte]) + body[at + 1 :])
+
+    def outcome(data: bytes):
+        try:
+            return ("ok", tuple(plain_snapshot(decode_lane_state(1, with_crc(data, 1), 2))))
+        except StateError:
+            return ("error", None)
+
+    got = [outcome(data) for data in tampered]
+    monkeypatch.setattr(lane_format, "_decoded", lambda body, n: codec.decode(body))
+    want = [outcome(data) for data in tampered]
+    assert got == want
+    assert 100 < sum(kind == "ok" for kind, _ in got) < len(got) - 100
