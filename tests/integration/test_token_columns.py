@@ -708,6 +708,10 @@ def test_rows_made_ahead_come_back_as_pointers_from_a_state():
     state["lanes"]["1"] = np.frombuffer(encode_lane_state(bad, 1), np.uint8)
     with pytest.raises(zj.StateError, match="lane 1: the state's row .* made ahead holds"):
         iter(zj.Loader(ds)).set_state(state)
+    bad = snapshot._replace(pending=((parents, (*lengths, 5)),))  # a length too many
+    state["lanes"]["1"] = np.frombuffer(encode_lane_state(bad, 1), np.uint8)
+    with pytest.raises(zj.StateError, match="lane 1: the state's row .* made ahead holds"):
+        iter(zj.Loader(ds)).set_state(state)
 
 
 def test_fewer_draws_read_ahead_change_no_batch(monkeypatch):

@@ -26,8 +26,8 @@ fields a ``to_training`` fused into it makes of them) into the batch arrays.
 ``take_front``: where those rows are in them, for all lanes taking from their first runs.
 ``count_drawn`` and ``add_pieces``: the accounting's counters of delivered pieces
 (:mod:`zephon_jax.engine.accounting`).
-``draw_pieces``: reads a run of a mixture lane's record pointers from a state's
-bytes (:mod:`zephon_jax.state.codec`).
+``draw_pieces`` and ``draw_rows``: read a run of a mixture lane's record pointers, and
+its rows made ahead, from a state's bytes (:mod:`zephon_jax.state.codec`).
 ``mix64`` and ``permute``: the sampler's keyed hash and permutation
 (:mod:`zephon_jax.core.permutation`). ``span_runs``: the byte runs of a plain TokenStore's
 shard files that hold given token spans (:mod:`zephon_jax.sources.shard_files`).
@@ -889,6 +889,56 @@ def draw_pieces(data, pos, prefix, int_tag, out):
         pos = p
         k += 1
     return k, pos
+
+
+@jit
+def draw_rows(data, pos, rows, prefix, int_tag, tuple_tag, pieces, lengths, ends):
+    """Reads ``rows`` packed rows' lineages ``(parents, lengths)`` of the state codec
+    (:mod:`zephon_jax.state.codec`; a mixture lane's rows made ahead) one after another
+    from ``data`` (uint8) at ``pos``: ``parents`` a tuple of draw pieces, as
+    :func:`draw_pieces` reads them, into the rows of ``pieces`` (n by 4), ``lengths`` a
+    tuple of as many ints (tag ``int_tag``), into ``lengths``; each row's end in them
+    into ``ends``. Stops at the first row of another form, or when ``pieces`` is full.
+    Returns ``(rows read, the position after the last)``. (Interpreted, ``data`` and
+    ``prefix`` may be ``bytes``.)"""
+    size = len(data)
+    n = 0
+    r = 0
+    while r < rows:
+        p = _tuple_of(data, pos, size, tuple_tag)
+        if p < 0 or p >= size or data[p] != 2:  # (parents, lengths)
+            break
+        p, k = _varint(data, _tuple_of(data, p + 1, size, tuple_tag), size)
+        if p < 0 or k == 0 or n + k > pieces.shape[0]:
+            break
+        got, p = draw_pieces(data, p, prefix, int_tag, pieces[n : n + k])
+        if got != k:
+            break
+        p, j = _varint(data, _tuple_of(data, p, size, tuple_tag), size)
+        i = 0
+        while p >= 0 and j == k and i < k:
+            if p + 1 >= size or data[p] != int_tag:
+                p = -1
+                break
+            p, z = _varint(data, p + 1, size)
+            lengths[n + i] = -((z + 1) >> 1) if z & 1 else z >> 1
+            i += 1
+        if p < 0 or i != k:
+            break
+        n += k
+        ends[r] = n
+        pos = p
+        r += 1
+    return r, pos
+
+
+@jit
+def _tuple_of(data, p, size, tuple_tag):
+    """The position after the tuple tag at ``p`` in ``data``; a position past ``size``
+    if there is none (so that the caller's next read stops)."""
+    if 0 <= p < size and data[p] == tuple_tag:
+        return p + 1
+    return size
 
 
 @jit

@@ -410,6 +410,56 @@ class DrawPieceTable(abc.Sequence):
         return (DrawPieceTable, (self.array,))
 
 
+class DrawRowTable(abc.Sequence):
+    """Lineages of packed rows of pieces of drawn records, ``(parents, lengths)`` with
+    ``parents`` as in a :class:`DrawPieceTable` (what a lane state decodes a mixture
+    lane's rows made ahead to), kept as arrays: the pieces (the rows of an ``(n, 4)``
+    int64 array), their lengths, and each row's end in them. Read as the tuple of
+    those lineages (made on the first read), and equal to it; restoring reads the
+    arrays themselves."""
+
+    __slots__ = ("pieces", "lengths", "ends", "_rows")
+
+    def __init__(self, pieces: Any, lengths: Any, ends: Any):
+        self.pieces = pieces  # (n, 4) int64: position, component, draw, piece
+        self.lengths = lengths  # (n,) int64
+        self.ends = ends  # (rows,) int64, ascending
+        self._rows: tuple | None = None
+
+    def rows(self) -> tuple:
+        """The rows' lineages."""
+        rows = self._rows
+        if rows is None:
+            parents = draw_piece_lineages(self.pieces)
+            lengths = self.lengths.tolist()
+            bounds = zip([0, *self.ends.tolist()], self.ends.tolist())
+            rows = tuple((tuple(parents[a:b]), tuple(lengths[a:b])) for a, b in bounds)
+            self._rows = rows
+        return rows
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.rows()[index]
+
+    def __iter__(self) -> Iterator:
+        return iter(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DrawRowTable):
+            other = other.rows()
+        return isinstance(other, tuple) and self.rows() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DrawRowTable({self.rows()!r})"
+
+    def __reduce__(self) -> tuple:
+        return (DrawRowTable, (self.pieces, self.lengths, self.ends))
+
+
 def draw_piece_lineages(array: Any) -> list:
     """The lineages of the rows ``(position, component, draw, piece)`` of ``array``."""
     return [(((a, b, c),), d) for a, b, c, d in array.tolist()]

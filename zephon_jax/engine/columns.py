@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
 from typing import Any, Sequence
 
@@ -35,6 +36,8 @@ from zephon_jax.core import compiled_kernels as kc
 from zephon_jax.core.kernels import kernels
 from zephon_jax.core.lineage import (
     MAX_PIECE,
+    DrawPieceTable,
+    DrawRowTable,
     parents_of,
     recipe_of,
 )
@@ -394,12 +397,7 @@ def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[TokenR
     together (as :func:`open_rows_of_lanes` locates open rows), nothing read. Raises a
     StateError where a row's pieces are not those of its documents."""
     columns = lanes[0].plan.columnar
-    saved = []
-    for snapshot in snapshots:
-        rows = [parents_of(lineage) for lineage in snapshot.pending]
-        pieces = [held for parents in rows for held in parents]
-        counts = tuple(map(len, rows))
-        saved.append(SavedRows(pieces, counts, snapshot.next_position) if pieces else None)
+    saved = [_saved_pending(snapshot) for snapshot in snapshots]
     most = max((len(snapshot.pending) for snapshot in snapshots), default=0)
     if not most:
         return [None for _ in lanes]
@@ -416,6 +414,20 @@ def restored_rows(lanes: Sequence[Any], snapshots: Sequence[Any]) -> list[TokenR
     ]
 
 
+def _saved_pending(snapshot: Any) -> SavedRows | None:
+    """The pieces of a snapshot's rows made ahead, as the open rows of a restored ``pack``
+    (one row each); None where it has none."""
+    pending = snapshot.pending
+    if type(pending) is DrawRowTable:  # decoded as arrays
+        pieces: Any = DrawPieceTable(pending.pieces)
+        counts = tuple(np.diff(pending.ends, prepend=0).tolist())
+    else:
+        rows = [parents_of(lineage) for lineage in pending]
+        pieces = [held for parents in rows for held in parents]
+        counts = tuple(map(len, rows))
+    return SavedRows(pieces, counts, snapshot.next_position) if len(pieces) else None
+
+
 def _restored_run(
     columns: ColumnarPlan, lane: int, lineages: Sequence[Any], carry: TokenBins
 ) -> TokenRowRun | None:
@@ -426,17 +438,30 @@ def _restored_run(
     counts = carry.count[: len(lineages)].tolist()
     pieces = np.concatenate([carry.piece_array[:, i, :c] for i, c in enumerate(counts)], axis=1)
     ends = np.cumsum(counts).tolist()
+    if type(lineages) is DrawRowTable:  # the rows' lengths, as their lineages record them
+        given, given_ends = lineages.lengths, lineages.ends.tolist()
+    else:
+        recipes = [recipe_of(lineage) for lineage in lineages]
+        given = np.array(list(itertools.chain.from_iterable(recipes)))
+        given_ends = np.cumsum(list(map(len, recipes))).tolist()
+    if given_ends != ends or not np.array_equal(given, pieces[2]):
+        _check_row_lengths(lane, lineages, pieces[2], ends)
+    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, None, list(lineages))
+
+
+def _check_row_lengths(lane: int, lineages: Sequence[Any], lengths: np.ndarray, ends: list) -> None:
+    """Raises naming the first of the rows ``lineages`` whose pieces' lengths (as
+    recorded) are not ``lengths[begin:end]``, their documents' (the rows end at ``ends``)."""
     begin = 0
     for lineage, end in zip(lineages, ends):
-        lengths = tuple(pieces[2, begin:end].tolist())
-        if lengths != tuple(recipe_of(lineage)):
+        found = tuple(lengths[begin:end].tolist())
+        if found != tuple(recipe_of(lineage)):
             raise StateError(
                 f"lane {lane}: the state's row {lineage!r:.200} made ahead holds pieces of "
-                f"lengths {recipe_of(lineage)!r:.100}, its documents give {lengths!r:.100}; "
+                f"lengths {recipe_of(lineage)!r:.100}, its documents give {found!r:.100}; "
                 "the state was altered or the sources changed"
             )
         begin = end
-    return TokenRowRun(columns.row_kind, pieces, columns.reader.several, ends, None, list(lineages))
 
 
 def _held_records(

@@ -200,7 +200,8 @@ _ONE_PARENT = bytes((_TUPLE, 2, _TUPLE, 1, _INT))
 _DRAW_PIECE = bytes((_TUPLE, 2, _TUPLE, 1, _TUPLE, 3))
 
 
-_DRAW_PIECE_ARRAY = np.frombuffer(_DRAW_PIECE, np.uint8)
+# The prefix as the kernels read it (see _kernel_bytes).
+_DRAW_PIECE_PREFIX = np.frombuffer(_DRAW_PIECE, np.uint8) if ck.COMPILED else _DRAW_PIECE
 _DRAW_PIECE_MIN = len(_DRAW_PIECE) + 4 * 2  # its bytes at the least: four one-byte ints
 
 
@@ -212,11 +213,13 @@ def _draw_piece_array(data: bytes, pos: int, most: int) -> tuple[np.ndarray, int
     is not one with four small ints: the general decoding reads it)."""
     most = min(most, (len(data) - pos) // _DRAW_PIECE_MIN)  # (a tampered count is not sized)
     out = np.empty((max(most, 0), 4), np.int64)
-    if ck.COMPILED:
-        k, pos = ck.draw_pieces(np.frombuffer(data, np.uint8), pos, _DRAW_PIECE_ARRAY, _INT, out)
-    else:
-        k, pos = ck.draw_pieces(data, pos, _DRAW_PIECE, _INT, out)
+    k, pos = ck.draw_pieces(_kernel_bytes(data), pos, _DRAW_PIECE_PREFIX, _INT, out)
     return out[:k], pos
+
+
+def _kernel_bytes(data: bytes) -> Any:
+    """``data`` as the kernels read it: as uint8 where compiled, as it is interpreted."""
+    return np.frombuffer(data, np.uint8) if ck.COMPILED else data
 
 
 def _draw_pieces(data: bytes, pos: int, most: int, items: list) -> tuple[int, int]:
@@ -362,6 +365,29 @@ class Reader:
             return None
         self.pos = after
         return found
+
+    def draw_rows(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The next ``n`` values as arrays where they are all packed rows' lineages
+        ``(parents, lengths)``, ``parents`` draw pieces as :meth:`draw_pieces` reads them
+        and ``lengths`` as many ints (a mixture lane's rows made ahead): the pieces (the
+        rows of an ``(m, 4)`` int64 array), their lengths and each row's end in them,
+        read past them; else None (nothing read)."""
+        data, pos = self.data, self.pos
+        most = (len(data) - pos) // _DRAW_PIECE_MIN
+        if not n or n > most:
+            return None
+        pieces = np.empty((most, 4), np.int64)
+        lengths = np.empty(most, np.int64)
+        ends = np.empty(n, np.int64)
+        with _corrupt_bytes():
+            rows, after = ck.draw_rows(
+                _kernel_bytes(data), pos, n, _DRAW_PIECE_PREFIX, _INT, _TUPLE, pieces, lengths, ends
+            )  # fmt: skip
+        if rows != n:
+            return None
+        self.pos = after
+        m = int(ends[-1])
+        return pieces[:m], lengths[:m], ends
 
     def end(self) -> None:
         """Raises unless every byte was read."""

@@ -20,10 +20,11 @@ number fail the check like corrupt bytes. Decoding validates the whole form
 from __future__ import annotations
 
 import zlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from zephon_jax.core.lineage import (
     DrawPieceTable,
+    DrawRowTable,
     HeldLineages,
     all_pointers,
     draw_parts,
@@ -68,6 +69,7 @@ def lane_checksum(body: bytes, lane: int) -> bytes:
 
 _ENTRIES = 8  # a snapshot's, see LaneSnapshot
 _HELD_FORMS = (HeldLineages, DrawPieceTable)  # held lineages kept as other than a tuple
+_TABLES = (DrawPieceTable, DrawRowTable)
 
 
 def plain_snapshot(snapshot: tuple) -> tuple:
@@ -89,6 +91,8 @@ def plain_snapshot(snapshot: tuple) -> tuple:
     pending = snapshot[4]
     if isinstance(pending, tuple):  # rows from pack keep compact lineages until here
         snapshot = snapshot[:4] + (tuple(map(plain_lineage, pending)),) + snapshot[5:]
+    elif type(pending) is DrawRowTable:  # decoded from a state
+        snapshot = snapshot[:4] + (pending.rows(),) + snapshot[5:]
     if len(snapshot) > 7 and not isinstance(snapshot[7], tuple):  # counted only now
         snapshot = snapshot[:7] + (snapshot[7].saved(),) + snapshot[8:]
     return snapshot
@@ -158,7 +162,7 @@ def decode_lane_state(
                 f"lane {lane}: the saved carry of operator {stage} is not (held lineages, aux)"
             )
         _check_lineages(saved[0], lane, f"carries[{stage}] held")
-    if not isinstance(snapshot.pending, tuple):
+    if not isinstance(snapshot.pending, (tuple, DrawRowTable)):
         raise StateError(f"lane {lane}: pending rows must be a tuple of lineages")
     _check_lineages(snapshot.pending, lane, "pending")
     if isinstance(snapshot.step, bool) or not isinstance(snapshot.step, int) or snapshot.step < 0:
@@ -170,30 +174,41 @@ def decode_lane_state(
 def _decoded(body: bytes, num_operators: int) -> Any:
     """The value ``body`` encodes (see :func:`~zephon_jax.state.codec.decode`), where it
     has a lane state's form with each carry's held lineages, if all are pieces of
-    drawn records, as a :class:`~zephon_jax.core.lineage.DrawPieceTable` (a restore
-    reads their array, no tuple per piece)."""
+    drawn records, as a :class:`~zephon_jax.core.lineage.DrawPieceTable`, and the
+    unbatched rows, if all are packed rows of such pieces, as a
+    :class:`~zephon_jax.core.lineage.DrawRowTable` (a restore reads their arrays, no
+    tuple per piece)."""
     reader = codec.Reader(body)
     if reader.tuple_length() != _ENTRIES:
         return codec.decode(body)
     head = [reader.value() for _ in range(3)]  # format, next_position, input_done
     if reader.tuple_length() != num_operators:
         return codec.decode(body)
-    carries = []
-    for _ in range(num_operators):
-        if reader.tuple_length() != 2:
-            return codec.decode(body)
-        held = reader.tuple_length()
-        if held is None:
-            return codec.decode(body)
-        table = reader.draw_pieces(held)
-        if table is not None:
-            lineages: Any = DrawPieceTable(table)
-        else:
-            lineages = tuple(reader.values(held))
-        carries.append((lineages, reader.value()))
-    rest = [reader.value() for _ in range(4)]  # pending, step, mixture, tally
+    carries = [_carry(reader) for _ in range(num_operators)]
+    if None in carries:
+        return codec.decode(body)
+    pending = reader.tuple_length()
+    if pending is None:
+        return codec.decode(body)
+    rows = reader.draw_rows(pending)
+    unbatched = tuple(reader.values(pending)) if rows is None else DrawRowTable(*rows)
+    rest = [reader.value() for _ in range(3)]  # step, mixture, tally
     reader.end()
-    return (*head, tuple(carries), *rest)
+    return (*head, tuple(carries), unbatched, *rest)
+
+
+def _carry(reader: codec.Reader) -> tuple | None:
+    """The saved carry ``(held lineages, aux)`` ``reader`` reads next (see
+    :func:`_decoded`); None (read no further) where the next value is not a pair of a
+    tuple and a value."""
+    if reader.tuple_length() != 2:
+        return None
+    held = reader.tuple_length()
+    if held is None:
+        return None
+    table = reader.draw_pieces(held)
+    lineages = tuple(reader.values(held)) if table is None else DrawPieceTable(table)
+    return (lineages, reader.value())
 
 
 def check_saved_tally(saved: Any, lane: int) -> None:
@@ -255,10 +270,11 @@ def _is_pointer(lineage: Any) -> bool:
     return False
 
 
-def _check_lineages(lineages: tuple | DrawPieceTable, lane: int, where: str) -> None:
+def _check_lineages(lineages: Sequence, lane: int, where: str) -> None:
     """Raises as :func:`check_lineage` for the first of ``lineages`` that is malformed."""
-    if type(lineages) is DrawPieceTable:  # draws of ints: valid where none is negative
-        if not len(lineages) or int(lineages.array[:, :3].min()) >= 0:
+    if isinstance(lineages, _TABLES):  # pieces of draws of ints: valid where none is negative
+        array = lineages.array if isinstance(lineages, DrawPieceTable) else lineages.pieces
+        if not len(array) or int(array[:, :3].min()) >= 0:
             return
     elif all_pointers(lineages):  # all of the common forms: nothing to report
         return

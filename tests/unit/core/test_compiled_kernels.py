@@ -31,7 +31,7 @@ KERNELS = ("emit", "to_end", "best_row", "first_place", "fullest", "choose", "pl
            "draw_place", "gather", "collect_pieces", "take_front", "span_runs",
            "span_addresses", "add_pieces", "source_epochs", "decode_codes", "prefetch_lane", "ahead_left", "drawable",
            "count_drawn", "kept_draws", "recode_draws", "_drawn_index", "draw_pieces",
-           "_after_prefix", "_varint")  # fmt: skip
+           "_after_prefix", "_varint", "draw_rows", "_tuple_of")  # fmt: skip
 P = 100  # the first document's lane position (its lineage code when taken whole)
 
 
@@ -567,6 +567,42 @@ def test_draw_pieces_reads_the_codec_s_draw_pieces_until_one_is_not(kernels):
     k, at = kernels.draw_pieces(np.frombuffer(data, np.uint8), 2, prefix, 3, out[:2])
     assert (k, at) == (2, ends[2])
     assert codec.decode(data) == (*values, last)
+
+
+def test_draw_rows_reads_packed_rows_of_draw_pieces_until_one_is_not(kernels):
+    """Rows ``(parents, lengths)`` as the state codec writes them: two of draw pieces with
+    as many lengths, then one with a length too few, which stops the kernel (the codec
+    decodes it in general). The same bytes cut anywhere: it stops before the row cut;
+    ``pieces`` too short for a row: it stops before that row; other forms stop it too."""
+    from zephon_jax.state import codec
+
+    p = [(((1, 0, 300),), 0), (((7, 1, 2),), 3), (((-5, 0, 9),), 1), (((4, 4, 4),), 2)]
+    rows = [((p[0], p[1]), (5, -7)), ((p[2],), (9,)), ((p[3], p[0]), (1,))]
+    data = codec.encode(tuple(rows))
+    ends = np.cumsum([2] + [len(codec.encode(r)) for r in rows]).tolist()  # 2: the header
+    prefix = np.frombuffer(codec._DRAW_PIECE, np.uint8)
+
+    def read(data, n=3, room=8):
+        pieces, lengths = np.zeros((room, 4), np.int64), np.zeros(room, np.int64)
+        row_ends = np.zeros(n, np.int64)
+        got = kernels.draw_rows(
+            np.frombuffer(data, np.uint8), 2, n, prefix, codec._INT, codec._TUPLE, pieces,
+            lengths, row_ends,
+        )  # fmt: skip
+        return (*got, pieces, lengths, row_ends)
+
+    r, pos, pieces, lengths, row_ends = read(data)
+    assert (r, pos) == (2, ends[2])
+    assert [(((a, b, c),), d) for a, b, c, d in pieces[:3].tolist()] == p[:3]
+    assert lengths[:3].tolist() == [5, -7, 9] and row_ends[:2].tolist() == [2, 3]
+    for cut in range(2, len(data)):
+        r, at = read(data[:cut])[:2]
+        assert r == sum(end <= cut for end in ends[1:3]) and at == ends[r]
+    assert read(data, room=2)[:2] == (1, ends[1])  # the second row's piece has no room
+    assert read(data, n=1)[:2] == (1, ends[1])
+    for other in [((p[0],), (5, 6)), ((p[0],), (None,)), ((p[0],), 5), ((p[0], 5),), (5, 6)]:
+        assert read(codec.encode((other,)), n=1)[0] == 0, other
+    assert read(codec.encode((((), ()),)), n=1)[0] == 0  # a row of no pieces
 
 
 @pytest.mark.parametrize("high,fits", [(129, True), (119, False)])

@@ -16,6 +16,7 @@ import zephon_jax
 from zephon_jax.core.lineage import (
     PIECE_BITS,
     DrawPieceTable,
+    DrawRowTable,
     Element,
     HeldLineages,
     LineageKind,
@@ -140,6 +141,20 @@ def test_a_draw_piece_table_reads_as_the_tuple_of_its_lineages():
     assert table == HeldLineages((lineages[:1], lineages[1:]))
     assert pickle.loads(pickle.dumps(table)) == lineages
     assert DrawPieceTable(np.zeros((0, 4), np.int64)) == ()
+
+
+def test_a_draw_row_table_reads_as_the_tuple_of_its_rows_lineages():
+    pieces = np.array([[4, 0, 2, 0], [9, 1, 3, 2], [11, 0, 5, 1]], np.int64)
+    table = DrawRowTable(pieces, np.array([7, 5, 9], np.int64), np.array([2, 3], np.int64))
+    rows = (
+        ((piece(draw(4, 0, 2), 0), piece(draw(9, 1, 3), 2)), (7, 5)),
+        ((piece(draw(11, 0, 5), 1),), (9,)),
+    )
+    assert len(table) == 2 and tuple(table) == rows and table.rows() is table.rows()
+    assert table[0] == rows[0] and table[-1] == rows[1] and table[1:] == rows[1:]
+    assert all(is_derived(row) for row in table) and type(table[1][1][0]) is int
+    assert table == rows and table != rows[:1] and table != list(rows)
+    assert pickle.loads(pickle.dumps(table)) == rows
 
 
 def test_held_lineages_pickle_to_an_equal_value():

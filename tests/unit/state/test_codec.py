@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipelines import make_docs, take
 
 import zephon_jax as zj
-from zephon_jax.core.lineage import Opaque, draw_piece_lineages
+from zephon_jax.core.lineage import DrawRowTable, Opaque, draw_piece_lineages
 from zephon_jax.errors import StateError
 from zephon_jax.state import codec
 
@@ -268,3 +268,39 @@ def test_the_reader_refuses_corrupt_bytes_as_decode_does():
     reader.value()
     with pytest.raises(StateError, match="corrupt state bytes: 1 trailing bytes"):
         reader.end()
+
+
+# Packed rows' lineages ``(parents, lengths)``: mostly of draw pieces and as many lengths.
+packed_rows = st.one_of(
+    st.lists(draw_pieces, min_size=1, max_size=3).flatmap(
+        lambda ps: st.tuples(st.just(tuple(ps)), st.tuples(*[ints] * len(ps)))
+    ),
+    st.tuples(st.lists(draw_pieces | values, max_size=3).map(tuple), values),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(packed_rows, max_size=4).map(tuple))
+def test_the_reader_reads_packed_rows_of_draw_pieces_as_arrays(value):
+    reader = codec.Reader(codec.encode(value))
+    assert reader.tuple_length() == len(value)
+    start = reader.pos
+    rows = reader.draw_rows(len(value))
+    readable = bool(value) and all(
+        type(row) is tuple
+        and len(row) == 2
+        and type(row[0]) is tuple
+        and type(row[1]) is tuple
+        and len(row[0]) == len(row[1])
+        and _all_draw_pieces(row[0])
+        and _all_draw_pieces(tuple((((0, 0, 0),), n) for n in row[1]))  # small ints
+        for row in value
+    )
+    assert (rows is not None) == readable
+    if rows is None:
+        assert reader.pos == start  # nothing read
+        got = tuple(reader.values(len(value)))
+    else:
+        got = DrawRowTable(*rows).rows()
+    reader.end()
+    assert same(got, value)

@@ -9,6 +9,7 @@ import pytest
 
 from zephon_jax.core.lineage import (
     DrawPieceTable,
+    DrawRowTable,
     HeldLineages,
     derived,
     draw,
@@ -314,11 +315,43 @@ def test_held_pieces_of_drawn_records_decode_as_a_table_equal_to_their_tuple():
     assert got == value and encode_lane_state(got, 3) == data  # encodes to the same bytes
 
 
+# Rows made ahead of those pieces: (parents, lengths).
+DRAWN_ROWS = ((DRAWN[:3], (5, 7, 9)), (DRAWN[3:4], (16,)), (DRAWN[4:6], (1, 2)))
+
+
+def test_rows_made_ahead_of_drawn_pieces_decode_as_a_table_equal_to_their_tuple():
+    value = snapshot(carries=((DRAWN, None), CARRIES[1]), pending=DRAWN_ROWS)
+    data = encode_lane_state(value, 3)
+    got = decode_lane_state(3, data, 2)
+    assert type(got.pending) is DrawRowTable and got.pending == DRAWN_ROWS
+    assert got.pending.ends.tolist() == [3, 4, 6]
+    assert got.pending.lengths.tolist() == [5, 7, 9, 16, 1, 2]
+    assert got == value and encode_lane_state(got, 3) == data  # encodes to the same bytes
+    other = snapshot(pending=DRAWN_ROWS + (7,))  # not all rows of drawn pieces
+    assert type(decode_lane_state(3, encode_lane_state(other, 3), 2).pending) is tuple
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (piece(draw(3, -1, 2), 4), r"pending\[1\] parent 1 parent 0 is \(3, -1, 2\) \(tuple\)"),
+        (piece(draw(-3, 1, 2), 4), r"pending\[1\] parent 1 parent 0 is \(-3, 1, 2\) \(tuple\)"),
+    ],
+)
+def test_a_bad_pointer_in_rows_made_ahead_of_drawn_pieces_is_named(bad, match):
+    rows = list(DRAWN_ROWS)
+    rows[1] = ((DRAWN[3], bad), (16, 2))
+    value = snapshot(pending=tuple(rows))
+    with pytest.raises(StateError, match=r"lane 5: " + match):
+        decode_lane_state(5, with_crc(codec.encode(value), 5), 2)
+
+
 def test_lane_states_decode_as_the_codec_decodes_them_even_altered(monkeypatch):
     """The lane decoding (held pieces as tables) accepts and refuses exactly what the
     codec's general decoding does, with equal snapshots, for every truncation and
     alteration of a state's bytes behind a valid checksum."""
-    body = codec.encode(snapshot(carries=((DRAWN, None), ((7, 8), (1, 2)))))
+    carries = ((DRAWN, None), ((7, 8), (1, 2)))
+    body = codec.encode(snapshot(carries=carries, pending=DRAWN_ROWS))
     tampered = [body[:cut] for cut in range(len(body))]
     for at in range(len(body)):
         for byte in (0x00, 0x01, 0x03, 0x06, 0x7F, 0x80, 0xFF):
