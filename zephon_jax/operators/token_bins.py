@@ -176,50 +176,93 @@ class TokenBins(OpenRows):
     ) -> list[TokenBins]:
         """:meth:`adopt` of ``(bins, lane)`` for each of ``lanes`` (lanes of one ``plan``):
         ``records_of(ks, held)`` gives, for each ``lanes[ks[i]]``, whose open rows hold
-        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, drawn roots as the
-        rows of an ``(n, 3)`` int64 array), the codes the lane gives them, their leaves and documents. The documents
-        all the lanes' open rows hold are located by one ``plan.reader.starts`` call: the
-        same TokenBins as adopting them one by one.
+        ``held[i]`` (lane positions, an int64 array; with ``plan.drawn``, drawn roots as
+        the rows of an ``(n, 3)`` int64 array), the codes the lane gives them, their
+        leaves and documents. The documents all the lanes' open rows hold are located by
+        one ``plan.reader.starts`` call, and the rows counted for all the lanes at once
+        (:class:`HeldPieces`): the same TokenBins as adopting them one by one.
 
         ``bins`` may also be a lane state's :class:`SavedRows` (its lineages not
         regenerated): the pieces' lengths then come from the documents' lengths, and
         nothing is read."""
         pieces = [_held_pieces_of(bins, plan, lane) for bins, lane in lanes]
-        ks = [k for k, p in enumerate(pieces) if p is not None]
-        located = records_of(ks, [pieces[k][3] for k in ks]) if ks else []  # type: ignore[index]
-        if ks:
-            leaves = np.concatenate([leaves for _, leaves, _ in located])
-            records = np.concatenate([records for _, _, records in located])
-            starts, where = _starts_once(plan.reader, leaves, records)
-            documents = plan.reader.lengths(leaves, records)
         carries = [cls(num_bins, plan.tokens, plan.field, plan.cut) for _ in lanes]
-        at = 0
-        for k, (codes, leaves, _) in zip(ks, located, strict=True):
-            rows, js, lengths, _ = pieces[k]  # type: ignore[misc]
-            part = slice(at, at + len(leaves))
-            at = part.stop
-            if lengths is None:
-                lengths = _piece_lengths(documents[part], js, plan, lanes[k][1])
-                _check_fill(rows, lengths, plan.packing.spec.seq_len, lanes[k][1])
-            held = (rows, js, lengths, codes)
-            carries[k]._fill_held(held, starts[part] + js * plan.cut, where[part])
+        ks = [k for k, p in enumerate(pieces) if p is not None]
+        parts: list[tuple] = [p for p in pieces if p is not None]
+        if not parts:
+            return carries
+        numbers = [lanes[k][1] for k in ks]
+        codes, leaves, records = map(np.concatenate, zip(*records_of(ks, [p[3] for p in parts])))
+        starts, where = _starts_once(plan.reader, leaves, records)
+        sizes = [len(p[0]) for p in parts]
+        rows, js = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+        found = _held_lengths([p[2] for p in parts], sizes, plan, (leaves, records, js), numbers)
+        lengths, checked = found
+        held = HeldPieces(np.repeat(np.arange(len(parts)), sizes), rows, lengths, num_bins)
+        held.check_fill(checked, plan.packing.spec.seq_len, numbers)
+        if plan.cut:
+            codes = piece_code(codes, js)
+        block = np.stack([codes, starts + js * plan.cut, lengths, where])
+        for i, (k, part) in enumerate(zip(ks, held.parts(sizes), strict=True)):
+            carries[k]._fill_held(rows[part], held.slot[part], block[:, part], held, i)
         return carries
 
-    def _fill_held(self, held: tuple, starts: np.ndarray, leaves: np.ndarray) -> None:
-        """Sets the open rows to ``held``: ``(rows, pieces, lengths, codes)`` of the held
-        pieces, by row (``rows`` ascending), which start at ``starts`` in ``tokens[leaves]``."""
+    def _fill_held(
+        self, rows: np.ndarray, slots: np.ndarray, block: np.ndarray, held: HeldPieces, i: int
+    ) -> None:
+        """Sets the open rows to the held pieces ``block`` (their codes, starts, lengths
+        and leaves as rows), in open rows ``rows`` at places ``slots``: those of lane
+        ``i`` of ``held``."""
         self._changed()
-        rows, js, lengths, positions = held[:4]
-        codes = piece_code(positions, js) if self.cut else positions
-        num_bins = len(self.fill)
-        counts = np.bincount(rows, minlength=num_bins)
-        while int(counts.max()) > self.piece_array.shape[2]:
+        while held.most(i) > self.piece_array.shape[2]:
             self.grow_rows()
-        first = np.cumsum(counts) - counts  # where each row's pieces begin in ``held``
-        slot = np.arange(len(rows)) - first[rows]  # each piece's place in its row
-        self.piece_array[:, rows, slot] = (codes, starts, lengths, leaves)
-        self.count[:] = counts
-        self.fill[:] = np.bincount(rows, weights=lengths, minlength=num_bins).astype(np.int64)
+        self.piece_array[:, rows, slots] = block
+        self.count[:] = held.counts[i]
+        self.fill[:] = held.fill[i]
+
+
+class HeldPieces:
+    """The pieces the open rows of several lanes hold, row by row and lane after lane,
+    counted for all the lanes at once: each row's count and fill (``counts[i]``,
+    ``fill[i]``: lane ``i``'s rows) and each piece's place in its row (``slot``)."""
+
+    def __init__(self, lane: np.ndarray, rows: np.ndarray, lengths: np.ndarray, num_bins: int):
+        """``lane``, ``rows``, ``lengths``: each piece's lane (0, 1, ...), row (ascending
+        within a lane) and length; ``num_bins``: the rows of each lane."""
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= num_bins):
+            raise StateError(f"the state holds open rows beyond the {num_bins} of pack")
+        num_lanes = int(lane[-1]) + 1 if len(lane) else 0
+        key = lane * num_bins + rows
+        counts = np.bincount(key, minlength=num_lanes * num_bins)
+        self.slot = np.arange(len(key)) - (np.cumsum(counts) - counts)[key]
+        self.counts = counts.reshape(num_lanes, num_bins)
+        fill = np.bincount(key, weights=lengths, minlength=num_lanes * num_bins)
+        self.fill = fill.astype(np.int64).reshape(num_lanes, num_bins)
+        self._most = self.counts.max(axis=1).tolist() if num_lanes else []
+
+    def most(self, i: int) -> int:
+        """The most pieces a row of lane ``i`` holds."""
+        return self._most[i]
+
+    @staticmethod
+    def parts(sizes: Sequence[int]) -> list[slice]:
+        """Each lane's slice of the pieces, given each one's number of pieces."""
+        ends = np.cumsum(sizes).tolist()
+        return [slice(end - size, end) for size, end in zip(sizes, ends)]
+
+    def check_fill(self, checked: np.ndarray, seq_len: int, lane_ids: Sequence[int]) -> None:
+        """Raises unless each open row of the lanes ``checked`` marks fits in a row of
+        ``seq_len``; names the first lane with a row over (``lane_ids[i]``: lane ``i``'s
+        number), and its fullest row."""
+        over = np.flatnonzero((self.fill > seq_len).any(axis=1) & checked)
+        if over.size:
+            i = int(over[0])
+            row = int(self.fill[i].argmax())
+            raise StateError(
+                f"lane {lane_ids[i]}: the state's open row {row} of pack holds "
+                f"{int(self.fill[i, row])} tokens, more than a row of {seq_len}; the state "
+                "was altered or the sources changed"
+            )
 
 
 class SavedRows(NamedTuple):
@@ -232,31 +275,44 @@ class SavedRows(NamedTuple):
     next_position: int
 
 
-def _piece_lengths(documents: np.ndarray, js: np.ndarray, plan: Any, lane: int) -> np.ndarray:
+def _held_lengths(
+    given: list, sizes: list[int], plan: Any, pieces: tuple, numbers: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths of the held pieces of several lanes, lane after lane: lane ``i``'s
+    ``given[i]``, or where that is None (a state's open rows) its documents' lengths
+    cut as ``plan`` cuts them, checked (see :func:`_piece_lengths`); and which lanes'
+    came from their documents. ``sizes``: each lane's number of pieces; ``pieces``:
+    their leaves, records and piece numbers; ``numbers``: the lanes' numbers."""
+    leaves, records, js = pieces
+    checked = np.array([g is None for g in given])
+    from_documents = np.repeat(checked, sizes)
+    lengths = np.zeros(len(js), np.int64)
+    if not checked.all():
+        lengths[~from_documents] = np.concatenate([g for g in given if g is not None])
+    if checked.any():
+        documents = plan.reader.lengths(leaves[from_documents], records[from_documents])
+        lanes = np.repeat(np.array(numbers, np.int64), sizes)[from_documents]
+        lengths[from_documents] = _piece_lengths(documents, js[from_documents], plan, lanes)
+    return lengths, checked
+
+
+def _piece_lengths(
+    documents: np.ndarray, js: np.ndarray, plan: Any, lanes: np.ndarray
+) -> np.ndarray:
     """The lengths of pieces ``js`` of documents of ``documents`` tokens (the documents
-    themselves without a cut); raises if a piece is not one of its document's."""
+    themselves without a cut); raises if a piece is not one of its document's, naming
+    its lane (``lanes``: each piece's)."""
     cut = plan.cut
     lengths = np.minimum(documents - js * cut, cut) if cut else documents
     bad = np.flatnonzero(lengths <= 0)
     if bad.size:
         k = int(bad[0])
         raise StateError(
-            f"lane {lane}: the state holds piece {int(js[k])} of a document of "
+            f"lane {int(lanes[k])}: the state holds piece {int(js[k])} of a document of "
             f"{int(documents[k])} tokens in an open row of pack, which this pipeline never "
             "makes; the state was altered or the sources changed"
         )
     return lengths
-
-
-def _check_fill(rows: np.ndarray, lengths: np.ndarray, seq_len: int, lane: int) -> None:
-    """Raises unless each open row's pieces fit in a row of ``seq_len``."""
-    fill = np.bincount(rows, weights=lengths)
-    if fill.size and int(fill.max()) > seq_len:
-        row = int(fill.argmax())
-        raise StateError(
-            f"lane {lane}: the state's open row {row} of pack holds {int(fill[row])} tokens, "
-            f"more than a row of {seq_len}; the state was altered or the sources changed"
-        )
 
 
 def _starts_once(

@@ -15,6 +15,10 @@ Its bytes are the :mod:`zephon_jax.state.codec` encoding followed by a CRC-32 of
 started from the lane number, so a lane's bytes saved under another lane's
 number fail the check like corrupt bytes. Decoding validates the whole form
 (types, impossible values) and raises :class:`StateError` naming the entry.
+Decoded, a carry's held lineages that are all pieces of drawn records come as a
+:class:`~zephon_jax.core.lineage.DrawPieceTable`, and unbatched rows that are all
+packed rows of such pieces as a :class:`~zephon_jax.core.lineage.DrawRowTable`
+(arrays, equal to the tuples; the same bytes either way).
 """
 
 from __future__ import annotations

@@ -16,7 +16,13 @@ from zephon_jax.core.packed import PackSpec, assemble_rows
 from zephon_jax.engine.column_sources import ArrayTokens
 from zephon_jax.errors import StateError
 from zephon_jax.operators.pack import Bins
-from zephon_jax.operators.token_bins import SavedRows, TokenBins, TokenRow, value_bounds
+from zephon_jax.operators.token_bins import (
+    HeldPieces,
+    SavedRows,
+    TokenBins,
+    TokenRow,
+    value_bounds,
+)
 
 TOKENS = (np.arange(100, dtype=np.int32), np.arange(1000, 1050, dtype=np.int32))
 
@@ -238,3 +244,22 @@ def test_adopt_of_a_table_refuses_what_its_tuple_is_refused_for(rows, next_posit
     for held in (table, lineages):
         with pytest.raises(StateError, match=error):
             TokenBins.adopt(SavedRows(held, (2,), next_position), 1, plan, 7, drawn_records_of)
+
+
+def test_held_pieces_count_the_rows_of_all_lanes_at_once():
+    # lane 0: row 0 holds pieces of 5 and 7 tokens, row 2 one of 4; lane 1: row 1 one of 9
+    lane = np.array([0, 0, 0, 1])
+    held = HeldPieces(lane, np.array([0, 0, 2, 1]), np.array([5, 7, 4, 9]), 3)
+    assert held.counts.tolist() == [[2, 0, 1], [0, 1, 0]]
+    assert held.fill.tolist() == [[12, 0, 4], [0, 9, 0]]
+    assert held.slot.tolist() == [0, 1, 0, 0] and [held.most(0), held.most(1)] == [2, 1]
+    assert held.parts([3, 1]) == [slice(0, 3), slice(3, 4)]
+    held.check_fill(np.array([True, True]), 12, [4, 9])
+    held.check_fill(np.array([False, True]), 10, [4, 9])  # lane 4's rows are not checked
+    held.check_fill(np.array([False, False]), 1, [4, 9])
+    with pytest.raises(StateError, match="lane 4: the state's open row 0 of pack holds 12 "):
+        held.check_fill(np.array([True, True]), 8, [4, 9])
+    with pytest.raises(StateError, match="lane 9: the state's open row 1 of pack holds 9 "):
+        held.check_fill(np.array([False, True]), 8, [4, 9])
+    with pytest.raises(StateError, match="open rows beyond the 2 of pack"):
+        HeldPieces(lane, np.array([0, 0, 2, 1]), np.array([5, 7, 4, 9]), 2)
