@@ -234,7 +234,7 @@ def _all_draw_pieces(value: tuple) -> bool:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(draw_pieces, max_size=5).map(tuple)
     | st.lists(draw_pieces | values, max_size=6).map(tuple)
@@ -279,7 +279,7 @@ packed_rows = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(packed_rows, max_size=4).map(tuple))
 def test_the_reader_reads_packed_rows_of_draw_pieces_as_arrays(value):
     reader = codec.Reader(codec.encode(value))
