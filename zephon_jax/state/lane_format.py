@@ -188,9 +188,12 @@ def _decoded(body: bytes, num_operators: int) -> Any:
     head = [reader.value() for _ in range(3)]  # format, next_position, input_done
     if reader.tuple_length() != num_operators:
         return codec.decode(body)
-    carries = [_carry(reader) for _ in range(num_operators)]
-    if None in carries:
-        return codec.decode(body)
+    carries = []
+    for _ in range(num_operators):  # read no further than the first of another form
+        carry = _carry(reader)
+        if carry is None:
+            return codec.decode(body)
+        carries.append(carry)
     pending = reader.tuple_length()
     if pending is None:
         return codec.decode(body)

@@ -186,6 +186,8 @@ def test_bytes_that_are_not_a_tuple_are_an_unrecognized_state():
         (snapshot(carries=None), r"has None operator carries, the pipeline 2 operators"),
         (snapshot(carries=(CARRIES[0], ((), 1, 2))), r"carry of operator 1 is not \(held"),
         (snapshot(carries=(CARRIES[0], ([], None))), r"carry of operator 1 is not \(held"),
+        # a first carry of three entries, the first of them of a carry's form
+        (snapshot(carries=((((), None), 1, 2), CARRIES[1])), r"carry of operator 0 is not"),
         (
             snapshot(carries=((CARRIES[0][0] + (-3,), None), CARRIES[1])),
             r"lane 5: carries\[0\] held\[2\] is -3 \(int\); a record pointer is",
